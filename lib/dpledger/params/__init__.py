@@ -1,0 +1,85 @@
+"""Typed schema of params.yaml: one section per stage plus the shared keys ``seed``, ``data`` and ``batching``.
+
+Every stage validates the whole file before it writes anything, so a bad value anywhere stops the
+stage with a single line (:class:`dpledger.errors.ParamsError`) naming the key, the value and the
+allowed range.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+
+from dpledger.errors import ParamsError
+from dpledger.params.audit import AuditParams
+from dpledger.params.calibrate import CalibrateParams
+from dpledger.params.core import BatchingParams, DataParams, Section, validation_error_to_params_error
+from dpledger.params.report import ReportParams
+from dpledger.params.schedule import ScheduleParams
+from dpledger.params.train import TrainParams
+from dpledger.params.verify import VerifyParams
+
+__all__ = [
+    "Params",
+    "DataParams",
+    "BatchingParams",
+    "CalibrateParams",
+    "ScheduleParams",
+    "TrainParams",
+    "VerifyParams",
+    "AuditParams",
+    "ReportParams",
+    "load_params",
+    "parse_params",
+    "check_dataset_size",
+]
+
+STAGES = ("calibrate", "schedule", "train", "verify", "audit", "report")
+
+
+class Params(Section):
+    """The whole params.yaml. Every key is required, so a deleted key is reported, not defaulted."""
+
+    seed: int = Field(ge=0)
+    data: DataParams
+    batching: BatchingParams
+    calibrate: CalibrateParams
+    schedule: ScheduleParams
+    train: TrainParams
+    verify: VerifyParams
+    audit: AuditParams
+    report: ReportParams
+
+
+def parse_params(raw: Any) -> Params:
+    """Validate a parsed params mapping; raise :class:`ParamsError` with one line on the first problem."""
+    if not isinstance(raw, dict):
+        raise ParamsError("params: the file must be a mapping of sections (calibrate:, schedule:, ...)")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as error:
+        raise validation_error_to_params_error(error) from None
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate params.yaml."""
+    path = Path(path)
+    if not path.exists():
+        raise ParamsError(f"params: {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ParamsError(f"params: {path} is not valid YAML: {error}".splitlines()[0]) from None
+    return parse_params(raw)
+
+
+def check_dataset_size(params: Params, dataset_size: int) -> None:
+    """Refuse a batch size the dataset cannot fill (known only once the data is loaded)."""
+    if params.batching.batch_size > dataset_size:
+        raise ParamsError(
+            f"params: batching.batch_size = {params.batching.batch_size} is invalid: "
+            f"it must be at most the training-set size, {dataset_size}"
+        )

@@ -1,0 +1,52 @@
+"""Shared pieces of the params schema: the strict base model and the one-line error format."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dpledger.errors import ParamsError
+
+
+class Section(BaseModel):
+    """A params.yaml section: unknown (typo'd) keys are refused, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataParams(Section):
+    """Which dataset to train on. ``digits`` ships inside scikit-learn, so it needs no download."""
+
+    name: Literal["digits", "npz", "cifar10", "mnist"] = "digits"
+    path: str | None = Field(default=None, description="file or folder for npz / cifar10 / mnist")
+    test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+
+
+class BatchingParams(Section):
+    """Sizes shared by the accountant (calibrate) and the sampler (schedule), so the two cannot drift."""
+
+    batch_size: int = Field(default=64, ge=1, description="expected (Poisson) or fixed batch size")
+    epochs: int = Field(default=5, ge=1)
+
+
+def _describe_error(err: dict[str, Any], prefix: str) -> str:
+    loc = ".".join(str(part) for part in err["loc"])
+    key = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
+    kind = err["type"]
+    if kind == "missing":
+        return f"params: {key} is missing"
+    if kind == "extra_forbidden":
+        return f"params: {key} is not a known key (check its spelling)"
+    value = err.get("input")
+    message = err["msg"]
+    ctx = err.get("ctx") or {}
+    if "expected" in ctx:
+        message = f"allowed values are {ctx['expected']}"
+    return f"params: {key} = {value!r} is invalid: {message}"
+
+
+def validation_error_to_params_error(error: ValidationError, prefix: str = "") -> ParamsError:
+    """Turn pydantic's multi-line error into one line naming the key, the value and what is allowed."""
+    first = error.errors()[0]
+    return ParamsError(_describe_error(first, prefix))

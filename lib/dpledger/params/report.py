@@ -1,0 +1,14 @@
+"""report: what the rendered report shows."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from dpledger.params.core import Section
+
+
+class ReportParams(Section):
+    """Rendering options of the report."""
+
+    title: str = "dpledger report"
+    mc_failure_warning: float = Field(default=1e-6, gt=0.0, lt=1.0)
