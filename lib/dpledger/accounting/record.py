@@ -26,7 +26,8 @@ class CalibrationRecord:
 
     ``epsilon`` is the claim: the value proven by ``accountant`` for ``sampler`` at ``delta`` with
     ``noise_multiplier`` (noise std = noise_multiplier * clip norm on the summed clipped gradient).
-    ``mechanism`` names the correlation matrix (``identity`` is DP-SGD).
+    ``mechanism`` names the correlation matrix (``identity`` is DP-SGD). ``epsilon_curve`` lists
+    (steps taken, epsilon proven after that many steps) so training can log the epsilon spent.
     """
 
     noise_multiplier: float
@@ -43,6 +44,7 @@ class CalibrationRecord:
     mechanism_params: dict[str, Any] = field(default_factory=dict)
     accountants: list[AccountantResult] = field(default_factory=list)
     group: list[dict[str, Any]] = field(default_factory=list)
+    epsilon_curve: list[tuple[int, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
