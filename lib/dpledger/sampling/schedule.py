@@ -60,9 +60,9 @@ class Schedule:
         folder = Path(folder)
         io.write_npz(
             folder / "schedule.npz",
-            indices=self.indices.astype(np.int64),
-            offsets=self.offsets.astype(np.int64),
-            padding=self.padding.astype(bool),
+            indices=np.asarray(self.indices, dtype=np.int64),
+            offsets=np.asarray(self.offsets, dtype=np.int64),
+            padding=np.asarray(self.padding, dtype=bool),
         )
         io.write_json(folder / "schedule.json", self.header())
 
