@@ -1,0 +1,227 @@
+"""The findings shown at the very top of the report: anything that makes the claimed epsilon untrustworthy.
+
+Every check reads only the flat metrics (plus, where present, the detail JSONs for a better
+sentence), so the same checks run on an old revision's metrics in ``dpledger report --compare``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dpledger.report.formatting import format_lower, format_percent, format_upper, format_value
+from dpledger.report.inputs import UPSTREAM_STAGES
+from dpledger.sampling.guard import SamplerCheck, declared_equivalent
+
+_RELATIVE_SLACK = 1e-9
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A warning (the claim may be wrong) or a notice (evidence is missing or weak)."""
+
+    kind: str
+    severity: Literal["warning", "notice"]
+    title: str
+    message: str
+
+
+def find_findings(
+    metrics: dict[str, dict[str, Any]],
+    *,
+    mc_failure_warning: float,
+    details: dict[str, Any] | None = None,
+    status: dict[str, str] | None = None,
+) -> list[Finding]:
+    """All findings, warnings first (most serious first), then notices."""
+    details = details or {}
+    status = status or {stage: ("ok" if metrics.get(stage) else "not run") for stage in UPSTREAM_STAGES}
+    warnings = [
+        _audit_contradicted(metrics),
+        _sampler_mismatch(metrics, details),
+        _budget_exceeded(metrics),
+        _verify_failed(metrics, details),
+        _mc_failure(metrics, mc_failure_warning),
+    ]
+    notices = [
+        _stages_missing(status),
+        _audit_inconclusive(metrics),
+        _sampler_declared(metrics, details),
+        _metrics_not_flat(metrics),
+    ]
+    return [finding for finding in warnings + notices if finding is not None]
+
+
+def _real(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _exceeds(value: Any, limit: Any) -> bool:
+    value, limit = _real(value), _real(limit)
+    return value is not None and limit is not None and value > limit * (1 + _RELATIVE_SLACK)
+
+
+def _audit_contradicted(metrics: dict[str, dict[str, Any]]) -> Finding | None:
+    audit = metrics.get("audit", {})
+    claimed = audit.get("epsilon_claimed", metrics.get("calibrate", {}).get("epsilon"))
+    empirical = audit.get("epsilon_emp")
+    if audit.get("verdict") != "contradicted" and not _exceeds(empirical, claimed):
+        return None
+    confidence = audit.get("confidence")
+    at = f" at {format_percent(confidence)} confidence" if confidence is not None else ""
+    return Finding(
+        kind="audit-contradicted",
+        severity="warning",
+        title="Audit contradicts the claimed ε",
+        message=(
+            f"The canary audit found ε_emp ≥ {format_lower(empirical)}{at}, above the claimed "
+            f"ε = {format_upper(claimed)}: this run leaks more than its privacy claim allows."
+        ),
+    )
+
+
+def sampler_check(metrics: dict[str, dict[str, Any]], details: dict[str, Any]) -> SamplerCheck | None:
+    """The guard's comparison rebuilt from train's metrics (else calibrate's and schedule's), or None if unknown.
+
+    A plugin schedule is compared by the ``accounted_as`` it declared, read from the schedule header.
+    """
+    train = metrics.get("train", {})
+    accounted = train.get("sampler_accounted", metrics.get("calibrate", {}).get("sampler"))
+    used = train.get("sampler_used", metrics.get("schedule", {}).get("sampler"))
+    if accounted is None or used is None:
+        return None
+    header = details.get("schedule") if isinstance(details.get("schedule"), dict) else {}
+    sampler_params = header.get("sampler_params") if isinstance(header.get("sampler_params"), dict) else {}
+    used_as = declared_equivalent(str(used), sampler_params) if header.get("sampler") == used else None
+    return SamplerCheck(accounted=str(accounted), used=str(used), allowed_mismatch=True, used_as=used_as)
+
+
+def _sampler_mismatch(metrics: dict[str, dict[str, Any]], details: dict[str, Any]) -> Finding | None:
+    check = sampler_check(metrics, details)
+    flagged = metrics.get("train", {}).get("sampler_mismatch")
+    mismatch = flagged if isinstance(flagged, bool) else (check is not None and not check.matches)
+    if not mismatch:
+        return None
+    sentence = check.warning() if check is not None else None
+    return Finding(
+        kind="sampler-mismatch",
+        severity="warning",
+        title="Sampler used ≠ sampler accounted",
+        message=sentence or "Training flagged a sampler mismatch: the claimed epsilon does not describe this run.",
+    )
+
+
+def _sampler_declared(metrics: dict[str, dict[str, Any]], details: dict[str, Any]) -> Finding | None:
+    check = sampler_check(metrics, details)
+    if check is None or not check.matches or check.assumption() is None:
+        return None
+    return Finding(kind="sampler-declared", severity="notice", title="Sampler equivalence declared, not proven",
+                   message=str(check.assumption()))
+
+
+def _budget_exceeded(metrics: dict[str, dict[str, Any]]) -> Finding | None:
+    calibrate, train = metrics.get("calibrate", {}), metrics.get("train", {})
+    problems = []
+    if _exceeds(train.get("epsilon_spent"), calibrate.get("epsilon")):
+        problems.append(
+            f"spent ε = {format_upper(train['epsilon_spent'])}, more than the claimed "
+            f"ε = {format_upper(calibrate['epsilon'])}"
+        )
+    if _exceeds(train.get("steps_done"), calibrate.get("steps")):
+        problems.append(
+            f"took {train['steps_done']} steps but the accountant covered {calibrate['steps']}"
+        )
+    if not problems:
+        return None
+    return Finding(
+        kind="budget-exceeded",
+        severity="warning",
+        title="Training exceeded the accounted budget",
+        message="Training " + "; ".join(problems) + ".",
+    )
+
+
+def _verify_failed(metrics: dict[str, dict[str, Any]], details: dict[str, Any]) -> Finding | None:
+    verify = metrics.get("verify", {})
+    failed_count = _real(verify.get("tests_failed")) or 0
+    if verify.get("passed") is not False and failed_count <= 0:
+        return None
+    tests = (details.get("verify") or {}).get("tests") if isinstance(details.get("verify"), dict) else None
+    failed = [t for t in tests or [] if isinstance(t, dict) and t.get("passed") is False]
+    count = len(failed) or format_value(verify.get("tests_failed"))
+    total = verify.get("tests_run")
+    of = f" of {format_value(total)}" if total is not None else ""
+    described = "; ".join(
+        f"{t.get('name', '?')} (p = {format_value(t.get('p_value'))})"
+        + (f": {t['diagnosis']}" if t.get("diagnosis") else "")
+        for t in failed
+    )
+    return Finding(
+        kind="verify-failed",
+        severity="warning",
+        title="An implementation test failed",
+        message=(
+            f"{count}{of} implementation test(s) failed"
+            + (f" — {described}" if described else "")
+            + ". The trainer may not clip or noise as the accountant assumes."
+        ),
+    )
+
+
+def _mc_failure(metrics: dict[str, dict[str, Any]], threshold: float) -> Finding | None:
+    probability = metrics.get("calibrate", {}).get("mc_failure_probability")
+    if not _exceeds(probability, threshold):
+        return None
+    return Finding(
+        kind="mc-failure",
+        severity="warning",
+        title="Monte Carlo failure probability above threshold",
+        message=(
+            f"The Monte Carlo accountant's failure probability is {format_value(probability)}, above "
+            f"report.mc_failure_warning = {format_value(threshold)}: the claimed ε holds only with "
+            f"probability 1 − {format_value(probability)}."
+        ),
+    )
+
+
+def _stages_missing(status: dict[str, str]) -> Finding | None:
+    missing = [f"{stage} ({state})" for stage, state in status.items() if state != "ok"]
+    if not missing:
+        return None
+    return Finding(
+        kind="not-run",
+        severity="notice",
+        title="Evidence missing",
+        message=f"No output from: {', '.join(missing)}. Those parts of the report show 'not run'.",
+    )
+
+
+def _audit_inconclusive(metrics: dict[str, dict[str, Any]]) -> Finding | None:
+    audit = metrics.get("audit", {})
+    if audit.get("verdict") != "inconclusive":
+        return None
+    return Finding(
+        kind="audit-inconclusive",
+        severity="notice",
+        title="Audit inconclusive",
+        message=(
+            f"The audit neither contradicts nor supports the claim (ε_emp ≥ "
+            f"{format_lower(audit.get('epsilon_emp'))} from {format_value(audit.get('observations'))} "
+            f"observations); more observations would sharpen it."
+        ),
+    )
+
+
+def _metrics_not_flat(metrics: dict[str, dict[str, Any]]) -> Finding | None:
+    nested = [f"{stage}.{key}" for stage, values in metrics.items() for key, value in values.items()
+              if isinstance(value, (dict, list))]
+    if not nested:
+        return None
+    return Finding(
+        kind="metrics-not-flat",
+        severity="notice",
+        title="Metrics not flat",
+        message=f"Nested values in metrics/*.json ({', '.join(nested)}): dvc metrics diff cannot compare them.",
+    )

@@ -1,0 +1,151 @@
+"""The headline table: the claim, the evidence for and against it, utility and cost, each with its verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpledger.report.checks import Finding
+from dpledger.report.document import Badge, Block, Code, Heading, Strong, Table, Text, Tone, text
+from dpledger.report.formatting import MISSING, format_lower, format_percent, format_upper, format_value
+from dpledger.report.inputs import ReportInputs
+from dpledger.report.tables import NOT_RUN
+
+VERDICT_TONES: dict[str, Tone] = {"consistent": "good", "contradicted": "bad", "inconclusive": "warn"}
+
+
+def headline(inputs: ReportInputs, findings: list[Finding]) -> list[Block]:
+    """The main table; a row's verdict turns red when a finding concerns it."""
+    kinds = {f.kind for f in findings}
+    rows = [
+        _claim_row(inputs, kinds),
+        _sampler_row(inputs, kinds),
+        _audit_row(inputs),
+        _verify_row(inputs),
+        _accuracy_row(inputs),
+        _spent_row(inputs, kinds),
+        _cost_row(inputs),
+    ]
+    return [Heading(2, "Headline"), Table(("", "result", "details", "verdict"), tuple(rows), headline=True)]
+
+
+def _claim_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
+    label = text(Strong("Claimed ε"))
+    if not inputs.ran("calibrate"):
+        return label, text(MISSING), text(), text(NOT_RUN)
+    m = inputs.metrics["calibrate"]
+    details = _joined(
+        ("accountant", m.get("accountant")),
+        ("sampler", m.get("sampler")),
+        ("mechanism", m.get("mechanism")),
+        ("σ", m.get("noise_multiplier")),
+        ("steps", m.get("steps")),
+        ("Monte Carlo samples", m.get("mc_samples")),
+        ("Monte Carlo failure probability", m.get("mc_failure_probability")),
+    )
+    if "audit-contradicted" in kinds:
+        verdict = Badge("contradicted", "bad")
+    elif kinds & {"sampler-mismatch", "budget-exceeded", "mc-failure"}:
+        verdict = Badge("does not hold as stated", "bad")
+    else:
+        verdict = Badge("proven", "good")
+    result = f"ε = {format_upper(m.get('epsilon'))} at δ = {format_value(m.get('delta'))}"
+    return label, text(Strong(result)), text(details), text(verdict)
+
+
+def _sampler_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
+    label = text(Strong("Sampler"))
+    train = inputs.metrics["train"]
+    accounted = train.get("sampler_accounted", inputs.metrics["calibrate"].get("sampler"))
+    used = train.get("sampler_used", inputs.metrics["schedule"].get("sampler"))
+    if accounted is None and used is None:
+        return label, text(MISSING), text(), text(NOT_RUN)
+    result = text(Code(format_value(used)), " used, ", Code(format_value(accounted)), " accounted")
+    schedule = inputs.metrics["schedule"]
+    details = _joined(
+        ("batch size", _mean_std(schedule.get("batch_size_mean"), schedule.get("batch_size_std"))),
+        ("steps", schedule.get("num_steps")),
+    )
+    if "sampler-mismatch" in kinds:
+        verdict = Badge("mismatch", "bad")
+    elif accounted is None or used is None:
+        verdict = Badge("unchecked", "warn")
+    else:
+        verdict = Badge("match", "good")
+    return label, result, text(details), text(verdict)
+
+
+def _audit_row(inputs: ReportInputs) -> tuple[Text, ...]:
+    label = text(Strong("Empirical ε"))
+    if not inputs.ran("audit"):
+        return label, text(MISSING), text(), text(NOT_RUN)
+    m = inputs.metrics["audit"]
+    confidence = m.get("confidence")
+    result = f"ε_emp ≥ {format_lower(m.get('epsilon_emp'))}"
+    details = _joined(
+        ("confidence", format_percent(confidence) if confidence is not None else None),
+        ("observations", m.get("observations")),
+        ("threshold", m.get("threshold_method")),
+        ("sampler", m.get("sampler")),
+    )
+    verdict = str(m.get("verdict", "unknown"))
+    return label, text(Strong(result)), text(details), text(Badge(verdict, VERDICT_TONES.get(verdict, "warn")))
+
+
+def _verify_row(inputs: ReportInputs) -> tuple[Text, ...]:
+    label = text(Strong("Implementation tests"))
+    if not inputs.ran("verify"):
+        return label, text(MISSING), text(), text(NOT_RUN)
+    m = inputs.metrics["verify"]
+    run, failed = m.get("tests_run"), m.get("tests_failed")
+    if isinstance(run, int) and isinstance(failed, int):
+        result = f"{run - failed} / {run} passed"
+    else:
+        result = f"{format_value(run)} run, {format_value(failed)} failed"
+    p_values = [(key.removeprefix("p_value_"), value) for key, value in m.items() if key.startswith("p_value_")]
+    details = ", ".join(f"{name} p = {format_value(value)}" for name, value in p_values)
+    passed = m.get("passed") is True and not (isinstance(failed, int) and failed > 0)
+    verdict = Badge("passed", "good") if passed else Badge("failed", "bad")
+    return label, text(result), text(details), text(verdict)
+
+
+def _accuracy_row(inputs: ReportInputs) -> tuple[Text, ...]:
+    label = text(Strong("Test accuracy"))
+    if not inputs.ran("train"):
+        return label, text(MISSING), text(), text(NOT_RUN)
+    m = inputs.metrics["train"]
+    details = _joined(("final train loss", m.get("final_train_loss")))
+    return label, text(Strong(format_percent(m.get("test_accuracy")))), text(details), text()
+
+
+def _spent_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
+    label = text(Strong("Privacy spent"))
+    if not inputs.ran("train"):
+        return label, text(MISSING), text(), text(NOT_RUN)
+    m = inputs.metrics["train"]
+    result = f"ε = {format_upper(m.get('epsilon_spent'))} after {format_value(m.get('steps_done'))} steps"
+    verdict = Badge("over budget", "bad") if "budget-exceeded" in kinds else Badge("within budget", "good")
+    return label, text(result), text(), text(verdict)
+
+
+def _cost_row(inputs: ReportInputs) -> tuple[Text, ...]:
+    label = text(Strong("Cost"))
+    if not inputs.ran("train"):
+        return label, text(MISSING), text(), text(NOT_RUN)
+    m = inputs.metrics["train"]
+    result = f"{format_value(m.get('throughput_examples_per_s'))} examples/s"
+    details = _joined(("training wall time", _seconds(m.get("wall_time_s"))))
+    return label, text(result), text(details), text()
+
+
+def _joined(*pairs: tuple[str, Any]) -> str:
+    return " · ".join(f"{name} {format_value(value)}" for name, value in pairs if value is not None)
+
+
+def _mean_std(mean: Any, std: Any) -> str | None:
+    if mean is None:
+        return None
+    return f"{format_value(mean)} ± {format_value(std)}" if std is not None else format_value(mean)
+
+
+def _seconds(value: Any) -> str | None:
+    return None if value is None else f"{format_value(value)} s"
