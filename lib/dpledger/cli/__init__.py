@@ -47,11 +47,7 @@ _register_commands()
 def main() -> None:
     """Console-script entry: run the app, turning a :class:`DpledgerError` into one line and exit code 2."""
     try:
-        app(standalone_mode=False)
+        app()  # standalone mode: usage errors, --help and typer.Exit end the process themselves
     except DpledgerError as error:
         typer.echo(f"error: {error}", err=True)
         sys.exit(2)
-    except typer.Exit as done:
-        sys.exit(done.exit_code)
-    except typer.Abort:
-        sys.exit(1)

@@ -1,7 +1,73 @@
-"""Utility commands of this concern (filled in by its issue)."""
+"""``dpledger verify``: run the debugging battery on any trainer (callable or external command)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
 
 import typer
 
+from dpledger.errors import ParamsError
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the ``dpledger`` app."""
+    """Add ``verify`` to the ``dpledger`` app."""
+
+    @app.command("verify")
+    def verify(
+        trainer: str = typer.Option("dpledger", help="'dpledger', 'reference', 'opacus', 'zoo:NAME' or pkg.module:fn"),
+        command: Optional[str] = typer.Option(
+            None, help="external command template with {init} {data} {out} {clip_norm} {noise_multiplier} "
+                       "{batch_size} {steps} {lr} {seed}; replaces --trainer"),
+        optimizer: str = typer.Option("sgd", help="sgd | adam (Adam: warm-up steps, small σ; SGD-only tests skipped)"),
+        seed: int = typer.Option(0, min=0, help="seed of the synthetic task and of the trainer's noise"),
+        significance: float = typer.Option(0.01, help="family-wise significance (Holm over the stochastic tests)"),
+        plots: Optional[Path] = typer.Option(None, help="folder to write one CSV + PNG per test"),
+        self_check: bool = typer.Option(False, "--self-check", help="run the battery on correct and zoo trainers"),
+        seeds: int = typer.Option(3, min=1, help="--self-check: seeds per trainer"),
+        as_json: bool = typer.Option(False, "--json", help="print a JSON object"),
+        progress: bool = typer.Option(True, help="progress bar on stderr"),
+    ) -> None:
+        """Test a DP-SGD implementation for clipping and noise bugs; exit code 1 when a bug is found."""
+        from dpledger.params.verify import VerifyParams
+        from dpledger.pipeline.verify import trainer_from_params
+        from dpledger.verify.battery import OPTIMIZERS, run_battery
+
+        if not 0.0 < significance < 0.5:
+            raise ParamsError(f"--significance = {significance} is invalid: it must be in (0, 0.5)")
+        if optimizer not in OPTIMIZERS:
+            raise ParamsError(f"--optimizer = {optimizer!r} is invalid: allowed values are {list(OPTIMIZERS)}")
+        if self_check:
+            _self_check(seeds, optimizer, significance, as_json)
+            return
+        settings = VerifyParams(trainer=trainer, command=command, optimizer=optimizer, significance=significance)
+        function, name = trainer_from_params(settings)
+        result = run_battery(function, trainer_name=name, seed=seed, optimizer=optimizer,
+                             significance=significance, progress=progress)
+        if plots is not None:
+            from dpledger.verify.plots import write_plots
+
+            write_plots(result, plots)
+        if as_json:
+            typer.echo(json.dumps(result.to_json(), indent=2, ensure_ascii=False))
+        else:
+            typer.echo(f"{'PASSED' if result.passed else 'BUG FOUND'}: {name} ({result.training_steps} training steps, "
+                       f"{result.wall_time_s:.1f} s, Holm at {significance})")
+            for finding in result.findings:
+                typer.echo(f"  {finding}")
+        if not result.passed:
+            raise SystemExit(1)  # not typer.Exit: the console script runs click with standalone_mode=False
+
+
+def _self_check(seeds: int, optimizer: str, significance: float, as_json: bool) -> None:
+    from dpledger.verify.self_check import self_check
+
+    rows = self_check(range(seeds), optimizer=optimizer, significance=significance)
+    if as_json:
+        typer.echo(json.dumps([row.to_json() for row in rows], indent=2, ensure_ascii=False))
+    else:
+        for row in rows:
+            typer.echo(f"{row.trainer:32s} {row.correct}/{row.seeds} classified correctly (expected: {row.expected})")
+    if any(row.correct < row.seeds for row in rows):
+        raise SystemExit(1)

@@ -1,0 +1,180 @@
+"""Clipping tests (σ = 0, deterministic): the paper's T1 and T2, and the per-example sensitivity bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dpledger.verify.heuristics import plateau_start
+from dpledger.verify.result import Curve, Figure, TestResult, skipped_result
+from dpledger.verify.runner import BatteryConfig, Runner
+from dpledger.verify.stats import slope_test
+
+SENSITIVITY_TOLERANCE = 1e-3
+"""Relative slack for the sensitivity bound: float32 rounding, far below any clipping bug's excess."""
+
+
+def _probe_lr(runner: Runner, clip_norm_times_norm: float, config: BatteryConfig) -> float:
+    """SGD step so that a full step moves the probe's loss by about 10 % (keeps ΔL first-order, linear in C/B)."""
+    if runner.optimizer == "adam":
+        return config.adam_lr
+    return 0.1 * runner.task.probe_loss / clip_norm_times_norm
+
+
+def run_t1(runner: Runner, config: BatteryConfig, seed: int, significance: float) -> tuple[TestResult, float]:
+    """T1 (000 §3.1): one step on the probe alone (B = 1, σ = 0) for C on a log grid; returns (result, C*)."""
+    task = runner.task
+    low, high = np.log10(config.t1_grid_span)
+    grid = task.probe_norm * np.logspace(low, high, config.t1_grid_size)
+    lr = _probe_lr(runner, task.probe_norm**2, config)
+    steps_before = runner.steps_used
+    changes = np.array([
+        runner.loss_change(task.probe_input, task.probe_target, task.probe_input, task.probe_target,
+                           clip_norm=c, noise_multiplier=0.0, batch_size=1, lr=lr, seed=seed)
+        for c in grid
+    ])
+    plateau = plateau_start(changes)
+    clipped = slice(0, plateau)
+    test = slope_test(grid[clipped], changes[clipped]) if plateau >= 3 else None
+    varies = test is not None and not test.flat
+    passed = varies and (runner.optimizer == "adam" or test.p_value < significance)
+    c_star = float(grid[plateau])
+    if passed:
+        diagnosis = (f"the loss change depends on C below C* = {c_star:.3g} (probe gradient norm {task.probe_norm:.3g}) "
+                     "and is constant above: gradients are clipped")
+    elif varies:
+        diagnosis = "the loss change varies with C but not as clipping predicts (ΔL not monotone in C below the plateau)"
+    else:
+        diagnosis = ("the loss change is the same for every C (σ = 0, B = 1): gradients are not clipped, so one "
+                     "example's influence is unbounded and no ε holds")
+    figure = Figure(
+        title="T1: loss change vs clip norm (σ = 0, B = 1)", xlabel="clip norm C", ylabel="ΔL on the probe",
+        curves=(Curve("trainer under test", tuple(grid), tuple(changes)),
+                Curve("C* (plateau start)", (c_star, c_star), (float(changes.min()), float(changes.max())))),
+        log_x=True,
+    )
+    result = TestResult(
+        name="t1_no_clipping",
+        description="000 T1: ΔL after one step must depend on C while C < ‖g‖ (σ = 0, B = 1)",
+        statistic=test.t_statistic if test else 0.0,
+        statistic_name="t of the slope of ΔL on C below the plateau",
+        p_value=test.p_value if test else 1.0,
+        passed=passed,
+        diagnosis=diagnosis,
+        steps=runner.steps_used - steps_before,
+        details={"clip_norms": grid.tolist(), "loss_changes": changes.tolist(), "c_star": c_star,
+                 "decision": "pass iff ΔL is not flat below the plateau (SGD: and the slope's p < the significance)"},
+        figure=figure,
+    )
+    return result, c_star
+
+
+def run_t2(runner: Runner, config: BatteryConfig, seed: int, significance: float) -> TestResult:
+    """T2 (000 §3.1, App. A): B − 1 zero-gradient rows plus the probe, σ = 0, C ≪ ‖g‖/max B; ΔL vs B."""
+    task = runner.task
+    batch_sizes = np.array(config.t2_batch_sizes)
+    clip_norm = task.probe_norm / (4.0 * batch_sizes.max())
+    lr = _probe_lr(runner, clip_norm * task.probe_norm, config)
+    steps_before = runner.steps_used
+    changes = []
+    for batch_size in batch_sizes:
+        zero_inputs, zero_targets = task.zero_rows(int(batch_size) - 1)
+        inputs = torch.cat([zero_inputs, task.probe_input])
+        targets = torch.cat([zero_targets, task.probe_target])
+        changes.append(runner.loss_change(inputs, targets, task.probe_input, task.probe_target,
+                                          clip_norm=clip_norm, noise_multiplier=0.0, batch_size=int(batch_size),
+                                          lr=lr, seed=seed))
+    changes = np.array(changes)
+    test = slope_test(1.0 / batch_sizes, changes)
+    passed = not test.flat and (runner.optimizer == "adam" or test.p_value < significance)
+    if passed:
+        diagnosis = "the loss change shrinks with B as per-example clipping predicts (update ∝ C/B, 000 Eq. 6)"
+    elif test.flat:
+        diagnosis = ("the loss change does not depend on B: clipping happens after averaging (mini-batch "
+                     "clipping), so the guarantee is weaker by up to a factor of B")
+    else:
+        diagnosis = (f"the loss change varies with B but not like 1/B (slope p = {test.p_value:.3g}): "
+                     "clipping or averaging is wrong")
+    return TestResult(
+        name="t2_minibatch_clipping",
+        description="000 T2: with B − 1 zero-gradient rows and one large-gradient row, ΔL must shrink like 1/B",
+        statistic=test.t_statistic,
+        statistic_name="t of the slope of ΔL on 1/B",
+        p_value=test.p_value,
+        passed=passed,
+        diagnosis=diagnosis,
+        steps=runner.steps_used - steps_before,
+        details={"batch_sizes": batch_sizes.tolist(), "loss_changes": changes.tolist(), "clip_norm": clip_norm,
+                 "regressor": "1/B (000 Eq. 6 predicts ΔL linear in 1/B)"},
+        figure=Figure(title="T2: loss change vs batch size (σ = 0)", xlabel="batch size B", ylabel="ΔL on the probe",
+                      curves=(Curve("trainer under test", tuple(float(b) for b in batch_sizes), tuple(changes)),)),
+    )
+
+
+def _sensitivity_contexts(runner: Runner, batch_size: int) -> list[tuple[str, torch.Tensor, torch.Tensor, int]]:
+    """Batches with the probe at some row: (label, inputs, targets, probe row); the neighbour zeroes that row."""
+    task = runner.task
+    ordinary_inputs, ordinary_targets = task.ordinary_rows(0, batch_size)
+    zero_inputs, zero_targets = task.zero_rows(batch_size)
+    contexts = []
+    for label, inputs, targets, row in (
+        (f"B={batch_size}, ordinary rows", ordinary_inputs, ordinary_targets, 0),
+        (f"B={batch_size}, zero-gradient rows", zero_inputs, zero_targets, batch_size // 2),
+        ("B=1", zero_inputs[:1], zero_targets[:1], 0),
+    ):
+        inputs, targets = inputs.clone(), targets.clone()
+        inputs[row], targets[row] = task.probe_input[0], task.probe_target[0]
+        contexts.append((label, inputs, targets, row))
+    return contexts
+
+
+def run_sensitivity(runner: Runner, config: BatteryConfig, seed: int) -> TestResult:
+    """Beyond the paper: with σ = 0 one example may move an SGD model by at most η·C/B (zero-out neighbours).
+
+    The probe's gradient is far above C, so a correct trainer moves the model by exactly η·C/B; any clipping
+    bug (none, after averaging, per tensor, wrong threshold, missing 1/B) shows as a ratio above 1.
+    """
+    task = runner.task
+    if runner.optimizer == "adam":
+        return skipped_result("sensitivity", "Adam normalises its update, so no η·C/B bound exists (000 App. E)")
+    clip_norm = float(torch.median(task.ordinary_norms))
+    lr = 0.05
+    steps_before = runner.steps_used
+    labels, ratios = [], []
+    for label, inputs, targets, row in _sensitivity_contexts(runner, config.sensitivity_batch_size):
+        settings = dict(clip_norm=clip_norm, noise_multiplier=0.0, batch_size=inputs.shape[0], lr=lr, seed=seed)
+        with_probe = runner.parameters_after(inputs, targets, **settings)
+        neighbour_targets = targets.clone()
+        neighbour_targets[row] = 0.0
+        without_probe = runner.parameters_after(inputs, neighbour_targets, **settings)
+        bound = lr * clip_norm / inputs.shape[0]
+        labels.append(label)
+        ratios.append(float(torch.linalg.vector_norm(with_probe - without_probe)) / bound)
+    worst = int(np.argmax(ratios))
+    ratio = ratios[worst]
+    passed = ratio <= 1.0 + SENSITIVITY_TOLERANCE
+    if passed:
+        diagnosis = f"one example moves the model by at most {ratio:.4g}× η·C/B: per-example sensitivity is bounded by C"
+        if ratio < 1.0 - SENSITIVITY_TOLERANCE:
+            diagnosis += " (less than the bound: clipped to less than C or over-normalised, so accuracy is lost)"
+    else:
+        cause = ("the update is not divided by B, or clipping happens after averaging"
+                 if abs(ratio - config.sensitivity_batch_size) < 0.05 * config.sensitivity_batch_size
+                 else "clipping does not bound each example's gradient norm by C")
+        diagnosis = (f"one example moves the model by {ratio:.4g}× the bound η·C/B ({labels[worst]}): {cause}; "
+                     f"the true sensitivity is {ratio:.3g}× the one the accountant assumes")
+    return TestResult(
+        name="sensitivity",
+        description="beyond 000: σ = 0, one large-gradient example may move an SGD model by at most η·C/B",
+        statistic=ratio,
+        statistic_name="max ‖θ(D) − θ(D')‖ / (η·C/B) over contexts",
+        p_value=1.0 if passed else 0.0,
+        passed=passed,
+        diagnosis=diagnosis,
+        steps=runner.steps_used - steps_before,
+        details={"contexts": labels, "ratios": ratios, "clip_norm": clip_norm, "tolerance": SENSITIVITY_TOLERANCE,
+                 "p_value_note": "deterministic check (σ = 0): p is 1 within the tolerance, else 0"},
+        figure=Figure(title="Sensitivity: influence of one example / (η·C/B)", xlabel="context", ylabel="ratio",
+                      curves=(Curve("trainer under test", tuple(float(i) for i in range(len(ratios))), tuple(ratios)),
+                              Curve("bound", (0.0, float(len(ratios) - 1)), (1.0, 1.0))), kind="scatter"),
+    )

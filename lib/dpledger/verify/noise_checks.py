@@ -1,0 +1,265 @@
+"""Noise tests: the paper's σ heuristic, T3 with its σ = 0 control, the KS test, and two tests beyond the paper.
+
+Noisy runs of the same test share their data, initial model and hyper-parameters and differ only in the
+trainer's ``seed``; the same seeds are reused for every C (common random numbers), so a trainer whose noise
+ignores C gives exactly equal distances at every C.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+
+from dpledger.verify.heuristics import Heuristics, noise_onset
+from dpledger.verify.result import Curve, Figure, PendingResult, TestResult, skipped_result
+from dpledger.verify.runner import BatteryConfig, Runner
+from dpledger.verify.stats import (
+    f_test_two_sided,
+    ks_standard_normal,
+    slope_test,
+    variance_ratio_lower_p,
+    variance_ratio_upper_p,
+)
+from dpledger.verify.task import flat_parameters, per_example_losses
+
+CONTROL_TOLERANCE = 1e-3
+"""T3 control: σ = 0 models at different C may differ by this fraction of their update (rounding only)."""
+
+
+def noise_lr(runner: Runner, config: BatteryConfig, clip_norm: float, noise_multiplier: float, batch_size: int) -> float:
+    """SGD: the learning rate giving one step's noise std ``config.noise_step_std`` per coordinate (η·σC/B)."""
+    if runner.optimizer == "adam":
+        return config.adam_lr
+    return config.noise_step_std * batch_size / (noise_multiplier * clip_norm)
+
+
+def run_sigma_heuristic(runner: Runner, config: BatteryConfig, c_star: float, seed: int) -> Heuristics:
+    """000 App. B: one step at C = C* for σ on a log grid; σ* is where the noise starts to change the result.
+
+    "Change" is read on the parameters (‖θ_σ − θ_0‖ above rounding) rather than on ΔL as in the paper:
+    a noisy ΔL can land on the noiseless value by chance, the parameters cannot. ΔL is still recorded.
+    """
+    batch_size = config.t3_batch_size
+    inputs, targets = runner.task.ordinary_rows(0, batch_size)
+    lr = noise_lr(runner, config, c_star, 1.0, batch_size)
+    settings = dict(clip_norm=c_star, batch_size=batch_size, lr=lr, seed=seed)
+    initial_loss = float(per_example_losses(runner.task.model, inputs, targets).sum())
+    steps_before = runner.steps_used
+    noiseless = runner.train(inputs, targets, noise_multiplier=0.0, **settings)
+    noiseless_parameters = flat_parameters(noiseless)
+    update = float(torch.linalg.vector_norm(noiseless_parameters - flat_parameters(runner.task.model)))
+    changes, distances = [], []
+    for noise_multiplier in config.sigma_grid:
+        model = runner.train(inputs, targets, noise_multiplier=noise_multiplier, **settings)
+        changes.append(float(per_example_losses(model, inputs, targets).sum()) - initial_loss)
+        distances.append(float(torch.linalg.vector_norm(flat_parameters(model) - noiseless_parameters)))
+    return Heuristics(
+        c_star=c_star,
+        sigma_star=noise_onset(config.sigma_grid, np.array(distances), 0.0, scale=max(update, 1e-30)),
+        sigma_grid=config.sigma_grid,
+        sigma_loss_changes=tuple(changes),
+        sigma_zero_loss_change=float(per_example_losses(noiseless, inputs, targets).sum()) - initial_loss,
+        steps=runner.steps_used - steps_before,
+    )
+
+
+def t3_noise_multiplier(runner: Runner, config: BatteryConfig, heuristics: Heuristics) -> float:
+    """σ for T3: the usual 1 under SGD; under Adam a small multiple of σ* so the noise does not saturate (App. E)."""
+    if runner.optimizer == "adam" and heuristics.sigma_star is not None:
+        return config.adam_sigma_factor * heuristics.sigma_star
+    return config.sgd_t3_noise_multiplier
+
+
+def run_t3(
+    runner: Runner, config: BatteryConfig, heuristics: Heuristics, seed: int, significance: float
+) -> tuple[TestResult, TestResult]:
+    """T3 (000 §3.2): mean pairwise distance of noisy runs vs C ∈ [C*, 10C*], slope t-test; plus the σ = 0 control."""
+    c_star = heuristics.c_star
+    noise_multiplier = t3_noise_multiplier(runner, config, heuristics)
+    batch_size = config.t3_batch_size
+    inputs, targets = runner.task.ordinary_rows(0, batch_size * config.t3_steps)
+    lr = noise_lr(runner, config, c_star, noise_multiplier, batch_size)
+    clip_values = np.linspace(c_star, 10.0 * c_star, config.t3_clip_values)
+    steps_before = runner.steps_used
+    pair_c, pair_distance = [], []
+    for clip_norm in clip_values:
+        finals = [runner.parameters_after(inputs, targets, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
+                                          batch_size=batch_size, lr=lr, seed=seed + r)
+                  for r in range(config.t3_seeds)]
+        for a, b in itertools.combinations(finals, 2):
+            pair_c.append(float(clip_norm))
+            pair_distance.append(float(torch.linalg.vector_norm(a - b)))
+    t3_steps = runner.steps_used - steps_before
+    pair_c, pair_distance = np.array(pair_c), np.array(pair_distance)
+    test = slope_test(pair_c, pair_distance)
+    scale = float(torch.linalg.vector_norm(flat_parameters(runner.task.model)))
+    no_noise = float(pair_distance.max()) <= 1e-9 * scale
+    passed = not no_noise and not test.flat and test.slope > 0 and test.p_value < significance
+    if passed:
+        diagnosis = (f"the distance between noisy runs grows with C (slope p = {test.p_value:.2g}): the noise "
+                     "scales with the clip norm")
+    elif no_noise:
+        diagnosis = ("runs with different seeds end at the same model: there is no noise, or it ignores the seed "
+                     "(a fixed noise seed is no noise to anyone who knows it)")
+    else:
+        diagnosis = (f"the distance between noisy runs does not grow with C (slope p = {test.p_value:.2g}): the noise "
+                     "is not multiplied by C (uncalibrated), so the accountant's ε, which assumes std σ·C, is wrong "
+                     "whenever C ≠ 1")
+    means = [float(pair_distance[pair_c == c].mean()) for c in clip_values]
+    t3 = TestResult(
+        name="t3_noise_calibration",
+        description="000 T3: mean pairwise distance of runs differing only in their noise must grow with C",
+        statistic=test.t_statistic,
+        statistic_name="t of the slope of pairwise distance on C",
+        p_value=test.p_value,
+        passed=passed,
+        diagnosis=diagnosis,
+        steps=t3_steps,
+        details={"clip_norms": clip_values.tolist(), "mean_pairwise_distance": means, "noise_multiplier": noise_multiplier,
+                 "slope": test.slope, "runs_per_clip_norm": config.t3_seeds, "steps_per_run": config.t3_steps},
+        figure=Figure(title="T3: pairwise parameter distance vs clip norm", xlabel="clip norm C",
+                      ylabel="‖θ_i − θ_j‖", kind="scatter",
+                      curves=(Curve(f"pairs (σ = {noise_multiplier:.3g})", tuple(pair_c), tuple(pair_distance)),
+                              Curve("mean", tuple(clip_values), tuple(means)))),
+    )
+    return t3, _run_t3_control(runner, inputs, targets, clip_values, batch_size, lr, seed)
+
+
+def _run_t3_control(runner: Runner, inputs, targets, clip_values, batch_size: int, lr: float, seed: int) -> TestResult:
+    """000 §3.2 step 7: with σ = 0 the C range must not change training, else T3's slope could come from clipping."""
+    steps_before = runner.steps_used
+    initial = flat_parameters(runner.task.model)
+    finals = [runner.parameters_after(inputs, targets, clip_norm=c, noise_multiplier=0.0, batch_size=batch_size,
+                                      lr=lr, seed=seed) for c in clip_values]
+    update = max(float(torch.linalg.vector_norm(finals[0] - initial)), 1e-30)
+    deviations = np.array([float(torch.linalg.vector_norm(f - finals[0])) / update for f in finals])
+    passed = bool(deviations.max() <= CONTROL_TOLERANCE)
+    diagnosis = ("with σ = 0 the models at every C in [C*, 10C*] coincide: this C range disables clipping, so T3's "
+                 "slope comes from the noise" if passed else
+                 f"with σ = 0 the model still changes with C ≥ C* (relative deviation {deviations.max():.3g}): clipping "
+                 "acts beyond the largest gradient norm, so the clip threshold is not C")
+    return TestResult(
+        name="t3_control",
+        description="000 T3 control: with σ = 0 the models trained at every C of T3 must coincide",
+        statistic=float(deviations.max()),
+        statistic_name="max ‖θ_C − θ_C*‖ / ‖θ_C* − θ_0‖",
+        p_value=1.0 if passed else 0.0,
+        passed=passed,
+        diagnosis=diagnosis,
+        steps=runner.steps_used - steps_before,
+        details={"clip_norms": list(map(float, clip_values)), "relative_deviation": deviations.tolist(),
+                 "tolerance": CONTROL_TOLERANCE, "p_value_note": "deterministic check: p is 1 within the tolerance, else 0"},
+        figure=Figure(title="T3 control (σ = 0): deviation from the model at C*", xlabel="clip norm C",
+                      ylabel="relative deviation",
+                      curves=(Curve("σ = 0", tuple(map(float, clip_values)), tuple(deviations)),)),
+    )
+
+
+def run_noise_distribution(
+    runner: Runner, config: BatteryConfig, c_star: float, seed: int
+) -> tuple[PendingResult, PendingResult, np.ndarray]:
+    """000 App. C (KS) and the noise-scale test on one-step runs: (θ_σ − θ_0)·B/(ησC) must be N(0, 1) exactly."""
+    batch_size = config.ks_batch_size
+    inputs, targets = runner.task.ordinary_rows(0, batch_size)
+    lr = noise_lr(runner, config, c_star, 1.0, batch_size)
+    settings = dict(clip_norm=c_star, batch_size=batch_size, lr=lr)
+    steps_before = runner.steps_used
+    base = runner.parameters_after(inputs, targets, noise_multiplier=0.0, seed=seed, **settings)
+    unit = lr * c_star / batch_size
+    z = torch.cat([(runner.parameters_after(inputs, targets, noise_multiplier=1.0, seed=seed + r, **settings) - base) / unit
+                   for r in range(config.ks_seeds)]).numpy()
+    steps = runner.steps_used - steps_before
+    d_statistic, ks_p = ks_standard_normal(z)
+    ratio, lower_p = variance_ratio_lower_p(z)
+    std_ratio = float(np.sqrt(ratio))
+    upper_p = variance_ratio_upper_p(z)
+
+    def explain_ks(passed: bool) -> str:
+        if passed:
+            return f"the update noise standardized by η·σ·C/B is consistent with N(0, 1) (KS D = {d_statistic:.3g})"
+        shape = "its scale is off" if abs(std_ratio - 1) > 0.1 else "its shape is not Gaussian"
+        return (f"the update noise standardized by η·σ·C/B is not N(0, 1) (KS D = {d_statistic:.3g}; std ratio "
+                f"{std_ratio:.3g}): {shape}, so the Gaussian mechanism the accountant assumes is not what runs")
+
+    def explain_scale(passed: bool) -> str:
+        if not passed:
+            return (f"the update noise is {std_ratio:.3g}× the std σ·C/B the accountant assumes: the real noise "
+                    f"multiplier is about {std_ratio:.3g}·σ, so the reported ε is too small")
+        if upper_p < 1e-6:
+            return (f"the update noise is {std_ratio:.3g}× σ·C/B, more than claimed: the guarantee holds, but accuracy "
+                    "is lost (or the noise is not what the code intends)")
+        return f"the update noise has std {std_ratio:.4g}× σ·C/B, as the accountant assumes"
+
+    sample = np.sort(z)
+    ks = PendingResult(
+        name="ks_update_distribution",
+        description="000 App. C: one-step update noise (θ_σ − θ_0)·B/(η·C·σ) must be N(0, 1) (KS test, SGD)",
+        statistic=d_statistic, statistic_name="KS D", p_value=ks_p, steps=steps, explain=explain_ks,
+        details={"samples": int(z.size), "std_ratio": std_ratio, "clip_norm": c_star, "noise_multiplier": 1.0},
+        figure=Figure(title="KS: standardized update noise vs N(0, 1)", xlabel="z", ylabel="empirical CDF", kind="cdf",
+                      curves=(Curve("trainer under test", tuple(sample), tuple((np.arange(z.size) + 0.5) / z.size)),)),
+    )
+    scale = PendingResult(
+        name="noise_scale",
+        description="beyond 000: the update noise must have std σ·C/B (χ² test, one-sided: less noise than claimed)",
+        statistic=std_ratio, statistic_name="std of the update noise / (η·σ·C/B)", p_value=lower_p, steps=0,
+        explain=explain_scale,
+        details={"samples": int(z.size), "p_value_more_noise": upper_p, "steps_note": "shares the KS test's runs"},
+        figure=_std_ratio_figure("Noise scale: std per seed / (η·σ·C/B)", z, config.ks_seeds, "claimed"),
+    )
+    return ks, scale, z
+
+
+def run_noise_independence(
+    runner: Runner, config: BatteryConfig, c_star: float, one_step_noise: np.ndarray, seed: int
+) -> PendingResult:
+    """Beyond 000: T steps on zero-gradient rows accumulate pure noise whose variance must be T × one step's.
+
+    Noise reused across steps gives T² (consecutive iterates then cancel it); noise added once gives 1.
+    """
+    batch_size = config.ks_batch_size
+    steps = config.independence_steps
+    inputs, targets = runner.task.zero_rows(batch_size * steps)
+    lr = noise_lr(runner, config, c_star, 1.0, batch_size)
+    steps_before = runner.steps_used
+    initial = flat_parameters(runner.task.model)
+    unit = lr * c_star / batch_size * np.sqrt(steps)
+    z = torch.cat([(runner.parameters_after(inputs, targets, clip_norm=c_star, noise_multiplier=1.0,
+                                            batch_size=batch_size, lr=lr, seed=seed + r) - initial) / unit
+                   for r in range(config.independence_seeds)]).numpy()
+    ratio, p_value = f_test_two_sided(z, one_step_noise)
+
+    def explain(passed: bool) -> str:
+        if passed:
+            return f"noise accumulated over {steps} steps has {ratio:.3g}× the variance of {steps} independent steps"
+        if ratio > 1:
+            return (f"after {steps} steps the noise variance is {ratio * steps:.3g}× one step's instead of {steps}×: "
+                    "the same noise is reused across steps, so the difference of consecutive iterates carries no noise")
+        return (f"after {steps} steps the noise variance is {ratio * steps:.3g}× one step's instead of {steps}×: "
+                "noise is added on fewer steps than trained, so later steps are unprotected")
+
+    return PendingResult(
+        name="noise_independence",
+        description=f"beyond 000: pure-noise runs of {steps} steps must carry {steps}× one step's noise variance (F-test)",
+        statistic=ratio, statistic_name=f"variance after {steps} steps / ({steps} × one step's)", p_value=p_value,
+        steps=runner.steps_used - steps_before, explain=explain,
+        details={"steps_per_run": steps, "runs": config.independence_seeds},
+        figure=_std_ratio_figure(f"Noise independence: std of {steps}-step noise / (√{steps}·η·σ·C/B)", z,
+                                 config.independence_seeds, "independent steps"),
+    )
+
+
+def _std_ratio_figure(title: str, z: np.ndarray, runs: int, reference: str) -> Figure:
+    """Standardized noise's std per run, against the expected 1."""
+    stds = tuple(float(np.sqrt(np.mean(part**2))) for part in np.split(z, runs))
+    return Figure(title=title, xlabel="run (seed)", ylabel="std ratio", kind="scatter",
+                  curves=(Curve("trainer under test", tuple(float(r) for r in range(runs)), stds),
+                          Curve(reference, (0.0, float(runs - 1)), (1.0, 1.0))))
+
+
+def skipped_noise_tests() -> list[TestResult]:
+    """Under Adam the update is normalised, so the exact-scale noise tests do not apply (000 App. C)."""
+    reason = "Adam normalises the update, so the noise's exact scale is not observable (000 App. C)"
+    return [skipped_result(name, reason) for name in ("ks_update_distribution", "noise_scale", "noise_independence")]
