@@ -1,1 +1,17 @@
-"""dpledger.audit"""
+"""Canary audits (paper 002): an empirical lower bound ε_emp beside the ledger's claim.
+
+- :mod:`estimate`: ε_emp from game scores with valid threshold selection (bonferroni, split) or the
+  paper's uncorrected maximum (max);
+- :mod:`models`, :mod:`samplers`, :mod:`simulate`, :mod:`bgm`: the batched Gaussian mechanism per
+  sampler with exact likelihood ratios, chunked and vectorized (numpy threads, torch on a GPU);
+- :mod:`dpsgd`: DP-SGD (Audit) with gradient canaries under the Natural / Partially-Informed threat models;
+- :mod:`verdict`: contradicted / consistent / inconclusive, and the N that would settle it;
+- :mod:`selfcheck`: the false-alarm rate of a threshold method on mechanisms with known ε.
+"""
+
+from dpledger.audit.bgm import audit_bgm
+from dpledger.audit.estimate import EpsilonEstimate, estimate_epsilon
+from dpledger.audit.result import AuditResult
+from dpledger.audit.selfcheck import run_selfcheck
+
+__all__ = ["AuditResult", "EpsilonEstimate", "audit_bgm", "estimate_epsilon", "run_selfcheck"]

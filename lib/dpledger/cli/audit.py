@@ -1,7 +1,126 @@
-"""Utility commands of this concern (filled in by its issue)."""
+"""``dpledger audit ...``: canary audits from the command line (batched Gaussian mechanism, DP-SGD, self-check)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
 
 import typer
 
+from dpledger.audit.estimate import THRESHOLD_METHODS
+from dpledger.errors import ParamsError
+
+audit_app = typer.Typer(no_args_is_help=True, help="Canary audits: an empirical lower bound on ε beside the claim.")
+
+
+def _print(summary: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, default=float))
+        return
+    for key, value in summary.items():
+        typer.echo(f"{key}: {value}")
+
+
+def _check_threshold(threshold: str) -> None:
+    if threshold not in THRESHOLD_METHODS:
+        raise ParamsError(f"--threshold = {threshold!r} is invalid: allowed values are {', '.join(THRESHOLD_METHODS)}")
+
+
+@audit_app.command("bgm")
+def bgm(
+    sampler: str = typer.Option(..., help="sampler to audit (a built-in name or module:callable)"),
+    steps: int = typer.Option(..., help="T: steps per epoch (the dataset has T × B examples)"),
+    epochs: int = typer.Option(1, help="E: epochs"),
+    noise_multiplier: float = typer.Option(..., help="σ: noise std over the clip norm"),
+    observations: int = typer.Option(..., help="games run, half on D and half on D'"),
+    batch_size: int = typer.Option(1, help="B: batch size"),
+    seed: int = typer.Option(0, help="random seed"),
+    threshold: str = typer.Option("bonferroni", help="bonferroni | split (valid) | max (uncorrected, not valid)"),
+    confidence: float = typer.Option(0.95, help="confidence of the lower bound"),
+    delta: float = typer.Option(1e-5, help="δ of the claim and of ε_emp"),
+    epsilon_claimed: Optional[float] = typer.Option(None, help="the claim to test (default: PLD ε for --claim-sampler)"),
+    claim_sampler: Optional[str] = typer.Option(None, help="accountant's sampler for the claim: poisson | fixed (default: the sampler's own, else poisson)"),
+    buffer_size: Optional[int] = typer.Option(None, help="K for --sampler partial-shuffle"),
+    split_fraction: float = typer.Option(0.2, help="held-out fraction for --threshold split"),
+    backend: str = typer.Option("auto", help="auto (GPU if present) | numpy | torch"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Audit the batched Gaussian mechanism (Worst-Case threat model) with a sampler; print ε_emp and the verdict."""
+    from dpledger.audit.bgm import CLAIM_ACCOUNTANTS, audit_bgm
+    from dpledger.sampling.registry import sampler_class
+
+    _check_threshold(threshold)
+    if steps < 1 or batch_size < 1:
+        raise ParamsError(f"--steps = {steps}, --batch-size = {batch_size}: both must be >= 1")
+    own = sampler_class(sampler).accounted_as
+    claim = claim_sampler or (own if own in CLAIM_ACCOUNTANTS else "poisson")
+    options = {} if buffer_size is None else {"buffer_size": buffer_size}
+    result, _ = audit_bgm(
+        sampler, dataset_size=steps * batch_size, batch_size=batch_size, epochs=epochs,
+        noise_multiplier=noise_multiplier, observations=observations, delta=delta, confidence=confidence,
+        method=threshold, split_fraction=split_fraction, epsilon_claimed=epsilon_claimed, claim_sampler=claim,
+        options=options, seed=seed, backend=backend, progress=not as_json,
+    )
+    _print({**result.summary(), "claim_basis": result.claim_basis, "pair": result.setting["pair"]}, as_json)
+
+
+@audit_app.command("selfcheck")
+def selfcheck(
+    mechanism: str = typer.Option("laplace", help="laplace (tight at every threshold) | poisson (BGM vs its PLD ε)"),
+    threshold: str = typer.Option("bonferroni", help="threshold method to check"),
+    repeats: int = typer.Option(100, help="audits to run"),
+    observations: int = typer.Option(20_000, help="games per audit"),
+    epsilon: float = typer.Option(1.0, help="ε of the Laplace mechanism"),
+    steps: int = typer.Option(100, help="steps of the Poisson BGM (q = 1/steps)"),
+    noise_multiplier: float = typer.Option(1.0, help="σ of the Poisson BGM"),
+    delta: float = typer.Option(1e-5, help="δ"),
+    confidence: float = typer.Option(0.95, help="confidence of each audit"),
+    seed: int = typer.Option(0, help="random seed"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Audit a mechanism with known ε many times; report how often ε_emp exceeded it (the false-alarm rate)."""
+    from dpledger.audit.selfcheck import run_selfcheck
+
+    _check_threshold(threshold)
+    check = run_selfcheck(
+        mechanism, method=threshold, repeats=repeats, observations=observations, epsilon=epsilon, steps=steps,
+        noise_multiplier=noise_multiplier, delta=delta, confidence=confidence, seed=seed, progress=not as_json,
+    )
+    summary = check.to_dict()
+    summary.pop("epsilon_emp")
+    _print(summary, as_json)
+
+
+@audit_app.command("dpsgd")
+def dpsgd(
+    threat_model: str = typer.Option("partially-informed", help="natural | partially-informed | worst-case"),
+    sampler: str = typer.Option("shuffle", help="sampler of the audited training runs"),
+    observations: int = typer.Option(1000, help="training runs, half with the target and half with it zeroed out"),
+    epochs: int = typer.Option(1, help="epochs per run"),
+    batch_size: int = typer.Option(64, help="batch size"),
+    noise_multiplier: float = typer.Option(1.0, help="σ"),
+    clip_norm: float = typer.Option(1.0, help="clip norm C"),
+    lr: float = typer.Option(0.5, help="learning rate"),
+    dataset_size: Optional[int] = typer.Option(None, help="use the first n training examples of the embedded data"),
+    threshold: str = typer.Option("bonferroni", help="bonferroni | split | max"),
+    delta: float = typer.Option(1e-5, help="δ"),
+    confidence: float = typer.Option(0.95, help="confidence"),
+    seed: int = typer.Option(0, help="random seed"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Audit DP-SGD on the embedded digits data with gradient canaries (002 Alg. 1)."""
+    from dpledger.audit.dpsgd import audit_dpsgd
+
+    _check_threshold(threshold)
+    result = audit_dpsgd(
+        threat_model=threat_model, sampler=sampler, observations=observations, epochs=epochs,
+        batch_size=batch_size, noise_multiplier=noise_multiplier, clip_norm=clip_norm, lr=lr,
+        dataset_size=dataset_size, method=threshold, delta=delta, confidence=confidence, seed=seed,
+        progress=not as_json,
+    )
+    _print({**result.summary(), "claim_basis": result.claim_basis}, as_json)
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the ``dpledger`` app."""
+    """Add ``dpledger audit ...`` to the app."""
+    app.add_typer(audit_app, name="audit")

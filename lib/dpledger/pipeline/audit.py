@@ -1,0 +1,88 @@
+"""Stage ``audit``: audit the batched Gaussian mechanism with the sampler actually used, at the
+calibrated σ, and judge the ledger's claim (optionally also DP-SGD with gradient canaries)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dpledger import io
+from dpledger.accounting.record import CalibrationRecord
+from dpledger.audit import plots
+from dpledger.audit.bgm import audit_bgm
+from dpledger.audit.result import epsilon_versus_observations, tradeoff_points
+from dpledger.audit.samplers import audited_sampler
+from dpledger.errors import DpledgerError
+from dpledger.params import Params
+from dpledger.sampling.guard import check_schedule
+from dpledger.sampling.registry import options_for
+from dpledger.sampling.schedule import Schedule
+
+
+def _inputs(root: Path) -> tuple[CalibrationRecord, Schedule]:
+    calibration = root / "artifacts" / "calibration" / "calibration.json"
+    schedule = root / "artifacts" / "schedule"
+    for path in (calibration, schedule / "schedule.json"):
+        if not path.exists():
+            raise DpledgerError(f"audit: {path} is missing; run the calibrate and schedule stages first")
+    return CalibrationRecord.load(calibration), Schedule.load(schedule)
+
+
+def run(params: Params, root: Path) -> dict[str, Any]:
+    """Compute the audit and write artifacts/audit/, metrics/audit.json and plots/audit/."""
+    audit = params.audit
+    record, schedule = _inputs(root)
+    check = check_schedule(record.sampler, schedule, allow_mismatch=True)
+    options = options_for(schedule.sampler, **schedule.sampler_params)
+    sizes = {"dataset_size": schedule.dataset_size, "batch_size": record.batch_size, "epochs": record.epochs}
+    audited = audited_sampler(schedule.sampler, noise_multiplier=record.noise_multiplier, options=options, seed=params.seed, **sizes)
+    observations = audit.pattern_observations if audited.simulated_by_sampler else audit.observations
+    result, scores = audit_bgm(
+        schedule.sampler, **sizes, noise_multiplier=record.noise_multiplier, observations=observations - observations % 2,
+        delta=record.delta, confidence=audit.confidence, method=audit.threshold, split_fraction=audit.split_fraction,
+        epsilon_claimed=record.epsilon, claim_basis=f"ledger: {record.accountant} accountant assuming '{record.sampler}' sampling",
+        options=options, seed=params.seed, backend=audit.backend, progress=True,
+    )
+    assumptions = list(result.assumptions)
+    if record.mechanism != "identity":
+        assumptions.append(
+            f"The ledger's mechanism is '{record.mechanism}' (correlated noise); this audit models independent noise per step."
+        )
+    measured = epsilon_versus_observations(
+        scores, delta=record.delta, confidence=audit.confidence, method=audit.threshold, split_fraction=audit.split_fraction
+    )
+    details: dict[str, Any] = {
+        **result.to_dict(),
+        "assumptions": assumptions,
+        "sampler_accounted": record.sampler,
+        "sampler_used": schedule.sampler,
+        "sampler_warning": check.warning(),
+        "epsilon_vs_observations": measured,
+    }
+    metrics = {**_flat(result.summary()), "sampler_accounted": record.sampler, "sampler_mismatch": not check.matches}
+    if audit.dpsgd:
+        from dpledger.audit.dpsgd import audit_dpsgd
+
+        dpsgd = audit_dpsgd(
+            threat_model=audit.dpsgd_threat_model, sampler=schedule.sampler, observations=audit.dpsgd_observations,
+            epochs=record.epochs, batch_size=record.batch_size, noise_multiplier=record.noise_multiplier,
+            dataset_size=schedule.dataset_size, method=audit.threshold, delta=record.delta,
+            confidence=audit.confidence, seed=params.seed,
+        )
+        details["dpsgd"] = dpsgd.to_dict()
+        metrics.update({f"dpsgd_{key}": value for key, value in _flat(dpsgd.summary()).items() if key != "sampler"})
+    with io.atomic_dir(root / "plots" / "audit") as folder:
+        title = f"BGM audit, sampler '{schedule.sampler}', N = {result.observations:,}"
+        plots.write_tradeoff(
+            folder, tradeoff_points(scores, audit.confidence), epsilon_claimed=record.epsilon,
+            epsilon_emp=result.epsilon_emp, delta=record.delta, title=title,
+        )
+        plots.write_epsilon_vs_observations(folder, measured, result.judgement.projection, epsilon_claimed=record.epsilon)
+    io.write_json(root / "artifacts" / "audit" / "audit.json", details)
+    io.write_json(root / "metrics" / "audit.json", metrics)
+    return metrics
+
+
+def _flat(summary: dict[str, Any]) -> dict[str, Any]:
+    """Scalars only (``dvc metrics diff``): an unknown N needed is written as -1."""
+    return {key: (-1 if value is None else value) for key, value in summary.items()}

@@ -1,0 +1,111 @@
+"""The pinned `dpledger audit` CLI, the audit stage and the DP-SGD canary audit."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dpledger.accounting.record import CalibrationRecord
+from dpledger.audit.dpsgd import audit_dpsgd, canary_outputs
+from dpledger.cli import app
+from dpledger.errors import DpledgerError
+from dpledger.params import load_params
+from dpledger.pipeline import audit as audit_stage
+from dpledger.sampling.registry import build_schedule
+
+runner = CliRunner()
+
+
+def test_pinned_bgm_command_prints_the_contract_fields():
+    result = runner.invoke(app, [
+        "audit", "bgm", "--sampler", "shuffle", "--steps", "20", "--epochs", "2", "--noise-multiplier", "1.0",
+        "--observations", "20000", "--seed", "1", "--threshold", "bonferroni", "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    for key in ("epsilon_emp", "epsilon_claimed", "verdict", "observations"):
+        assert key in out
+    assert out["observations"] == 20000 and out["verdict"] in ("contradicted", "consistent", "inconclusive")
+
+
+def test_bgm_command_refuses_an_unknown_threshold_method():
+    result = runner.invoke(app, [
+        "audit", "bgm", "--sampler", "shuffle", "--steps", "10", "--noise-multiplier", "1", "--observations", "1000",
+        "--threshold", "best", "--json",
+    ])
+    assert result.exit_code != 0 and "threshold" in str(result.exception)
+
+
+def test_selfcheck_command_reports_the_false_alarm_rate():
+    result = runner.invoke(app, ["audit", "selfcheck", "--repeats", "10", "--observations", "2000", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["repeats"] == 10 and 0.0 <= out["false_alarm_rate"] <= 1.0 and "passed" in out
+
+
+def write_inputs(root, sampler, record_sampler="poisson"):
+    CalibrationRecord(
+        noise_multiplier=1.2, epsilon=2.0, delta=1e-5, accountant="pld", sampler=record_sampler, assumptions=[],
+        steps=40, batch_size=16, dataset_size=160, epochs=4,
+    ).save(root / "artifacts" / "calibration" / "calibration.json")
+    build_schedule(sampler, dataset_size=160, batch_size=16, epochs=4, seed=0).save(root / "artifacts" / "schedule")
+
+
+def stage_params(repo_root, observations=20000):
+    params = load_params(repo_root / "params.yaml")
+    return params.model_copy(update={"audit": params.audit.model_copy(update={"observations": observations})})
+
+
+def test_stage_audits_the_sampler_actually_used_and_writes_flat_metrics(tmp_path, repo_root):
+    write_inputs(tmp_path, "shuffle")
+    metrics = audit_stage.run(stage_params(repo_root), tmp_path)
+    assert metrics["sampler"] == "shuffle" and metrics["sampler_mismatch"] is True
+    assert metrics["epsilon_claimed"] == 2.0
+    assert all(isinstance(v, (int, float, str, bool)) for v in metrics.values())
+    details = json.loads((tmp_path / "artifacts" / "audit" / "audit.json").read_text())
+    assert details["sampler_warning"] and details["epsilon_vs_observations"]
+    for name in ("tradeoff.csv", "tradeoff.png", "epsilon_vs_observations.csv", "epsilon_vs_observations.png"):
+        assert (tmp_path / "plots" / "audit" / name).stat().st_size > 0
+    saved = json.loads((tmp_path / "metrics" / "audit.json").read_text())
+    assert saved["verdict"] == metrics["verdict"]
+
+
+def test_stage_without_inputs_fails_with_one_line_and_writes_nothing(tmp_path, repo_root):
+    with pytest.raises(DpledgerError, match="calibrate and schedule"):
+        audit_stage.run(stage_params(repo_root), tmp_path)
+    assert not (tmp_path / "metrics").exists()
+
+
+@pytest.fixture(scope="module")
+def digits():
+    import torch
+
+    from dpledger.data import load_dataset
+
+    data = load_dataset("digits", None, 0.2, 0)
+    return torch.as_tensor(data.x_train[:64]), torch.as_tensor(data.y_train[:64])
+
+
+def test_partially_informed_canaries_count_plus_one_minus_one_and_zero(digits):
+    """With negligible noise the released ⟨g̃, ĝ⟩/C² is +1 in the record's step (D), 0 there (D'), −1 elsewhere."""
+    import torch
+
+    from dpledger.models import build_model
+
+    x, y = digits
+    numel = sum(p.numel() for p in build_model("mlp", tuple(x.shape[1:]), 10).parameters())
+    canary = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+    canary /= canary.norm()
+    kwargs = dict(threat_model="partially-informed", x_train=x, y_train=y, sampler="shuffle", batch_size=4,
+                  epochs=1, noise_multiplier=1e-6, clip_norm=1.0, lr=0.1, canary=canary, seed=5)
+    present = canary_outputs(present=True, **kwargs)
+    absent = canary_outputs(present=False, **kwargs)
+    assert present.shape == (16,)
+    assert np.sum(np.abs(present - 1) < 0.2) == 1 and np.sum(np.abs(present + 1) < 0.2) == 15
+    assert np.sum(np.abs(absent) < 0.2) == 1 and np.sum(np.abs(absent + 1) < 0.2) == 15
+
+
+def test_dpsgd_audit_runs_end_to_end(digits):
+    result = audit_dpsgd(threat_model="natural", observations=8, dataset_size=64, batch_size=16, progress=False)
+    assert result.audit == "dpsgd-natural" and result.observations == 8 and result.epsilon_emp >= 0
