@@ -1,1 +1,30 @@
-"""dpledger.engine"""
+"""The Book-Keeping DP engine (003) and the per-example reference trainer it is tested against.
+
+Standalone use (see README, section train)::
+
+    engine = BKEngine(model, optimizer, clip_norm=1.0, noise_multiplier=1.1, normalizer=64, seed=0)
+    for x, y in batches:
+        engine.private_step(F.cross_entropy(model(x), y, reduction="none"))
+"""
+
+from dpledger.engine.bk import BKEngine, UnsupportedLayerError
+from dpledger.engine.clipping import CLIPPING_MODES, clip_factors
+from dpledger.engine.consecutive import consecutive_indices, train_consecutive
+from dpledger.engine.noise import NoiseSource
+from dpledger.engine.optimizers import OPTIMIZERS, make_optimizer
+from dpledger.engine.reference import ReferenceTrainer, clipped_sum, per_example_gradients
+
+__all__ = [
+    "BKEngine",
+    "UnsupportedLayerError",
+    "CLIPPING_MODES",
+    "clip_factors",
+    "consecutive_indices",
+    "train_consecutive",
+    "NoiseSource",
+    "OPTIMIZERS",
+    "make_optimizer",
+    "ReferenceTrainer",
+    "clipped_sum",
+    "per_example_gradients",
+]

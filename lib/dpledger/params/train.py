@@ -1,8 +1,8 @@
-"""train: model, optimizer and clipping of the DP-SGD run."""
+"""train: model, optimizer, clipping and engine settings of the DP-SGD run (σ comes from calibrate)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -10,10 +10,22 @@ from dpledger.params.core import Section
 
 
 class TrainParams(Section):
-    """DP-SGD training settings; the noise multiplier comes from the calibrate stage."""
+    """DP-SGD training settings; the noise multiplier and correlated-noise mechanism come from calibrate."""
 
     model: Literal["mlp", "cnn", "transformer"] = "mlp"
-    clip_norm: float = Field(default=1.0, gt=0.0)
+    model_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the model class")
+    clip_norm: float = Field(default=1.0, gt=0.0, description="per-example clipping threshold R")
+    clipping: Literal["flat", "per-layer", "automatic"] = Field(default="flat", description="clipping style")
+    automatic_gamma: float = Field(default=0.01, gt=0.0, description="γ of automatic clipping R/(‖g‖+γ)")
     lr: float = Field(default=0.5, gt=0.0)
     optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="for optimizer: momentum")
+    physical_batch_size: int | None = Field(
+        default=None, ge=1, description="split each logical batch into physical batches of at most this size"
+    )
+    ghost: Literal["auto", "always", "never"] = Field(default="auto", description="per-layer norm method (auto: 2T² < p·d)")
+    secure_noise: bool = Field(default=False, description="draw noise from the OS CSPRNG (not replayable)")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", description="CUDA autocast dtype; norms stay fp32")
+    checkpoint_every: int = Field(default=20, ge=1, description="steps between checkpoints (and at each epoch end)")
     allow_sampler_mismatch: bool = False

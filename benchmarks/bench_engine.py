@@ -1,0 +1,166 @@
+"""BK engine speed and memory against non-private training and Opacus 1.6 ghost clipping (issue 5 targets).
+
+Workloads: MLP 784-1000×4-10 at B = 256; a 2-block transformer at B = 32, T = 128, d = 256.
+Methods per workload, timed interleaved (one step of each in turn, repeated), median reported:
+non-private (mean loss, one backward), BK (dpledger, σ = 1 noise included), Opacus ghost clipping
+(GradSampleModuleFastGradientClipping, its fastest mode). Peak extra memory is measured per method in a
+fresh subprocess: the peak RSS during 3 steps over the RSS before them (after one warm-up step),
+so it counts the transient memory of a step (activations, per-example quantities), not persistent buffers.
+
+    python -m benchmarks.bench_engine [--repeats 15] [--workloads mlp,transformer] [--no-memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dpledger.engine import BKEngine
+from dpledger.models import Transformer
+
+METHODS = ("non-private", "bk", "opacus-ghost")
+
+
+def mlp_workload() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    layers: list[nn.Module] = [nn.Linear(784, 1000), nn.ReLU()]
+    for _ in range(3):
+        layers += [nn.Linear(1000, 1000), nn.ReLU()]
+    layers.append(nn.Linear(1000, 10))
+    return nn.Sequential(*layers), torch.randn(256, 784), torch.randint(0, 10, (256,))
+
+
+def transformer_workload() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    model = Transformer((128,), 10, dim=256, depth=2, heads=4, mlp_ratio=4, vocab_size=1000)
+    return model, torch.randint(0, 1000, (32, 128)), torch.randint(0, 10, (32,))
+
+
+WORKLOADS = {"mlp": mlp_workload, "transformer": transformer_workload}
+
+
+def make_step(method: str, workload: str) -> Callable[[], None]:
+    """A closure performing one full training step (forward, backward, clipping, noise, optimizer)."""
+    torch.manual_seed(0)
+    model, x, y = WORKLOADS[workload]()
+    batch = x.shape[0]
+    if method == "non-private":
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+
+        return step
+    if method == "bk":
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        engine = BKEngine(model, optimizer, clip_norm=1.0, noise_multiplier=1.0, normalizer=batch, seed=0)
+        return lambda: engine.private_step(F.cross_entropy(model(x), y, reduction="none"))
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+    wrapped = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="mean", max_grad_norm=1.0,
+                                                   use_ghost_clipping=True)
+    optimizer = DPOptimizerFastGradientClipping(torch.optim.SGD(wrapped.parameters(), lr=0.01), noise_multiplier=1.0,
+                                                max_grad_norm=1.0, expected_batch_size=batch, loss_reduction="mean")
+    criterion = DPLossFastGradientClipping(wrapped, optimizer, nn.CrossEntropyLoss(reduction="mean"), loss_reduction="mean")
+
+    def opacus_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        criterion(wrapped(x), y).backward()
+        optimizer.step()
+
+    return opacus_step
+
+
+def time_interleaved(workload: str, repeats: int) -> dict[str, float]:
+    """Median seconds per step of each method, methods alternating within every repeat."""
+    steps = {m: make_step(m, workload) for m in METHODS}
+    for step in steps.values():  # warm-up
+        step()
+        step()
+    times: dict[str, list[float]] = {m: [] for m in METHODS}
+    for _ in range(repeats):
+        for method, step in steps.items():
+            started = time.perf_counter()
+            step()
+            times[method].append(time.perf_counter() - started)
+    return {m: statistics.median(t) for m, t in times.items()}
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def measure_memory(method: str, workload: str) -> float:
+    """Peak RSS during 3 steps minus the RSS before them (MiB), sampled by a thread every ~0.5 ms.
+
+    Run in a fresh process with glibc's mmap threshold lowered, so freed tensors leave RSS at once and
+    RSS follows live memory; one warm-up step first (persistent buffers then sit in the baseline).
+    """
+    step = make_step(method, workload)
+    step()
+    baseline, peak, running = _rss_mb(), [0.0], [True]
+
+    def sample() -> None:
+        while running[0]:
+            peak[0] = max(peak[0], _rss_mb())
+            time.sleep(0.0005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    for _ in range(3):
+        step()
+    running[0] = False
+    sampler.join()
+    return peak[0] - baseline
+
+
+def memory_in_subprocess(method: str, workload: str) -> float:
+    code = f"from benchmarks.bench_engine import measure_memory; print(measure_memory({method!r}, {workload!r}))"
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--workloads", default="mlp,transformer")
+    parser.add_argument("--no-memory", action="store_true")
+    args = parser.parse_args()
+    results = {}
+    for workload in args.workloads.split(","):
+        seconds = time_interleaved(workload, args.repeats)
+        row = {"seconds_per_step": seconds,
+               "bk_over_nonprivate": seconds["bk"] / seconds["non-private"],
+               "opacus_ghost_over_bk": seconds["opacus-ghost"] / seconds["bk"]}
+        if not args.no_memory:
+            memory = {m: memory_in_subprocess(m, workload) for m in METHODS}
+            row["peak_extra_rss_mib"] = memory
+            row["bk_extra_memory_over_nonprivate"] = memory["bk"] / memory["non-private"] - 1
+        results[workload] = row
+        print(f"{workload}: " + ", ".join(f"{m} {1000 * s:.1f} ms" for m, s in seconds.items())
+              + f" | BK/non-private {row['bk_over_nonprivate']:.3f}x (target <= 1.15)"
+              + f" | Opacus ghost/BK {row['opacus_ghost_over_bk']:.3f}x (target >= 1.8)", flush=True)
+        if "peak_extra_rss_mib" in row:
+            print(f"  peak transient RSS MiB: {row['peak_extra_rss_mib']}; BK extra over non-private "
+                  f"{100 * row['bk_extra_memory_over_nonprivate']:.1f}% (target <= 25%)", flush=True)
+    print(json.dumps({"torch_threads": torch.get_num_threads(), "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,368 @@
+"""The Book-Keeping (BK) DP engine (003 §3.1 and §3.3): exact DP-SGD gradients at about non-private cost.
+
+One forward pass with hooks that keep each layer's input ``a``; ONE backward pass of Σ_i w_i·L_i
+in which no parameter needs ``.grad`` (ghost differentiation, 003 §3.2), with tensor hooks that keep
+each layer's output gradient ``b``. Then per-example norms — by the ghost norm where 2T² < p·d, by
+instantiating per-example gradients elsewhere or where a parameter is shared — clipping factors,
+and the clipped sum aᵀ·diag(C)·b formed directly (book-keeping), without a second backward pass.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from dpledger.engine.clipping import check_clipping, clip_factors, group_threshold
+from dpledger.engine.layers import LayerRule, rule_for, weighted_sum
+from dpledger.engine.noise import NoiseSource
+from dpledger.errors import DpledgerError, ParamsError
+
+GhostMode = Literal["auto", "always", "never"]
+CanaryHook = Callable[[int], "Sequence[Tensor] | None"]
+
+
+class UnsupportedLayerError(DpledgerError):
+    """A trainable parameter sits in a layer the engine has no per-example rule for."""
+
+
+@dataclass
+class _Call:
+    """One forward call of a hooked layer: its input, and later the gradient of its output."""
+
+    name: str
+    module: nn.Module
+    rule: LayerRule
+    activations: Tensor
+    backprops: Tensor | None = None
+
+
+@dataclass
+class _Owner:
+    """Where a trainable parameter lives: its full name and clipping group (its first owning layer)."""
+
+    name: str
+    group: int
+    numel: int
+    offset: int
+
+
+def _norm_precision(tensor: Tensor) -> Tensor:
+    """Half-precision activations and gradients are promoted so norms are computed in float32."""
+    if tensor.is_floating_point() and tensor.dtype in (torch.float16, torch.bfloat16):
+        return tensor.float()
+    return tensor
+
+
+class BKEngine:
+    """Private gradients for every trainable parameter of ``model`` by Book-Keeping.
+
+    Use: ``engine.backward(per_example_losses[, weights])`` after each forward pass of a (physical)
+    batch — it adds Σ_i C_i·w_i·g_i to the step's clipped sum — then ``engine.step()`` once per
+    logical batch: it adds the canary (if any) and the noise σ·R·z_t, keeps the noisy sum in
+    ``last_noisy_sum``, sets each ``p.grad`` to noisy sum / ``normalizer`` (views of one reused buffer) and steps the optimizer.
+    ``steps_taken`` counts logical steps (the privacy ledger).
+
+    Constructing the engine sets ``requires_grad=False`` on the trainable parameters (ghost
+    differentiation; :meth:`detach` restores them); build the optimizer before. A trainable parameter
+    in a layer without a rule raises :class:`UnsupportedLayerError` naming it — never trained
+    without clipping, never silently frozen.
+
+    Audit hooks: ``step(canary=[tensors])`` or ``canary_hook(step) -> [tensors] | None`` adds a
+    caller-supplied vector (one tensor per trainable parameter, in ``parameter_names`` order) to
+    the clipped sum before noise — a gradient canary; ``last_noisy_sum`` is the released noisy sum
+    g̃ of the last step (same layout), so an auditor can take ⟨g̃, ĝ⟩.
+
+    ``ghost``: "auto" uses the ghost norm where 2T² < p·d (003 §3.3, BK-MixOpt), "always"/"never"
+    force one branch. ``clipping``: "flat" (default), "per-layer" or "automatic" (see clipping.py).
+    ``mechanism``/``mechanism_params``/``num_steps``: correlated noise through
+    ``dpledger.mechanisms.noise_stream``. ``secure_noise``: draw noise from the OS CSPRNG.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        clip_norm: float,
+        noise_multiplier: float,
+        normalizer: float,
+        seed: int = 0,
+        clipping: str = "flat",
+        automatic_gamma: float = 0.01,
+        ghost: GhostMode = "auto",
+        mechanism: str = "identity",
+        mechanism_params: dict[str, Any] | None = None,
+        num_steps: int | None = None,
+        secure_noise: bool = False,
+        canary_hook: CanaryHook | None = None,
+    ) -> None:
+        check_clipping(clipping, clip_norm, automatic_gamma)
+        if not noise_multiplier >= 0:
+            raise ParamsError(f"engine: noise_multiplier = {noise_multiplier!r} is invalid: it must be >= 0")
+        if not normalizer > 0:
+            raise ParamsError(f"engine: normalizer = {normalizer!r} is invalid: it must be > 0")
+        if ghost not in ("auto", "always", "never"):
+            raise ParamsError(f"engine: ghost = {ghost!r} is invalid: allowed values are auto, always, never")
+        self.model, self.optimizer = model, optimizer
+        self.clip_norm, self.noise_multiplier, self.normalizer = float(clip_norm), float(noise_multiplier), normalizer
+        self.clipping, self.automatic_gamma, self.ghost = clipping, automatic_gamma, ghost
+        self.canary_hook = canary_hook
+        self.params: list[nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ParamsError("engine: the model has no trainable parameter")
+        self._owners = self._map_owners()
+        self.numel = sum(p.numel() for p in self.params)
+        self._groups = 1 + max(o.group for o in self._owners.values()) if clipping == "per-layer" else 1
+        reference = self.params[0]
+        self.noise = NoiseSource(
+            self.numel, seed=seed, mechanism=mechanism, mechanism_params=mechanism_params, num_steps=num_steps,
+            secure=secure_noise, device=reference.device, dtype=reference.dtype,
+        )
+        self.steps_taken = 0
+        self.last_norms: Tensor | None = None
+        self.layer_methods: dict[str, str] = {}
+        self.last_workspace_elements = 0
+        self._calls: list[_Call] = []
+        self._origins: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+        self._buffer = torch.zeros(self.numel, device=reference.device, dtype=reference.dtype)
+        self._views = self._flat_views(self._buffer)
+        self._pending = False
+        self._handles = [module.register_forward_hook(self._forward_hook) for module in self._hooked_modules()]
+        for param in self.params:
+            param.requires_grad_(False)
+
+    @property
+    def parameter_names(self) -> list[str]:
+        """Full names of the trainable parameters, in the order of canaries and ``last_noisy_sum``."""
+        return [self._owners[id(p)].name for p in self.params]
+
+    def _map_owners(self) -> dict[int, _Owner]:
+        trainable = {id(p) for p in self.params}
+        full_names = {id(p): name for name, p in self.model.named_parameters()}
+        owners: dict[int, _Owner] = {}
+        offset = 0
+        for p in self.params:
+            owners[id(p)] = _Owner(full_names[id(p)], group=-1, numel=p.numel(), offset=offset)
+            offset += p.numel()
+        self._module_names: dict[int, str] = {}
+        group_of_layer: dict[int, int] = {}
+        for layer_name, module in self.model.named_modules():
+            own = [(attr, p) for attr, p in module.named_parameters(recurse=False) if id(p) in trainable]
+            if not own:
+                continue
+            rule = rule_for(module)
+            label = f"{layer_name or '<model>'} ({type(module).__name__})"
+            if rule is None:
+                names = ", ".join(f"{layer_name}.{attr}".lstrip(".") for attr, _ in own)
+                raise UnsupportedLayerError(
+                    f"engine: trainable parameter {names} is in layer {label}, which has no per-example rule; "
+                    "freeze it (requires_grad=False) or use a supported layer"
+                )
+            reason = rule.validate(module) if rule.validate else None
+            unknown = [attr for attr, _ in own if attr not in rule.parameters]
+            if reason or unknown:
+                why = reason or f"the rule knows only {', '.join(rule.parameters)}, not {', '.join(unknown)}"
+                raise UnsupportedLayerError(f"engine: layer {label} cannot be trained privately: {why}")
+            self._module_names[id(module)] = layer_name
+            group_of_layer[id(module)] = len(group_of_layer)
+            for _, p in own:
+                if owners[id(p)].group < 0:
+                    owners[id(p)].group = group_of_layer[id(module)]
+        return owners
+
+    def _hooked_modules(self) -> list[nn.Module]:
+        return [m for m in self.model.modules() if id(m) in self._module_names]
+
+    def _origin(self, like: Tensor) -> Tensor:
+        """A zero leaf that requires grad, added to a layer output that would otherwise not need a
+        gradient (the first layers), so the backward graph reaches every layer (003 §3.2 origin trick)."""
+        key = (like.device, like.dtype)
+        if key not in self._origins:
+            self._origins[key] = torch.zeros((), device=like.device, dtype=like.dtype, requires_grad=True)
+        return self._origins[key]
+
+    def _forward_hook(self, module: nn.Module, inputs: tuple[Any, ...], output: Tensor) -> Tensor | None:
+        if not torch.is_grad_enabled() or not module.training:
+            return None
+        if not output.requires_grad:
+            output = output + self._origin(output)
+        call = _Call(self._module_names[id(module)], module, rule_for(module), inputs[0].detach())
+        self._calls.append(call)
+
+        def keep_backprops(grad: Tensor) -> None:
+            call.backprops = grad.detach()
+
+        output.register_hook(keep_backprops)
+        return output
+
+    def backward(self, losses: Tensor, weights: Tensor | None = None) -> Tensor:
+        """Back-propagate Σ_i w_i·L_i once and add Σ_i C_i·w_i·g_i to this step's clipped sum.
+
+        ``losses``: per-example losses (B,) of the last forward pass (NOT a mean). ``weights``: (B,)
+        example weights, 0 for padding rows (they then contribute exactly zero). Returns the per-example
+        norms ‖w_i·g_i‖ (flat over all layers) before clipping.
+        """
+        if losses.dim() != 1:
+            raise ParamsError(f"engine: losses must be per-example, shape (B,), got {tuple(losses.shape)}")
+        calls, self._calls = self._calls, []
+        batch = losses.shape[0]
+        total = losses.sum() if weights is None else (losses * weights.to(losses.dtype)).sum()
+        total.backward()
+        for origin in self._origins.values():
+            origin.grad = None
+        calls = [c for c in calls if c.backprops is not None]
+        for call in calls:
+            if call.activations.shape[0] != batch:
+                raise ParamsError(
+                    f"engine: layer {call.name} saw batch dimension {call.activations.shape[0]} but there are "
+                    f"{batch} losses; inputs must be batch-first"
+                )
+        norm_sq, per_example, ghost_calls = self._norms(calls, batch)
+        factors = self._factors(norm_sq, weights)
+        self._add_clipped(factors, per_example, ghost_calls)
+        flat = sum(norm_sq.values()) if norm_sq else losses.new_zeros(batch)
+        self.last_norms = flat.sqrt()
+        return self.last_norms
+
+    def _use_ghost(self, call: _Call, shared: bool) -> bool:
+        """Ghost norm or instantiation for this call; adds the chosen branch's per-example workspace
+        (2T² Gram entries or p·d gradient entries, 003 §3.3) to ``last_workspace_elements``."""
+        batch = call.activations.shape[0]
+        if not call.rule.has_ghost:
+            self.last_workspace_elements += batch * sum(p.numel() for p in call.module.parameters(recurse=False))
+            return False
+        ghost_elements, instantiated_elements = call.rule.ghost_cost(call.module, call.activations)
+        if shared or self.ghost == "never":
+            use = False
+        elif self.ghost == "always":
+            use = True
+        else:
+            use = ghost_elements < instantiated_elements
+        self.last_workspace_elements += batch * (ghost_elements if use else instantiated_elements)
+        return use
+
+    def _norms(self, calls: list[_Call], batch: int):
+        """Squared per-example norms per parameter; instantiated gradients; the calls kept for book-keeping."""
+        use_count = Counter(id(p) for c in calls for p in c.module.parameters(recurse=False) if id(p) in self._owners)
+        norm_sq: dict[int, Tensor] = {}
+        per_example: dict[int, Tensor] = {}
+        ghost_calls: list[_Call] = []
+        self.last_workspace_elements = 0
+        for call in calls:
+            call.activations, call.backprops = _norm_precision(call.activations), _norm_precision(call.backprops)
+            params = {attr: p for attr, p in call.module.named_parameters(recurse=False) if id(p) in self._owners}
+            shared = any(use_count[id(p)] > 1 for p in params.values())
+            if self._use_ghost(call, shared):
+                self.layer_methods[call.name] = "ghost"
+                for attr, value in call.rule.ghost_norms(call.module, call.activations, call.backprops).items():
+                    norm_sq[id(params[attr])] = value
+                ghost_calls.append(call)
+                continue
+            self.layer_methods[call.name] = "instantiate"
+            for attr, grads in call.rule.per_example_grads(call.module, call.activations, call.backprops).items():
+                key = id(params[attr])
+                per_example[key] = per_example[key] + grads if key in per_example else grads
+            call.activations = call.backprops = None
+        for key, grads in per_example.items():
+            norm_sq[key] = grads.reshape(batch, -1).square().sum(1)
+        return norm_sq, per_example, ghost_calls
+
+    def _factors(self, norm_sq: dict[int, Tensor], weights: Tensor | None) -> dict[int, Tensor]:
+        """Clipping factor of every parameter's group, per example (zero for weight-0 rows)."""
+        group_sq: dict[int, Tensor] = {}
+        for key, value in norm_sq.items():
+            group = self._owners[key].group if self.clipping == "per-layer" else 0
+            group_sq[group] = group_sq[group] + value if group in group_sq else value
+        threshold = group_threshold(self.clipping, self.clip_norm, self._groups)
+        group_factors = {g: clip_factors(v, threshold, self.clipping, self.automatic_gamma) for g, v in group_sq.items()}
+        if weights is not None:
+            keep = (weights != 0)
+            group_factors = {g: f * keep.to(f.dtype) for g, f in group_factors.items()}
+        return {
+            key: group_factors[self._owners[key].group if self.clipping == "per-layer" else 0] for key in norm_sq
+        }
+
+    def _flat_views(self, flat: Tensor) -> list[Tensor]:
+        return [flat[o.offset:o.offset + o.numel].view_as(p) for p, o in zip(self.params, self._owner_list())]
+
+    def _owner_list(self) -> list[_Owner]:
+        return [self._owners[id(p)] for p in self.params]
+
+    def _sum_buffer(self) -> Tensor:
+        """The one flat buffer holding this step's clipped sum; zeroed when a new step begins.
+
+        It later holds the noisy sum and then, divided in place, the gradients (``p.grad`` are views),
+        so a step allocates no parameter-sized tensor besides the noise."""
+        if not self._pending:
+            self._buffer.zero_()
+            self._pending = True
+        return self._buffer
+
+    def _add_clipped(self, factors: dict[int, Tensor], per_example: dict[int, Tensor], ghost_calls: list[_Call]) -> None:
+        self._sum_buffer()
+        views = dict(zip((id(p) for p in self.params), self._views))
+        for key, grads in per_example.items():
+            views[key].add_(weighted_sum(factors[key], grads).to(views[key].dtype))
+        for call in ghost_calls:
+            params = {attr: p for attr, p in call.module.named_parameters(recurse=False) if id(p) in self._owners}
+            call_factors = {attr: factors[id(p)] for attr, p in params.items()}
+            sums = call.rule.clipped_sum(call.module, call.activations, call.backprops, call_factors)
+            for attr, value in sums.items():
+                views[id(params[attr])].add_(value.to(views[id(params[attr])].dtype))
+            call.activations = call.backprops = None
+
+    @property
+    def last_noisy_sum(self) -> list[Tensor] | None:
+        """The noisy sum g̃ (clipped sum + canary + noise) released by the last step, one tensor per
+        parameter; None before the first step and once the next step's ``backward`` has begun."""
+        if self.steps_taken == 0 or self._pending:
+            return None
+        return [view * self.normalizer for view in self._views]
+
+    def step(self, canary: Sequence[Tensor] | None = None) -> None:
+        """Finish one logical step: clipped sum (+ canary) + σ·R·z_t, divided by ``normalizer``, to the optimizer."""
+        step = self.steps_taken
+        if canary is None and self.canary_hook is not None:
+            canary = self.canary_hook(step)
+        noisy = self._sum_buffer()
+        if canary is not None:
+            if len(canary) != len(self.params):
+                raise ParamsError(f"engine: a canary needs {len(self.params)} tensors (one per parameter), got {len(canary)}")
+            for view, vector in zip(self._views, canary):
+                view.add_(vector.reshape(view.shape).to(view.dtype))
+        if self.noise_multiplier > 0:
+            noisy.add_(self.noise.draw(step), alpha=self.noise_multiplier * self.clip_norm)
+        noisy.div_(self.normalizer)
+        for param, grad in zip(self.params, self._views):
+            param.grad = grad
+        if self.optimizer is not None:
+            self.optimizer.step()
+            for param in self.params:
+                param.grad = None
+        self._pending = False
+        self.steps_taken += 1
+
+    def private_step(self, losses: Tensor, weights: Tensor | None = None, canary: Sequence[Tensor] | None = None) -> Tensor:
+        """``backward`` then ``step``: one logical step from one physical batch; returns the norms."""
+        norms = self.backward(losses, weights)
+        self.step(canary)
+        return norms
+
+    def state_dict(self) -> dict[str, Any]:
+        """The ledger part of a checkpoint: logical steps taken (the noise of step t depends only on t)."""
+        return {"steps_taken": self.steps_taken}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps_taken = int(state["steps_taken"])
+
+    def detach(self) -> None:
+        """Remove the hooks and make the parameters require gradients again."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for param in self.params:
+            param.requires_grad_(True)

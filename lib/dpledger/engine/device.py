@@ -1,0 +1,37 @@
+"""Device choice and mixed precision: CUDA when present, CPU otherwise; autocast only on CUDA.
+
+Under autocast the engine promotes saved activations and output gradients to float32 before it
+computes norms and clipped sums (bk.py ``_norm_precision``), so clipping never happens in half precision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager
+
+import torch
+
+from dpledger.errors import ParamsError
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def select_device(name: str = "auto") -> torch.device:
+    """``auto``: cuda if available, else cpu. Asking for cuda without one is an error, not a silent fallback."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ParamsError("params: train.device = 'cuda' is invalid: no CUDA device is available (use auto or cpu)")
+    if name not in ("cpu", "cuda"):
+        raise ParamsError(f"params: train.device = {name!r} is invalid: allowed values are auto, cpu, cuda")
+    return torch.device(name)
+
+
+def autocast(device: torch.device, precision: str = "fp32") -> ContextManager:
+    """torch.autocast for bf16/fp16 on CUDA; a no-op for fp32 or on CPU (where half precision is slower)."""
+    if precision not in PRECISIONS:
+        raise ParamsError(f"params: train.precision = {precision!r} is invalid: allowed values are {', '.join(PRECISIONS)}")
+    dtype = PRECISIONS[precision]
+    if dtype is None or device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type="cuda", dtype=dtype)

@@ -1,0 +1,75 @@
+"""Registry of per-layer rules: how a layer type turns (activations, output gradients) into per-example
+gradient information. One small module per layer type; the engine's dispatcher knows nothing of
+layer internals (the Opacus ``grad_sample`` layout, STYLE.md).
+
+Every rule works on the activations ``a`` a forward hook saw and the gradient ``b = ∂L/∂s`` of the
+summed loss with respect to the layer output (so ``b[i]`` is example i's output gradient).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+PerExampleGrads = Callable[[nn.Module, Tensor, Tensor], dict[str, Tensor]]
+GhostNorms = Callable[[nn.Module, Tensor, Tensor], dict[str, Tensor]]
+ClippedSum = Callable[[nn.Module, Tensor, Tensor, dict[str, Tensor]], dict[str, Tensor]]
+GhostCost = Callable[[nn.Module, Tensor], tuple[int, int]]
+Validate = Callable[[nn.Module], "str | None"]
+
+
+@dataclass(frozen=True)
+class LayerRule:
+    """Per-example gradient rules of one layer type.
+
+    ``per_example_grads(layer, a, b)`` -> {param name: (B, *param.shape)}, always available.
+    ``ghost_norms(layer, a, b)`` -> {param name: (B,) squared norm} without instantiating gradients,
+    ``clipped_sum(layer, a, b, factors)`` -> {param name: Σ_i factors[name][i]·g_i} (book-keeping,
+    003 §3.1 step 5) and ``ghost_cost(layer, a)`` -> (ghost elements, instantiation elements) per
+    example for the layer-wise decision 2T² < p·d (003 §3.3) are None for layers that always
+    instantiate (normalisation layers: tiny per-example gradients).
+    ``validate(layer)`` returns why this particular layer cannot be handled, or None; ``parameters``
+    names the direct parameters the rule produces gradients for (any other one is an error).
+    """
+
+    per_example_grads: PerExampleGrads
+    ghost_norms: GhostNorms | None = None
+    clipped_sum: ClippedSum | None = None
+    ghost_cost: GhostCost | None = None
+    validate: Validate | None = None
+    parameters: tuple[str, ...] = ("weight", "bias")
+
+    @property
+    def has_ghost(self) -> bool:
+        return self.ghost_norms is not None
+
+
+RULES: dict[type[nn.Module], LayerRule] = {}
+
+
+def register(*layer_types: type[nn.Module], rule: LayerRule) -> LayerRule:
+    """Map each of ``layer_types`` (and its subclasses, unless they have their own rule) to ``rule``."""
+    for layer_type in layer_types:
+        RULES[layer_type] = rule
+    return rule
+
+
+def rule_for(layer: nn.Module) -> LayerRule | None:
+    """The rule of the nearest registered class in ``layer``'s MRO, or None."""
+    for cls in type(layer).__mro__:
+        if cls in RULES:
+            return RULES[cls]
+    return None
+
+
+def weighted_sum(factors: Tensor, per_example: Tensor) -> Tensor:
+    """Σ_i factors[i] · per_example[i] (module 5 of 003 §3.4)."""
+    return torch.tensordot(factors.to(per_example.dtype), per_example, dims=1)
+
+
+from dpledger.engine.layers import conv, embedding, linear, normalization  # noqa: E402,F401  (registers rules)
+
+__all__ = ["LayerRule", "RULES", "register", "rule_for", "weighted_sum"]

@@ -1,0 +1,60 @@
+"""nn.Linear with any number of leading dimensions: a (B, ..., d) -> s = a Wᵀ + b (B, ..., p).
+
+With T the product of the middle dimensions, example i's weight gradient is b_iᵀ a_i (p × d).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from dpledger.engine.layers import LayerRule, register
+
+
+def as_sequences(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """Reshape activations and output gradients to (B, T, d) and (B, T, p)."""
+    batch = a.shape[0]
+    return a.reshape(batch, -1, a.shape[-1]), b.reshape(batch, -1, b.shape[-1])
+
+
+def sequence_ghost_norm(a: Tensor, b: Tensor) -> Tensor:
+    """‖a_iᵀ b_i‖²_F for (B, T, d), (B, T, p) without forming it (003 Eq. 2); T = 1 is ‖a_i‖²‖b_i‖²."""
+    if a.shape[1] == 1:
+        return a.square().sum((1, 2)) * b.square().sum((1, 2))
+    return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(b, b.transpose(1, 2))).sum((1, 2))
+
+
+def per_example_grads(layer: nn.Linear, a: Tensor, b: Tensor) -> dict[str, Tensor]:
+    a, b = as_sequences(a, b)
+    grads = {"weight": torch.bmm(b.transpose(1, 2), a)}
+    if layer.bias is not None:
+        grads["bias"] = b.sum(1)
+    return grads
+
+
+def ghost_norms(layer: nn.Linear, a: Tensor, b: Tensor) -> dict[str, Tensor]:
+    a, b = as_sequences(a, b)
+    norms = {"weight": sequence_ghost_norm(a, b)}
+    if layer.bias is not None:
+        norms["bias"] = b.sum(1).square().sum(1)
+    return norms
+
+
+def clipped_sum(layer: nn.Linear, a: Tensor, b: Tensor, factors: dict[str, Tensor]) -> dict[str, Tensor]:
+    a, b = as_sequences(a, b)
+    weighted = b * factors["weight"].to(b.dtype)[:, None, None]
+    sums = {"weight": weighted.reshape(-1, b.shape[-1]).T @ a.reshape(-1, a.shape[-1])}
+    if layer.bias is not None:
+        sums["bias"] = factors["bias"].to(b.dtype) @ b.sum(1)
+    return sums
+
+
+def ghost_cost(layer: nn.Linear, a: Tensor) -> tuple[int, int]:
+    steps = a[0].numel() // a.shape[-1]
+    return 2 * steps * steps, layer.in_features * layer.out_features
+
+
+RULE = register(
+    nn.Linear,
+    rule=LayerRule(per_example_grads, ghost_norms=ghost_norms, clipped_sum=clipped_sum, ghost_cost=ghost_cost),
+)

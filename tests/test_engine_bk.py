@@ -1,0 +1,257 @@
+"""The BK engine as a trainer: equal to the reference step for step, noise, canaries, accumulation, errors."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from dpledger.engine import BKEngine, NoiseSource, ReferenceTrainer, UnsupportedLayerError, make_optimizer, train_consecutive
+from dpledger.errors import ParamsError
+from dpledger.models import build_model
+from test_engine_helpers import bk_clipped_sum, cross_entropy, naive_clipped_sum, relative_error
+
+
+def _data(shape=(1, 8, 8), n=24, classes=4, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(n, *shape, generator=generator, dtype=torch.float64), torch.randint(0, classes, (n,), generator=generator)
+
+
+@pytest.mark.parametrize("name,optimizer,sigma", [
+    ("mlp", "sgd", 0.0), ("cnn", "momentum", 0.0), ("transformer", "adam", 0.0), ("mlp", "adam", 1.3),
+])
+def test_bk_training_equals_reference_trainer_step_for_step(name, optimizer, sigma):
+    torch.manual_seed(0)
+    model = build_model(name, (1, 8, 8), 4, **({"dim": 16, "depth": 1} if name == "transformer" else {})).double()
+    twin = copy.deepcopy(model)
+    x, y = _data()
+    opt_bk, opt_ref = make_optimizer(optimizer, model.parameters(), 0.05), make_optimizer(optimizer, twin.parameters(), 0.05)
+    engine = BKEngine(model, opt_bk, clip_norm=0.3, noise_multiplier=sigma, normalizer=8, seed=5)
+    reference = ReferenceTrainer(twin, opt_ref, loss_fn=cross_entropy, clip_norm=0.3, noise_multiplier=sigma, normalizer=8, seed=5)
+    for step in range(3):
+        rows = slice(8 * step, 8 * step + 8)
+        engine.private_step(cross_entropy(model(x[rows]), y[rows]))
+        reference.step(x[rows], y[rows])
+        for (name_, p), q in zip(model.named_parameters(), twin.parameters()):
+            scale = max(float(q.detach().abs().max()), 1e-30)
+            assert float((p - q).detach().abs().max()) / scale < 1e-10, (step, name_)
+
+
+def test_train_consecutive_applies_the_documented_update():
+    torch.manual_seed(1)
+    model = nn.Linear(3, 2).double()
+    start = copy.deepcopy(model)
+    x, y = torch.randn(5, 3, dtype=torch.float64), torch.randint(0, 2, (5,))
+    train_consecutive(model, x, y, loss_fn=cross_entropy, clip_norm=0.7, noise_multiplier=2.0, batch_size=4, steps=2, lr=0.1, seed=9)
+    expected = copy.deepcopy(start)
+    noise = NoiseSource(sum(p.numel() for p in start.parameters()), seed=9, dtype=torch.float64)
+    for step, rows in enumerate([[0, 1, 2, 3], [4, 0, 1, 2]]):
+        sums = naive_clipped_sum(expected, cross_entropy, x[rows], y[rows], 0.7)
+        z = noise.draw(step).clone()
+        with torch.no_grad():
+            offset = 0
+            for name, p in expected.named_parameters():
+                p -= 0.1 * (sums[name] + 2.0 * 0.7 * z[offset:offset + p.numel()].view_as(p)) / 4
+                offset += p.numel()
+    for p, q in zip(model.parameters(), expected.parameters()):
+        assert torch.allclose(p, q, rtol=1e-12, atol=1e-14)
+
+
+def test_physical_batches_accumulate_into_one_logical_step():
+    torch.manual_seed(2)
+    model = build_model("mlp", (1, 8, 8), 4, hidden=[8]).double()
+    twin = copy.deepcopy(model)
+    x, y = _data(n=10)
+    whole = BKEngine(model, None, clip_norm=0.2, noise_multiplier=0.0, normalizer=10)
+    whole.private_step(cross_entropy(model(x), y))
+    parts = BKEngine(twin, None, clip_norm=0.2, noise_multiplier=0.0, normalizer=10)
+    for rows in (slice(0, 4), slice(4, 10)):
+        parts.backward(cross_entropy(twin(x[rows]), y[rows]))
+    parts.step()
+    assert parts.steps_taken == whole.steps_taken == 1
+    for p, q in zip(whole.params, parts.params):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-12, atol=1e-15)
+
+
+def test_canary_is_added_before_noise_and_noisy_sum_is_exposed():
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)).double()
+    x, y = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 2, (6,))
+    expected = naive_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.5)
+    canary = [torch.full_like(p, 0.25) for p in model.parameters()]
+    engine = BKEngine(model, None, clip_norm=0.5, noise_multiplier=0.0, normalizer=2.0, canary_hook=lambda step: canary)
+    engine.private_step(cross_entropy(model(x), y))
+    for name, noisy, c in zip(engine.parameter_names, engine.last_noisy_sum, canary):
+        assert torch.allclose(noisy, expected[name] + c, rtol=1e-12)
+    for p, noisy in zip(engine.params, engine.last_noisy_sum):
+        assert torch.allclose(p.grad, noisy / 2.0)
+    with pytest.raises(ParamsError, match="one per parameter"):
+        engine.private_step(cross_entropy(model(x), y), canary=canary[:1])
+
+
+def test_noise_has_std_sigma_times_clip_norm_and_depends_only_on_seed_and_step():
+    model = nn.Linear(200, 100)
+    x = torch.zeros(3, 200)
+    engine = BKEngine(model, None, clip_norm=0.5, noise_multiplier=2.0, normalizer=1.0, seed=11)
+    draws = []
+    for _ in range(3):
+        engine.private_step(model(x).sum(1) * 0.0)  # zero gradient: the noisy sum is pure noise
+        draws.append(torch.cat([t.reshape(-1) for t in engine.last_noisy_sum]))
+    noise = torch.stack(draws)
+    assert abs(float(noise.std()) - 1.0) < 0.02 and abs(float(noise.mean())) < 0.02
+    assert not torch.equal(noise[0], noise[1])
+    replay = NoiseSource(noise.shape[1], seed=11)
+    assert torch.equal(replay.draw(2) * 1.0, noise[2])
+
+
+def test_parameter_without_gradient_this_step_still_gets_noise():
+    model = nn.ModuleDict({"used": nn.Linear(2, 2), "unused": nn.Linear(2, 2)})
+    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0)
+    engine.private_step(model["used"](torch.randn(4, 2)).sum(1))
+    unused = dict(zip(engine.parameter_names, engine.params))["unused.weight"]
+    assert unused.grad is not None and float(unused.grad.abs().sum()) > 0
+
+
+def test_correlated_noise_follows_the_mechanism_stream_and_replays_on_resume():
+    from dpledger.mechanisms import banded_params, noise_stream
+
+    model = nn.Linear(30, 10)
+    params = banded_params(3)
+    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0, seed=4, mechanism="banded",
+                      mechanism_params=params, num_steps=5)
+    expected = list(noise_stream("banded", params, 5, 310, generator=torch.Generator().manual_seed(4)))
+    got = []
+    for _ in range(5):
+        engine.private_step(model(torch.zeros(2, 30)).sum(1) * 0.0)
+        got.append(torch.cat([t.reshape(-1) for t in engine.last_noisy_sum]))
+    for a, b in zip(got, expected):
+        assert torch.allclose(a, b)
+    resumed = NoiseSource(310, seed=4, mechanism="banded", mechanism_params=params, num_steps=5)
+    assert torch.allclose(resumed.draw(3), expected[3])
+
+
+def test_secure_noise_is_standard_normal_and_refuses_correlated_mechanisms():
+    source = NoiseSource(200_000, seed=0, secure=True)
+    first, second = source.draw(0).clone(), source.draw(0)
+    assert abs(float(first.mean())) < 0.01 and abs(float(first.std()) - 1) < 0.01
+    assert not torch.equal(first, second)
+    with pytest.raises(ParamsError, match="secure_noise"):
+        NoiseSource(10, seed=0, secure=True, mechanism="banded", num_steps=3)
+
+
+class _RawParameter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(3))
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.linear(x) * self.scale
+
+
+@pytest.mark.parametrize("model,named", [
+    (lambda: nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)), "1.weight"),
+    (lambda: _RawParameter(), "scale"),
+    (lambda: nn.MultiheadAttention(4, 2), "in_proj_weight"),
+    (lambda: nn.Embedding(5, 3, sparse=True), "sparse"),
+])
+def test_unsupported_trainable_parameter_stops_with_an_error_naming_it(model, named):
+    with pytest.raises(UnsupportedLayerError, match=named):
+        BKEngine(model(), None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0)
+
+
+def test_frozen_unsupported_layer_is_allowed_and_detach_restores_requires_grad():
+    model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    model[1].requires_grad_(False)
+    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0)
+    assert not model[0].weight.requires_grad
+    engine.detach()
+    assert model[0].weight.requires_grad and not model[1].weight.requires_grad
+
+
+def test_forward_without_backward_under_no_grad_leaves_no_record():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+    x, y = torch.randn(5, 3, dtype=torch.float64), torch.randint(0, 2, (5,))
+    expected = naive_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.5)
+    engine = BKEngine(model, None, clip_norm=0.5, noise_multiplier=0.0, normalizer=1.0)
+    with torch.no_grad():
+        model(torch.randn(7, 3, dtype=torch.float64))
+    engine.private_step(cross_entropy(model(x), y))
+    got = dict(zip(engine.parameter_names, (p.grad for p in engine.params)))
+    assert relative_error(got, expected) < 1e-10
+
+
+def test_cnn_first_layer_instantiates_and_deeper_layers_use_ghost_norm_with_less_workspace():
+    torch.manual_seed(5)
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.Tanh(), nn.MaxPool2d(4),
+        nn.Conv2d(4, 32, 3, padding=1), nn.Tanh(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 32, 3, padding=1), nn.Flatten(), nn.Linear(32 * 4 * 4, 3),
+    ).double()
+    x, y = torch.rand(4, 3, 32, 32, dtype=torch.float64), torch.randint(0, 3, (4,))
+    expected = naive_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.1)
+    hybrid, engine = bk_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.1, ghost="auto")
+    assert relative_error(hybrid, expected) < 1e-10
+    # 2T² vs p·d: conv 0 at 32×32: 2.1e6 > 108 and conv 4 at 8×8: 8192 > 1152 -> instantiate;
+    # conv 7 at 4×4: 512 < 9216 and the Linear (T = 1): 2 < 1536 -> ghost; GroupNorm always instantiates
+    assert engine.layer_methods == {"0": "instantiate", "1": "instantiate", "4": "instantiate", "7": "ghost", "9": "ghost"}
+    _, ghost_only = bk_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.1, ghost="always")
+    _, instantiate_only = bk_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.1, ghost="never")
+    assert engine.last_workspace_elements < ghost_only.last_workspace_elements
+    assert engine.last_workspace_elements < instantiate_only.last_workspace_elements
+
+
+def test_cpu_autocast_computes_norms_in_float32():
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    expected = naive_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.5)
+    engine = BKEngine(model, None, clip_norm=0.5, noise_multiplier=0.0, normalizer=1.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outputs = model(x)
+    engine.private_step(cross_entropy(outputs.float(), y))
+    assert engine.last_norms.dtype == torch.float32
+    got = dict(zip(engine.parameter_names, (p.grad for p in engine.params)))
+    assert relative_error(got, expected) < 5e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bf16_autocast_matches_float32_reference():
+    from dpledger.engine.device import autocast, select_device
+
+    device = select_device("auto")
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10)).to(device)
+    x, y = torch.randn(32, 64, device=device), torch.randint(0, 10, (32,), device=device)
+    expected = naive_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.5)
+    engine = BKEngine(model, None, clip_norm=0.5, noise_multiplier=0.0, normalizer=1.0)
+    with autocast(device, "bf16"):
+        outputs = model(x)
+    engine.private_step(cross_entropy(outputs.float(), y))
+    got = dict(zip(engine.parameter_names, (p.grad for p in engine.params)))
+    assert relative_error(got, expected) < 5e-2
+
+
+def test_device_selection_refuses_missing_cuda_and_bad_options():
+    from dpledger.engine.device import autocast, select_device
+
+    assert select_device("cpu").type == "cpu"
+    if not torch.cuda.is_available():
+        assert select_device("auto").type == "cpu"
+        with pytest.raises(ParamsError, match="train.device = 'cuda'"):
+            select_device("cuda")
+    with pytest.raises(ParamsError, match="train.precision"):
+        autocast(torch.device("cpu"), "fp8")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"clip_norm": 0.0}, "clip_norm"), ({"clipping": "layer"}, "clipping"), ({"noise_multiplier": -1.0}, "noise_multiplier"),
+    ({"normalizer": 0}, "normalizer"), ({"ghost": "maybe"}, "ghost"),
+])
+def test_bad_engine_options_raise_one_line_errors(kwargs, match):
+    options = {"clip_norm": 1.0, "noise_multiplier": 1.0, "normalizer": 1.0, **kwargs}
+    with pytest.raises(ParamsError, match=match):
+        BKEngine(nn.Linear(2, 2), None, **options)

@@ -1,0 +1,149 @@
+"""Exactness of every layer rule: the BK clipped sum equals a naive per-example loop in float64 (1e-10)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from test_engine_helpers import compare, cross_entropy, sum_loss
+
+TOL = 1e-10
+GHOST = ["auto", "always", "never"]
+FAST = settings(max_examples=8, deadline=None)
+
+
+def _targets(model, inputs):
+    with torch.no_grad():
+        return torch.randn_like(model(inputs))
+
+
+@FAST
+@given(batch=st.integers(1, 5), lead=st.lists(st.integers(1, 3), max_size=2), d=st.integers(1, 6),
+       p=st.integers(1, 6), bias=st.booleans(), ghost=st.sampled_from(GHOST), seed=st.integers(0, 10_000))
+def test_linear_with_leading_dimensions_matches_naive_loop(batch, lead, d, p, bias, ghost, seed):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(d, p, bias=bias), nn.Tanh(), nn.Linear(p, 2))
+    inputs = torch.randn(batch, *lead, d)
+    error, _ = compare(model, sum_loss, inputs, _targets(model, inputs), ghost=ghost)
+    assert error < TOL
+
+
+@FAST
+@given(batch=st.integers(1, 4), c_in=st.sampled_from([2, 4]), groups=st.sampled_from([1, 2]), kernel=st.integers(1, 3),
+       stride=st.integers(1, 2), padding=st.sampled_from([0, 1, "same"]), dilation=st.integers(1, 2),
+       mode=st.sampled_from(["zeros", "reflect", "circular"]), bias=st.booleans(), ghost=st.sampled_from(GHOST),
+       seed=st.integers(0, 10_000))
+def test_conv2d_matches_naive_loop(batch, c_in, groups, kernel, stride, padding, dilation, mode, bias, ghost, seed):
+    if padding == "same":
+        stride = 1
+    torch.manual_seed(seed)
+    conv = nn.Conv2d(c_in, 2 * groups, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                     bias=bias, padding_mode=mode)
+    model = nn.Sequential(conv, nn.Tanh())
+    inputs = torch.randn(batch, c_in, 7, 6)
+    error, _ = compare(model, sum_loss, inputs, _targets(model, inputs), ghost=ghost)
+    assert error < TOL
+
+
+@FAST
+@given(batch=st.integers(1, 4), kernel=st.integers(1, 4), stride=st.integers(1, 3), padding=st.integers(0, 2),
+       dilation=st.integers(1, 2), groups=st.sampled_from([1, 3]), ghost=st.sampled_from(GHOST), seed=st.integers(0, 10_000))
+def test_conv1d_matches_naive_loop(batch, kernel, stride, padding, dilation, groups, ghost, seed):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Conv1d(3, 3, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups), nn.Tanh())
+    inputs = torch.randn(batch, 3, 11)
+    error, _ = compare(model, sum_loss, inputs, _targets(model, inputs), ghost=ghost)
+    assert error < TOL
+
+
+class _Tokens(nn.Module):
+    def __init__(self, vocab: int, dim: int, padding_idx: int | None) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim, padding_idx=padding_idx)
+        self.head = nn.Linear(dim, 3)
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.embed(tokens))).sum(1)
+
+
+@FAST
+@given(batch=st.integers(1, 5), length=st.integers(1, 6), vocab=st.integers(2, 6), padding_idx=st.sampled_from([None, 0, 1]),
+       ghost=st.sampled_from(GHOST), seed=st.integers(0, 10_000))
+def test_embedding_with_repeated_tokens_and_padding_idx_matches_naive_loop(batch, length, vocab, padding_idx, ghost, seed):
+    torch.manual_seed(seed)
+    model = _Tokens(vocab, 4, padding_idx)
+    tokens = torch.randint(0, vocab, (batch, length))
+    targets = torch.randint(0, 3, (batch,))
+    error, _ = compare(model, cross_entropy, tokens, targets, ghost=ghost)
+    assert error < TOL
+
+
+@pytest.mark.parametrize("norm", [
+    lambda: nn.LayerNorm(6), lambda: nn.LayerNorm(6, bias=False), lambda: nn.LayerNorm([3, 6]),
+    lambda: nn.RMSNorm(6), lambda: nn.GroupNorm(3, 3),
+])
+def test_normalisation_layers_match_naive_loop(norm):
+    torch.manual_seed(1)
+    layer = norm()
+    shape = (5, 3, 6) if not isinstance(layer, nn.GroupNorm) else (5, 3, 4, 2)
+    model = nn.Sequential(layer, nn.Tanh()) if isinstance(layer, nn.GroupNorm) else nn.Sequential(nn.Linear(6, 6), layer)
+    inputs = torch.randn(*shape)
+    error, _ = compare(model, sum_loss, inputs, _targets(model, inputs))
+    assert error < TOL
+
+
+class _Tied(nn.Module):
+    """Embedding and output head share one weight; one Linear is also applied twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(7, 4)
+        self.mix = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 7, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        h = self.mix(torch.tanh(self.mix(self.embed(tokens))))
+        return self.head(h).sum(1)
+
+
+@pytest.mark.parametrize("ghost", GHOST)
+def test_tied_and_reused_parameters_use_the_norm_of_the_summed_gradient(ghost):
+    torch.manual_seed(2)
+    tokens = torch.randint(0, 7, (6, 5))
+    targets = torch.randint(0, 7, (6,))
+    error, engine = compare(_Tied(), cross_entropy, tokens, targets, ghost=ghost)
+    assert error < TOL
+    assert engine.layer_methods["mix"] == "instantiate" and engine.layer_methods["embed"] == "instantiate"
+
+
+@pytest.mark.parametrize("clipping", ["flat", "per-layer", "automatic"])
+def test_clipping_modes_match_naive_loop(clipping):
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.GroupNorm(1, 2), nn.Flatten(), nn.Linear(2 * 4 * 4, 3))
+    inputs = torch.randn(6, 1, 6, 6)
+    error, _ = compare(model, cross_entropy, inputs, torch.randint(0, 3, (6,)), clipping=clipping)
+    assert error < TOL
+
+
+def test_padding_rows_contribute_exactly_zero():
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+    inputs, targets = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    weights = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    error, engine = compare(model, cross_entropy, inputs, targets, weights=weights)
+    assert error < TOL
+    assert engine.last_norms[1] == 0 and engine.last_norms[4] == 0
+    real = weights.bool()
+    error_real, _ = compare(model, cross_entropy, inputs[real], targets[real])
+    assert error_real < TOL
+
+
+def test_in_place_activation_after_a_layer_keeps_the_layer_output_gradient():
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(inplace=True), nn.Linear(6, 6), nn.ReLU(inplace=True), nn.Linear(6, 3))
+    error, _ = compare(model, cross_entropy, torch.randn(7, 5), torch.randint(0, 3, (7,)))
+    assert error < TOL

@@ -1,0 +1,127 @@
+"""The train stage: outputs, ε ledger, sampler guard, and resuming a killed run to the same end state."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dpledger.accounting.record import CalibrationRecord
+from dpledger.errors import DpledgerError, SamplerMismatchError
+from dpledger.pipeline import run_stage
+from dpledger.pipeline.train import epsilon_spent
+from dpledger.sampling.schedule import Schedule
+from test_train_helpers import TRAIN_SIZE, make_project
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _state(root: Path) -> tuple[dict, dict]:
+    ledger = json.loads((root / "artifacts/train/ledger.json").read_text())
+    return ledger, torch.load(root / "artifacts/train/model.pt")
+
+
+def test_stage_trains_and_writes_metrics_plots_and_ledger(tmp_path):
+    params = make_project(tmp_path, epochs=3)
+    metrics = run_stage("train", params, tmp_path)
+    flat = json.loads((tmp_path / "metrics/train.json").read_text())
+    for key in ("test_accuracy", "final_train_loss", "epsilon_spent", "steps_done", "throughput_examples_per_s",
+                "wall_time_s", "sampler_accounted", "sampler_used", "sampler_mismatch"):
+        assert key in flat
+    assert all(not isinstance(v, (dict, list)) for v in flat.values())
+    assert metrics["test_accuracy"] > 0.8
+    assert metrics["steps_done"] == 66 and metrics["epsilon_spent"] == pytest.approx(3.0)
+    assert metrics["sampler_mismatch"] is False
+    ledger, _ = _state(tmp_path)
+    assert ledger["steps_done"] == ledger["schedule_position"] == 66
+    for name in ("loss.csv", "accuracy.csv", "loss.png", "accuracy.png"):
+        assert (tmp_path / "plots/train" / name).stat().st_size > 0
+    losses = np.genfromtxt(tmp_path / "plots/train/loss.csv", delimiter=",", names=True)
+    assert len(losses) == 66 and losses["loss"][-5:].mean() < losses["loss"][:5].mean()
+
+
+def test_epsilon_spent_reads_the_curve_pessimistically():
+    record = CalibrationRecord(noise_multiplier=1.0, epsilon=3.0, delta=1e-5, accountant="pld", sampler="poisson",
+                               assumptions=[], steps=100, batch_size=10, dataset_size=100, epochs=10,
+                               epsilon_curve=[(10, 0.5), (50, 1.5), (90, 2.5)])
+    assert epsilon_spent(record, 0) == 0.0
+    assert epsilon_spent(record, 10) == 0.5
+    assert epsilon_spent(record, 11) == 1.5  # not interpolated down
+    assert epsilon_spent(record, 91) == 3.0  # past the curve: the full claim
+
+
+def test_sampler_mismatch_stops_before_writing_unless_allowed(tmp_path):
+    params = make_project(tmp_path, sampler="shuffle", accounted="poisson", epochs=1)
+    with pytest.raises(SamplerMismatchError, match="allow_sampler_mismatch"):
+        run_stage("train", params, tmp_path)
+    assert not (tmp_path / "artifacts/train").exists() and not (tmp_path / "metrics").exists()
+    params = make_project(tmp_path, sampler="shuffle", accounted="poisson", epochs=1, train={"allow_sampler_mismatch": True})
+    assert run_stage("train", params, tmp_path)["sampler_mismatch"] is True
+
+
+def test_schedule_longer_than_the_accounted_steps_is_refused(tmp_path):
+    params = make_project(tmp_path, epochs=1)
+    record = CalibrationRecord.load(tmp_path / "artifacts/calibration/calibration.json")
+    CalibrationRecord(**{**record.to_dict(), "accountants": [], "steps": record.steps - 1}).save(
+        tmp_path / "artifacts/calibration/calibration.json")
+    with pytest.raises(DpledgerError, match="accounted for"):
+        run_stage("train", params, tmp_path)
+
+
+def test_pad_truncate_schedule_normalises_by_fixed_batch_size_and_ignores_padding(tmp_path):
+    rng = np.random.default_rng(0)
+    steps, size = 30, 32
+    indices = rng.integers(0, TRAIN_SIZE, steps * size)
+    padding = rng.random(steps * size) < 0.2
+    schedule = Schedule(indices=indices, offsets=np.arange(0, steps * size + 1, size), padding=padding,
+                        sampler="balls-in-bins", sampler_params={"pad_truncate": True}, seed=0, dataset_size=TRAIN_SIZE,
+                        steps_per_epoch=15, normalizer=size)
+    params = make_project(tmp_path, schedule=schedule, accounted="balls-in-bins", batch_size=size, epochs=2)
+    assert run_stage("train", params, tmp_path)["steps_done"] == 30
+
+
+def test_changed_config_restarts_instead_of_resuming(tmp_path):
+    params = make_project(tmp_path, epochs=1)
+    run_stage("train", params, tmp_path)
+    assert run_stage("train", params, tmp_path)["resumed_from_step"] == 22  # finished run: nothing left to do
+    params = make_project(tmp_path, epochs=1, train={"lr": 0.25})
+    assert run_stage("train", params, tmp_path)["resumed_from_step"] == 0
+
+
+@pytest.mark.slow
+def test_kill_9_mid_epoch_then_rerun_ends_like_an_uninterrupted_run(tmp_path):
+    settings = {"checkpoint_every": 1, "model_options": {"hidden": [512, 512]}}
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    for root in (killed, clean):
+        root.mkdir()
+        make_project(root, epochs=1, train=settings)
+    command = [sys.executable, "-m", "stages.train", "--params", "params.yaml", "--root", "."]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(command, cwd=killed, env=env, stderr=subprocess.DEVNULL)
+    checkpoint = killed / "artifacts/train/checkpoint.pt"
+    deadline = time.time() + 50
+    while time.time() < deadline and process.poll() is None:
+        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["ledger"]["steps_done"] >= 3:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    partial = torch.load(checkpoint, weights_only=False)["ledger"]["steps_done"]
+    assert 0 < partial < 22, partial  # mid-epoch (one epoch = 22 steps)
+    subprocess.run(command, cwd=killed, env=env, check=True, stderr=subprocess.DEVNULL)
+    run_stage("train", clean / "params.yaml", clean)
+    (ledger_k, model_k), (ledger_c, model_c) = _state(killed), _state(clean)
+    assert ledger_k["steps_done"] == ledger_c["steps_done"] == 22
+    assert ledger_k["schedule_position"] == ledger_c["schedule_position"]
+    assert ledger_k["epsilon_spent"] == ledger_c["epsilon_spent"]
+    for name in model_c:
+        assert torch.equal(model_k[name], model_c[name]), name
+    assert json.loads((killed / "metrics/train.json").read_text())["resumed_from_step"] == partial
