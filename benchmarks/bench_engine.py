@@ -7,7 +7,10 @@ non-private (mean loss, one backward), BK (dpledger, σ = 1 noise included), Opa
 fresh subprocess: the peak RSS during 3 steps over the RSS before them (after one warm-up step),
 so it counts the transient memory of a step (activations, per-example quantities), not persistent buffers.
 
-    python -m benchmarks.bench_engine [--repeats 15] [--workloads mlp,transformer] [--no-memory]
+    python -m benchmarks.bench_engine [--repeats 15] [--workloads mlp,transformer] [--no-memory] [--threads N]
+
+``--threads 1`` times single-threaded steps: on a shared machine, 2-thread OpenMP steps stall whenever
+another job holds a core (every parallel region waits for a descheduled thread), 1-thread steps do not.
 """
 
 from __future__ import annotations
@@ -141,7 +144,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--workloads", default="mlp,transformer")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     results = {}
     for workload in args.workloads.split(","):
         seconds = time_interleaved(workload, args.repeats)

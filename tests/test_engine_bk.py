@@ -106,6 +106,29 @@ def test_noise_has_std_sigma_times_clip_norm_and_depends_only_on_seed_and_step()
     assert torch.equal(replay.draw(2) * 1.0, noise[2])
 
 
+def test_noise_is_drawn_in_fixed_seeded_chunks_whatever_the_thread_count():
+    from dpledger.engine.noise import NOISE_CHUNK, chunk_seeds
+
+    numel = 2 * NOISE_CHUNK + 1000
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = NoiseSource(numel, seed=3).draw(7).clone()
+        torch.set_num_threads(2)
+        parallel = NoiseSource(numel, seed=3).draw(7).clone()
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(serial, parallel)
+    seeds = chunk_seeds(3, 7, 3)
+    for k, seed in enumerate(seeds):
+        expected = torch.empty(min(NOISE_CHUNK, numel - k * NOISE_CHUNK)).normal_(generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(serial[k * NOISE_CHUNK:(k + 1) * NOISE_CHUNK], expected)
+    assert len(set(seeds)) == 3 and chunk_seeds(3, 7, 1) == seeds[:1] and chunk_seeds(3, 8, 1) != seeds[:1]
+    scaled = torch.empty(numel)
+    NoiseSource(numel, seed=3).draw_into(scaled, 7, 0.5)
+    assert torch.allclose(scaled, 0.5 * serial, rtol=1e-6, atol=1e-7)
+
+
 def test_parameter_without_gradient_this_step_still_gets_noise():
     model = nn.ModuleDict({"used": nn.Linear(2, 2), "unused": nn.Linear(2, 2)})
     engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0)

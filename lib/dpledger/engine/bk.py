@@ -1,10 +1,12 @@
 """The Book-Keeping (BK) DP engine (003 §3.1 and §3.3): exact DP-SGD gradients at about non-private cost.
 
 One forward pass with hooks that keep each layer's input ``a``; ONE backward pass of Σ_i w_i·L_i
-in which no parameter needs ``.grad`` (ghost differentiation, 003 §3.2), with tensor hooks that keep
-each layer's output gradient ``b``. Then per-example norms — by the ghost norm where 2T² < p·d, by
-instantiating per-example gradients elsewhere or where a parameter is shared — clipping factors,
-and the clipped sum aᵀ·diag(C)·b formed directly (book-keeping), without a second backward pass.
+in which no parameter needs ``.grad`` (ghost differentiation, 003 §3.2), with tensor hooks that take
+each layer's output gradient ``b`` and at once compute its per-example norms — by the ghost norm where
+2T² < p·d (keeping a and b for book-keeping), by instantiating per-example gradients elsewhere or where
+a parameter is shared (then a and b are freed right away). After the pass: clipping factors, and the
+clipped sum aᵀ·diag(C)·b formed directly (book-keeping), without a second backward pass, accumulated in
+place into one flat buffer that already holds the step's noise σ·R·z_t.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from dpledger.engine.clipping import check_clipping, clip_factors, group_threshold
-from dpledger.engine.layers import LayerRule, rule_for, weighted_sum
+from dpledger.engine.layers import LayerRule, add_weighted_sum, rule_for
 from dpledger.engine.noise import NoiseSource
 from dpledger.errors import DpledgerError, ParamsError
 
@@ -36,8 +38,22 @@ class _Call:
     name: str
     module: nn.Module
     rule: LayerRule
-    activations: Tensor
+    params: dict[str, nn.Parameter]
+    activations: Tensor | None
     backprops: Tensor | None = None
+
+
+@dataclass
+class _Pass:
+    """What one backward pass collects: squared norms and instantiated gradients per parameter (by id),
+    the ghost-norm calls kept for book-keeping, and the first call whose batch dimension is wrong."""
+
+    batch: int
+    use_count: Counter
+    norm_sq: dict[int, Tensor]
+    per_example: dict[int, Tensor]
+    ghost_calls: list[_Call]
+    mismatch: _Call | None = None
 
 
 @dataclass
@@ -61,8 +77,8 @@ class BKEngine:
     """Private gradients for every trainable parameter of ``model`` by Book-Keeping.
 
     Use: ``engine.backward(per_example_losses[, weights])`` after each forward pass of a (physical)
-    batch — it adds Σ_i C_i·w_i·g_i to the step's clipped sum — then ``engine.step()`` once per
-    logical batch: it adds the canary (if any) and the noise σ·R·z_t, keeps the noisy sum in
+    batch — it adds Σ_i C_i·w_i·g_i to the step's sum, which starts as the noise σ·R·z_t — then
+    ``engine.step()`` once per logical batch: it adds the canary (if any), keeps the noisy sum in
     ``last_noisy_sum``, sets each ``p.grad`` to noisy sum / ``normalizer`` (views of one reused buffer) and steps the optimizer.
     ``steps_taken`` counts logical steps (the privacy ledger).
 
@@ -127,9 +143,11 @@ class BKEngine:
         self.layer_methods: dict[str, str] = {}
         self.last_workspace_elements = 0
         self._calls: list[_Call] = []
+        self._pass: _Pass | None = None
         self._origins: dict[tuple[torch.device, torch.dtype], Tensor] = {}
         self._buffer = torch.zeros(self.numel, device=reference.device, dtype=reference.dtype)
         self._views = self._flat_views(self._buffer)
+        self._view_of = {id(p): view for p, view in zip(self.params, self._views)}
         self._pending = False
         self._handles = [module.register_forward_hook(self._forward_hook) for module in self._hooked_modules()]
         for param in self.params:
@@ -190,14 +208,34 @@ class BKEngine:
             return None
         if not output.requires_grad:
             output = output + self._origin(output)
-        call = _Call(self._module_names[id(module)], module, rule_for(module), inputs[0].detach())
+        params = {attr: p for attr, p in module.named_parameters(recurse=False) if id(p) in self._owners}
+        call = _Call(self._module_names[id(module)], module, rule_for(module), params, inputs[0].detach())
         self._calls.append(call)
-
-        def keep_backprops(grad: Tensor) -> None:
-            call.backprops = grad.detach()
-
-        output.register_hook(keep_backprops)
+        output.register_hook(lambda grad: self._take_backprops(call, grad))
         return output
+
+    def _take_backprops(self, call: _Call, grad: Tensor) -> None:
+        """Backward hook: this call's per-example norms now, so instantiated layers free a and b at once."""
+        call.backprops = grad.detach()
+        state = self._pass
+        if state is None:
+            return
+        if call.activations.shape[0] != state.batch:
+            state.mismatch = state.mismatch or call
+            return
+        call.activations, call.backprops = _norm_precision(call.activations), _norm_precision(call.backprops)
+        shared = any(state.use_count[id(p)] > 1 for p in call.params.values())
+        if self._use_ghost(call, shared):
+            self.layer_methods[call.name] = "ghost"
+            for attr, value in call.rule.ghost_norms(call.module, call.activations, call.backprops).items():
+                state.norm_sq[id(call.params[attr])] = value
+            state.ghost_calls.append(call)
+            return
+        self.layer_methods[call.name] = "instantiate"
+        for attr, grads in call.rule.per_example_grads(call.module, call.activations, call.backprops).items():
+            key = id(call.params[attr])
+            state.per_example[key] = state.per_example[key] + grads if key in state.per_example else grads
+        call.activations = call.backprops = None
 
     def backward(self, losses: Tensor, weights: Tensor | None = None) -> Tensor:
         """Back-propagate Σ_i w_i·L_i once and add Σ_i C_i·w_i·g_i to this step's clipped sum.
@@ -210,20 +248,26 @@ class BKEngine:
             raise ParamsError(f"engine: losses must be per-example, shape (B,), got {tuple(losses.shape)}")
         calls, self._calls = self._calls, []
         batch = losses.shape[0]
+        use_count = Counter(id(p) for c in calls for p in c.params.values())
+        state = self._pass = _Pass(batch, use_count, {}, {}, [])
+        self.last_workspace_elements = 0
         total = losses.sum() if weights is None else (losses * weights.to(losses.dtype)).sum()
-        total.backward()
-        for origin in self._origins.values():
-            origin.grad = None
-        calls = [c for c in calls if c.backprops is not None]
-        for call in calls:
-            if call.activations.shape[0] != batch:
-                raise ParamsError(
-                    f"engine: layer {call.name} saw batch dimension {call.activations.shape[0]} but there are "
-                    f"{batch} losses; inputs must be batch-first"
-                )
-        norm_sq, per_example, ghost_calls = self._norms(calls, batch)
+        try:
+            total.backward()
+        finally:
+            self._pass = None
+            for origin in self._origins.values():
+                origin.grad = None
+        if state.mismatch is not None:
+            raise ParamsError(
+                f"engine: layer {state.mismatch.name} saw batch dimension {state.mismatch.activations.shape[0]} but "
+                f"there are {batch} losses; inputs must be batch-first"
+            )
+        norm_sq = state.norm_sq
+        for key, grads in state.per_example.items():
+            norm_sq[key] = grads.reshape(batch, -1).square().sum(1)
         factors = self._factors(norm_sq, weights)
-        self._add_clipped(factors, per_example, ghost_calls)
+        self._add_clipped(factors, state.per_example, state.ghost_calls)
         flat = sum(norm_sq.values()) if norm_sq else losses.new_zeros(batch)
         self.last_norms = flat.sqrt()
         return self.last_norms
@@ -244,32 +288,6 @@ class BKEngine:
             use = ghost_elements < instantiated_elements
         self.last_workspace_elements += batch * (ghost_elements if use else instantiated_elements)
         return use
-
-    def _norms(self, calls: list[_Call], batch: int):
-        """Squared per-example norms per parameter; instantiated gradients; the calls kept for book-keeping."""
-        use_count = Counter(id(p) for c in calls for p in c.module.parameters(recurse=False) if id(p) in self._owners)
-        norm_sq: dict[int, Tensor] = {}
-        per_example: dict[int, Tensor] = {}
-        ghost_calls: list[_Call] = []
-        self.last_workspace_elements = 0
-        for call in calls:
-            call.activations, call.backprops = _norm_precision(call.activations), _norm_precision(call.backprops)
-            params = {attr: p for attr, p in call.module.named_parameters(recurse=False) if id(p) in self._owners}
-            shared = any(use_count[id(p)] > 1 for p in params.values())
-            if self._use_ghost(call, shared):
-                self.layer_methods[call.name] = "ghost"
-                for attr, value in call.rule.ghost_norms(call.module, call.activations, call.backprops).items():
-                    norm_sq[id(params[attr])] = value
-                ghost_calls.append(call)
-                continue
-            self.layer_methods[call.name] = "instantiate"
-            for attr, grads in call.rule.per_example_grads(call.module, call.activations, call.backprops).items():
-                key = id(params[attr])
-                per_example[key] = per_example[key] + grads if key in per_example else grads
-            call.activations = call.backprops = None
-        for key, grads in per_example.items():
-            norm_sq[key] = grads.reshape(batch, -1).square().sum(1)
-        return norm_sq, per_example, ghost_calls
 
     def _factors(self, norm_sq: dict[int, Tensor], weights: Tensor | None) -> dict[int, Tensor]:
         """Clipping factor of every parameter's group, per example (zero for weight-0 rows)."""
@@ -293,27 +311,42 @@ class BKEngine:
         return [self._owners[id(p)] for p in self.params]
 
     def _sum_buffer(self) -> Tensor:
-        """The one flat buffer holding this step's clipped sum; zeroed when a new step begins.
+        """The one flat buffer of this step's noisy sum; when a step begins it is filled with the noise
+        σ·R·z_t (zeros without noise), and clipped sums and the canary are then added in place.
 
-        It later holds the noisy sum and then, divided in place, the gradients (``p.grad`` are views),
-        so a step allocates no parameter-sized tensor besides the noise."""
+        Divided in place it finally holds the gradients (``p.grad`` are views), so a step allocates no
+        parameter-sized tensor and makes no separate pass to zero the buffer or add the noise."""
         if not self._pending:
-            self._buffer.zero_()
+            if self.noise_multiplier > 0:
+                self.noise.draw_into(self._buffer, self.steps_taken, self.noise_multiplier * self.clip_norm)
+            else:
+                self._buffer.zero_()
             self._pending = True
         return self._buffer
 
     def _add_clipped(self, factors: dict[int, Tensor], per_example: dict[int, Tensor], ghost_calls: list[_Call]) -> None:
         self._sum_buffer()
-        views = dict(zip((id(p) for p in self.params), self._views))
         for key, grads in per_example.items():
-            views[key].add_(weighted_sum(factors[key], grads).to(views[key].dtype))
+            self._accumulate({"": key}, grads.dtype, lambda out: add_weighted_sum(out[""], factors[key], grads))
         for call in ghost_calls:
-            params = {attr: p for attr, p in call.module.named_parameters(recurse=False) if id(p) in self._owners}
-            call_factors = {attr: factors[id(p)] for attr, p in params.items()}
-            sums = call.rule.clipped_sum(call.module, call.activations, call.backprops, call_factors)
-            for attr, value in sums.items():
-                views[id(params[attr])].add_(value.to(views[id(params[attr])].dtype))
+            call_factors = {attr: factors[id(p)] for attr, p in call.params.items()}
+            self._accumulate(
+                {attr: id(p) for attr, p in call.params.items()}, call.backprops.dtype,
+                lambda out: call.rule.clipped_sum(call.module, call.activations, call.backprops, call_factors, out),
+            )
             call.activations = call.backprops = None
+
+    def _accumulate(self, keys: dict[str, int], dtype: torch.dtype, add: Callable[[dict[str, Tensor]], None]) -> None:
+        """Run ``add`` on the buffer views of ``keys`` ({name: parameter id}); through temporaries of ``dtype``
+        when the parameters are stored in another precision (e.g. half parameters, float32 norms)."""
+        views = {name: self._view_of[key] for name, key in keys.items()}
+        if all(view.dtype == dtype for view in views.values()):
+            add(views)
+            return
+        temporaries = {name: torch.zeros_like(view, dtype=dtype) for name, view in views.items()}
+        add(temporaries)
+        for name, view in views.items():
+            view.add_(temporaries[name])
 
     @property
     def last_noisy_sum(self) -> list[Tensor] | None:
@@ -324,7 +357,7 @@ class BKEngine:
         return [view * self.normalizer for view in self._views]
 
     def step(self, canary: Sequence[Tensor] | None = None) -> None:
-        """Finish one logical step: clipped sum (+ canary) + σ·R·z_t, divided by ``normalizer``, to the optimizer."""
+        """Finish one logical step: σ·R·z_t + clipped sum (+ canary), divided by ``normalizer``, to the optimizer."""
         step = self.steps_taken
         if canary is None and self.canary_hook is not None:
             canary = self.canary_hook(step)
@@ -334,8 +367,6 @@ class BKEngine:
                 raise ParamsError(f"engine: a canary needs {len(self.params)} tensors (one per parameter), got {len(canary)}")
             for view, vector in zip(self._views, canary):
                 view.add_(vector.reshape(view.shape).to(view.dtype))
-        if self.noise_multiplier > 0:
-            noisy.add_(self.noise.draw(step), alpha=self.noise_multiplier * self.clip_norm)
         noisy.div_(self.normalizer)
         for param, grad in zip(self.params, self._views):
             param.grad = grad
@@ -357,7 +388,9 @@ class BKEngine:
         return {"steps_taken": self.steps_taken}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the ledger; a step in progress (its noise drawn for the old position) is dropped."""
         self.steps_taken = int(state["steps_taken"])
+        self._pending = False
 
     def detach(self) -> None:
         """Remove the hooks and make the parameters require gradients again."""

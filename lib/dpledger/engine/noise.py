@@ -1,8 +1,10 @@
 """The noise added once per logical step: σ·R·z_t with z_t a row of C⁻¹Z (identity C for DP-SGD).
 
-Identity noise for step t comes from a generator seeded with (seed, t), so a resumed run draws the
-same noise for the same step without replaying earlier ones, and one ``normal_`` fills one flat
-buffer (the cheapest Gaussian draw torch has on CPU). Correlated noise comes from
+Identity noise for step t is cut into fixed chunks of ``NOISE_CHUNK`` entries; chunk k comes from its
+own generator seeded with (seed, t, k), so a resumed run draws the same noise for the same step without
+replaying earlier ones, and the chunks are drawn in parallel threads (torch's CPU ``normal_``, the
+cheapest Gaussian draw it has, is single-threaded and releases the GIL). The chunk size is fixed, not
+derived from the thread count, so the noise is the same on every machine. Correlated noise comes from
 ``dpledger.mechanisms.noise_stream`` (a stateful stream: resuming replays it up to the step).
 ``secure=True`` draws from the operating system's CSPRNG (``os.urandom``) instead, for identity only;
 it cannot be replayed, which is harmless because an interrupted step was never released.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 import numpy as np
@@ -20,9 +23,14 @@ import torch
 from dpledger.errors import ParamsError
 
 
-def step_seed(seed: int, step: int) -> int:
-    """A 63-bit seed for step ``step`` derived from the run seed (independent streams per step)."""
-    return int(np.random.SeedSequence([seed, step]).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
+NOISE_CHUNK = 1 << 18
+"""Entries per independently seeded chunk of a step's noise (fixed: the noise must not depend on threads)."""
+
+
+def chunk_seeds(seed: int, step: int, chunks: int) -> list[int]:
+    """63-bit seeds of the ``chunks`` chunks of step ``step``, derived from the run seed (independent streams)."""
+    state = np.random.SeedSequence([seed, step]).generate_state(max(chunks, 2), dtype=np.uint64)
+    return [int(word >> np.uint64(1)) for word in state[:chunks]]
 
 
 def secure_standard_normal(numel: int, dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:
@@ -61,18 +69,51 @@ class NoiseSource:
         self.numel, self.seed, self.mechanism = numel, seed, mechanism
         self.mechanism_params = dict(mechanism_params or {})
         self.num_steps, self.secure, self.device, self.dtype = num_steps, secure, device, dtype
-        self._buffer = torch.empty(numel, device=device, dtype=dtype) if mechanism == "identity" else None
+        self._buffer: torch.Tensor | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_owner: tuple[int, int] | None = None
         self._stream: Iterator[torch.Tensor] | None = None
         self._stream_position = 0
 
     def draw(self, step: int) -> torch.Tensor:
-        """z_step: i.i.d. N(0, 1) for identity, row ``step`` of C⁻¹Z otherwise. Steps must not go back."""
-        if self.secure:
-            return secure_standard_normal(self.numel, self.dtype, self.device)
-        if self.mechanism == "identity":
-            generator = torch.Generator(device=self._buffer.device).manual_seed(step_seed(self.seed, step))
-            return self._buffer.normal_(generator=generator)
-        return self._correlated(step)
+        """z_step: i.i.d. N(0, 1) for identity, row ``step`` of C⁻¹Z otherwise. Steps must not go back.
+
+        The returned tensor may be a buffer reused by the next call."""
+        if self.mechanism == "identity" and not self.secure:
+            if self._buffer is None:
+                self._buffer = torch.empty(self.numel, device=self.device, dtype=self.dtype)
+            return self.draw_into(self._buffer, step, 1.0)
+        return self._correlated(step) if not self.secure else secure_standard_normal(self.numel, self.dtype, self.device)
+
+    def draw_into(self, out: torch.Tensor, step: int, scale: float) -> torch.Tensor:
+        """Overwrite the flat tensor ``out`` with scale·z_step (the engine's σ·R·z_t, with no extra pass)."""
+        if self.secure or self.mechanism != "identity":
+            return torch.mul(self.draw(step), scale, out=out)
+        chunks = -(-self.numel // NOISE_CHUNK)
+        seeds = chunk_seeds(self.seed, step, chunks)
+
+        def fill(indices: range) -> None:
+            for k in indices:
+                generator = torch.Generator(device=out.device).manual_seed(seeds[k])
+                out[k * NOISE_CHUNK:(k + 1) * NOISE_CHUNK].normal_(0.0, scale, generator=generator)
+
+        workers = min(chunks, torch.get_num_threads()) if out.device.type == "cpu" else 1
+        if workers == 1:
+            fill(range(chunks))
+            return out
+        pool = self._thread_pool(workers)
+        for future in [pool.submit(fill, range(w, chunks, workers)) for w in range(workers)]:
+            future.result()
+        return out
+
+    def _thread_pool(self, workers: int) -> ThreadPoolExecutor:
+        """The drawing threads, made again in a forked child (threads do not survive a fork)."""
+        if self._pool is None or self._pool_owner != (os.getpid(), workers):
+            if self._pool is not None and self._pool_owner[0] == os.getpid():
+                self._pool.shutdown(wait=False)
+            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dpledger-noise")
+            self._pool_owner = (os.getpid(), workers)
+        return self._pool
 
     def _correlated(self, step: int) -> torch.Tensor:
         if self._stream is None or step < self._stream_position:

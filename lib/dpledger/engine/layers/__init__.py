@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 PerExampleGrads = Callable[[nn.Module, Tensor, Tensor], dict[str, Tensor]]
 GhostNorms = Callable[[nn.Module, Tensor, Tensor], dict[str, Tensor]]
-ClippedSum = Callable[[nn.Module, Tensor, Tensor, dict[str, Tensor]], dict[str, Tensor]]
+ClippedSum = Callable[[nn.Module, Tensor, Tensor, dict[str, Tensor], dict[str, Tensor]], None]
 GhostCost = Callable[[nn.Module, Tensor], tuple[int, int]]
 Validate = Callable[[nn.Module], "str | None"]
 
@@ -27,8 +27,8 @@ class LayerRule:
 
     ``per_example_grads(layer, a, b)`` -> {param name: (B, *param.shape)}, always available.
     ``ghost_norms(layer, a, b)`` -> {param name: (B,) squared norm} without instantiating gradients,
-    ``clipped_sum(layer, a, b, factors)`` -> {param name: Σ_i factors[name][i]·g_i} (book-keeping,
-    003 §3.1 step 5) and ``ghost_cost(layer, a)`` -> (ghost elements, instantiation elements) per
+    ``clipped_sum(layer, a, b, factors, out)`` adds Σ_i factors[name][i]·g_i into ``out[name]`` in place
+    (book-keeping, 003 §3.1 step 5; no parameter-sized temporary) and ``ghost_cost(layer, a)`` -> (ghost elements, instantiation elements) per
     example for the layer-wise decision 2T² < p·d (003 §3.3) are None for layers that always
     instantiate (normalisation layers: tiny per-example gradients).
     ``validate(layer)`` returns why this particular layer cannot be handled, or None; ``parameters``
@@ -65,11 +65,23 @@ def rule_for(layer: nn.Module) -> LayerRule | None:
     return None
 
 
-def weighted_sum(factors: Tensor, per_example: Tensor) -> Tensor:
-    """Σ_i factors[i] · per_example[i] (module 5 of 003 §3.4)."""
-    return torch.tensordot(factors.to(per_example.dtype), per_example, dims=1)
+def add_weighted_sum(out: Tensor, factors: Tensor, per_example: Tensor) -> None:
+    """out += Σ_i factors[i] · per_example[i] (module 5 of 003 §3.4), as one matrix-vector product in place."""
+    out.view(-1).addmv_(per_example.reshape(per_example.shape[0], -1).T, factors.to(per_example.dtype))
+
+
+def add_scaled_product(out: Tensor, factors: Tensor, b: Tensor, a: Tensor) -> None:
+    """out += Σ_i factors[i] · b_iᵀ a_i for b (B, T, p) and a (B, T, d), in place.
+
+    The factors scale whichever of a and b is smaller, so the temporary is B·T·min(p, d)."""
+    factors = factors.to(b.dtype)[:, None, None]
+    if b.shape[-1] <= a.shape[-1]:
+        b = b * factors
+    else:
+        a = a * factors
+    out.addmm_(b.reshape(-1, b.shape[-1]).T, a.reshape(-1, a.shape[-1]))
 
 
 from dpledger.engine.layers import conv, embedding, linear, normalization  # noqa: E402,F401  (registers rules)
 
-__all__ = ["LayerRule", "RULES", "register", "rule_for", "weighted_sum"]
+__all__ = ["LayerRule", "RULES", "add_scaled_product", "add_weighted_sum", "register", "rule_for"]

@@ -55,13 +55,12 @@ def ghost_norms(layer: nn.Module, a: Tensor, b: Tensor) -> dict[str, Tensor]:
     return norms
 
 
-def clipped_sum(layer: nn.Module, a: Tensor, b: Tensor, factors: dict[str, Tensor]) -> dict[str, Tensor]:
+def clipped_sum(layer: nn.Module, a: Tensor, b: Tensor, factors: dict[str, Tensor], out: dict[str, Tensor]) -> None:
     cols, grads_out = unfold(layer, a, b)
     weighted = grads_out * factors["weight"].to(b.dtype)[:, None, None, None]
-    sums = {"weight": torch.einsum("ngpt,ngdt->gpd", weighted, cols).reshape(layer.weight.shape)}
+    out["weight"].add_(torch.einsum("ngpt,ngdt->gpd", weighted, cols).reshape(layer.weight.shape))
     if layer.bias is not None:
-        sums["bias"] = factors["bias"].to(b.dtype) @ b.reshape(a.shape[0], layer.out_channels, -1).sum(-1)
-    return sums
+        out["bias"].addmv_(b.reshape(a.shape[0], layer.out_channels, -1).sum(-1).T, factors["bias"].to(b.dtype))
 
 
 def ghost_cost(layer: nn.Module, a: Tensor) -> tuple[int, int]:

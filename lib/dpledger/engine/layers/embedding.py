@@ -37,12 +37,10 @@ def ghost_norms(layer: nn.Embedding, a: Tensor, b: Tensor) -> dict[str, Tensor]:
     return {"weight": (same_token * torch.bmm(grads, grads.transpose(1, 2))).sum((1, 2))}
 
 
-def clipped_sum(layer: nn.Embedding, a: Tensor, b: Tensor, factors: dict[str, Tensor]) -> dict[str, Tensor]:
+def clipped_sum(layer: nn.Embedding, a: Tensor, b: Tensor, factors: dict[str, Tensor], out: dict[str, Tensor]) -> None:
     tokens, grads = _tokens_and_grads(layer, a, b)
     weighted = grads * factors["weight"].to(grads.dtype)[:, None, None]
-    total = grads.new_zeros(layer.num_embeddings, layer.embedding_dim)
-    total.index_add_(0, tokens.reshape(-1), weighted.reshape(-1, layer.embedding_dim))
-    return {"weight": total}
+    out["weight"].index_add_(0, tokens.reshape(-1), weighted.reshape(-1, layer.embedding_dim))
 
 
 def ghost_cost(layer: nn.Embedding, a: Tensor) -> tuple[int, int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpledger.engine.layers import LayerRule, register
+from dpledger.engine.layers import LayerRule, add_scaled_product, register
 
 
 def as_sequences(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
@@ -20,8 +20,8 @@ def as_sequences(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
 def sequence_ghost_norm(a: Tensor, b: Tensor) -> Tensor:
     """‖a_iᵀ b_i‖²_F for (B, T, d), (B, T, p) without forming it (003 Eq. 2); T = 1 is ‖a_i‖²‖b_i‖²."""
     if a.shape[1] == 1:
-        return a.square().sum((1, 2)) * b.square().sum((1, 2))
-    return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(b, b.transpose(1, 2))).sum((1, 2))
+        return torch.linalg.vector_norm(a, dim=(1, 2)).square() * torch.linalg.vector_norm(b, dim=(1, 2)).square()
+    return torch.bmm(a, a.transpose(1, 2)).mul_(torch.bmm(b, b.transpose(1, 2))).sum((1, 2))
 
 
 def per_example_grads(layer: nn.Linear, a: Tensor, b: Tensor) -> dict[str, Tensor]:
@@ -36,17 +36,15 @@ def ghost_norms(layer: nn.Linear, a: Tensor, b: Tensor) -> dict[str, Tensor]:
     a, b = as_sequences(a, b)
     norms = {"weight": sequence_ghost_norm(a, b)}
     if layer.bias is not None:
-        norms["bias"] = b.sum(1).square().sum(1)
+        norms["bias"] = torch.linalg.vector_norm(b.sum(1), dim=1).square()
     return norms
 
 
-def clipped_sum(layer: nn.Linear, a: Tensor, b: Tensor, factors: dict[str, Tensor]) -> dict[str, Tensor]:
+def clipped_sum(layer: nn.Linear, a: Tensor, b: Tensor, factors: dict[str, Tensor], out: dict[str, Tensor]) -> None:
     a, b = as_sequences(a, b)
-    weighted = b * factors["weight"].to(b.dtype)[:, None, None]
-    sums = {"weight": weighted.reshape(-1, b.shape[-1]).T @ a.reshape(-1, a.shape[-1])}
+    add_scaled_product(out["weight"], factors["weight"], b, a)
     if layer.bias is not None:
-        sums["bias"] = factors["bias"].to(b.dtype) @ b.sum(1)
-    return sums
+        out["bias"].addmv_(b.sum(1).T, factors["bias"].to(b.dtype))
 
 
 def ghost_cost(layer: nn.Linear, a: Tensor) -> tuple[int, int]:
