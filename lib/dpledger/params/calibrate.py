@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from dpledger.params.core import Section
 
 AccountedSampler = Literal["poisson", "fixed", "balls-in-bins", "balls-in-bins-redrawn"]
+ACCOUNTED_SAMPLERS: tuple[str, ...] = get_args(AccountedSampler)
+NO_ACCOUNTANT_REASON = (
+    "shuffling (one permutation per epoch) has no tight accountant and audits show Poisson accounting "
+    "under-states its epsilon several-fold; build batches with balls-in-bins (accountant montecarlo) or poisson"
+)
 
 
 class CalibrateParams(Section):
@@ -17,8 +23,65 @@ class CalibrateParams(Section):
     epsilon: float = Field(gt=0.0, description="target epsilon")
     delta: float = Field(gt=0.0, lt=1.0, description="target delta")
     accountant: Literal["pld", "rdp", "montecarlo"] = "pld"
-    sampler: AccountedSampler = Field(default="poisson", description="sampling the accountant assumes")
+    sampler: str = Field(default="poisson", description="sampling the accountant assumes")
     mechanism: Literal["identity", "banded", "toeplitz", "blt"] = "identity"
-    bands: int = Field(default=1, ge=1, description="w for a w-banded correlation matrix")
-    group_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
-    mc_samples: int = Field(default=100_000, ge=1000, description="Monte Carlo samples (montecarlo accountant)")
+    bands: int = Field(default=1, ge=1, le=4096, description="w for a w-banded correlation matrix")
+    group_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1)
+    mc_samples: int = Field(default=1 << 18, ge=1000, le=1 << 26, description="Monte Carlo samples to estimate/calibrate")
+    mc_verify_samples: int = Field(
+        default=1 << 21, ge=1000, le=1 << 28, description="fresh Monte Carlo samples for Estimate-Verify-Release"
+    )
+    evr_delta_ratio: float = Field(default=0.5, gt=0.0, lt=1.0, description="calibrate at delta' = ratio * delta")
+    pld_discretization: float = Field(default=1e-4, ge=1e-6, le=1e-2, description="PLD value discretization interval")
+    table_discretization: float = Field(
+        default=1e-3, ge=1e-6, le=1e-1, description="PLD interval of the group table and the epsilon curve (pessimistic)"
+    )
+    curve_points: int = Field(default=20, ge=2, le=200, description="points of the epsilon-vs-step curve")
+    blt_buffers: int = Field(default=3, ge=1, le=8, description="buffers of an optimized BLT")
+    optimize_steps: int = Field(default=100, ge=0, le=5000, description="gradient steps optimizing toeplitz/blt C")
+    optimize_samples: int = Field(default=4096, ge=256, le=1 << 22, description="Monte Carlo samples per step")
+    rmse_epsilons: list[float] = Field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0, 8.0, 16.0], min_length=1)
+    rmse_samples: int = Field(default=8192, ge=1000, le=1 << 22, description="Monte Carlo samples of the RMSE plot")
+
+    @field_validator("sampler")
+    @classmethod
+    def _accounted_sampler(cls, value: str, info: ValidationInfo) -> str:
+        if value not in ACCOUNTED_SAMPLERS:
+            reason = f"; {NO_ACCOUNTANT_REASON}" if "shuffle" in value else ""
+            raise PydanticCustomError(
+                "sampler", "allowed values are {allowed}{reason}", {"allowed": ", ".join(ACCOUNTED_SAMPLERS), "reason": reason}
+            )
+        accountant = info.data.get("accountant")
+        fits = {"pld": ("poisson", "fixed"), "rdp": ("poisson",), "montecarlo": ("balls-in-bins", "balls-in-bins-redrawn")}
+        if accountant in fits and value not in fits[accountant]:
+            raise PydanticCustomError(
+                "sampler",
+                "calibrate.accountant = {accountant} supports samplers {allowed} (balls-in-bins needs montecarlo)",
+                {"accountant": accountant, "allowed": ", ".join(fits[accountant])},
+            )
+        return value
+
+    @field_validator("mechanism")
+    @classmethod
+    def _correlated_needs_fixed_bins(cls, value: str, info: ValidationInfo) -> str:
+        if value != "identity" and info.data.get("sampler") != "balls-in-bins":
+            raise PydanticCustomError(
+                "mechanism",
+                "correlated noise needs calibrate.sampler = balls-in-bins (bins fixed across epochs, 004 Lemma 3.2)",
+                {},
+            )
+        return value
+
+    @field_validator("group_sizes")
+    @classmethod
+    def _positive_groups(cls, value: list[int]) -> list[int]:
+        if any(k < 1 or k > 1024 for k in value):
+            raise PydanticCustomError("group_sizes", "every group size must be an integer in [1, 1024]", {})
+        return sorted(set(value))
+
+    @field_validator("rmse_epsilons")
+    @classmethod
+    def _positive_epsilons(cls, value: list[float]) -> list[float]:
+        if any(not 0 < e <= 100 for e in value):
+            raise PydanticCustomError("rmse_epsilons", "every epsilon must lie in (0, 100]", {})
+        return sorted(set(value))

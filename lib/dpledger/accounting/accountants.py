@@ -1,0 +1,306 @@
+"""Accountants behind one interface: ε(δ) and δ(ε) of a :class:`MechanismDescription`, with assumptions.
+
+An accountant that cannot account soundly for a description says why (:meth:`unsupported`) instead of
+guessing; :func:`require_support` turns that into an :class:`UnsupportedMechanismError`.
+
+| accountant   | samplers                                   | group k > 1 | correlated C |
+|--------------|--------------------------------------------|-------------|--------------|
+| ``pld``      | poisson, fixed                             | yes (MoG)   | no           |
+| ``rdp``      | poisson                                    | no          | no           |
+| ``montecarlo`` | balls-in-bins (any C >= 0), balls-in-bins-redrawn (C = I) | no | yes    |
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from dpledger.accounting import montecarlo as mc
+from dpledger.accounting.description import MechanismDescription
+from dpledger.accounting.pld import DISCRETIZATION, gaussian_noise_for, pld_delta, pld_epsilon, rdp_delta, rdp_epsilon
+from dpledger.accounting.record import AccountantResult
+from dpledger.errors import DpledgerError, ParamsError, UnsupportedMechanismError
+from dpledger.mechanisms import coefficients
+
+ACCOUNTANTS = ("pld", "rdp", "montecarlo")
+
+EVR_ATTEMPTS = 10
+ADJACENCY = "add or remove one example (both directions accounted, the worse one reported)"
+RELEASE = "every intermediate model is released (no last-iterate amplification is claimed)"
+
+
+class Accountant(Protocol):
+    name: str
+
+    def unsupported(self, description: MechanismDescription) -> str | None: ...
+
+    def epsilon(self, description: MechanismDescription, delta: float) -> AccountantResult: ...
+
+    def delta(self, description: MechanismDescription, epsilon: float) -> float: ...
+
+
+def _sampler_sentence(description: MechanismDescription) -> str:
+    d = description
+    return {
+        "poisson": f"Poisson sampling: each example joins each step independently with probability q = {d.sample_rate:.6g}",
+        "fixed": (f"fixed-size sampling: each step uses a fresh uniformly random subset of B = {d.batch_size} of "
+                  f"N = {d.dataset_size} examples (not a shuffle)"),
+        "balls-in-bins": (f"balls-in-bins: each example is put in one of b = {d.batches_per_epoch} bins once, and "
+                          f"the bins are reused in the same order every epoch ({d.epochs} epochs)"),
+        "balls-in-bins-redrawn": (f"balls-in-bins redrawn every epoch: each epoch puts every example in one of "
+                                  f"b = {d.batches_per_epoch} bins afresh ({d.epochs} epochs)"),
+    }[d.sampler]
+
+
+def _base_assumptions(description: MechanismDescription) -> list[str]:
+    adjacency = ADJACENCY if description.group_size == 1 else (
+        f"add or remove up to k = {description.group_size} examples (group privacy; both directions accounted)"
+    )
+    return [
+        _sampler_sentence(description),
+        f"adjacency: {adjacency}",
+        f"noise N(0, (σ·clip norm)²) with σ = {description.noise_multiplier:.6g} added once per step to the sum "
+        f"of per-example clipped gradients, {description.steps} steps",
+        RELEASE,
+    ]
+
+
+@dataclass(frozen=True)
+class PldAccountant:
+    """dp-accounting PLD, pessimistic connect-the-dots discretization (see accounting.pld)."""
+
+    discretization: float = DISCRETIZATION
+    name: str = "pld"
+
+    def unsupported(self, description: MechanismDescription) -> str | None:
+        if description.sampler not in ("poisson", "fixed"):
+            return (f"the PLD accountant covers poisson and fixed sampling, not {description.sampler}; "
+                    f"use --accountant montecarlo")
+        if description.mechanism != "identity":
+            return ("correlated noise (mechanism != identity) is accounted only under balls-in-bins batching "
+                    "(004); use sampler balls-in-bins with accountant montecarlo")
+        if description.sampler == "fixed" and (description.dataset_size is None or description.batch_size is None):
+            return "fixed-size sampling needs dataset_size and batch_size"
+        return None
+
+    def _args(self, d: MechanismDescription):
+        return (d.noise_multiplier, d.sampler, d.group_size, d.sample_rate, d.dataset_size, d.batch_size, d.steps)
+
+    def epsilon(self, description: MechanismDescription, delta: float) -> AccountantResult:
+        require_support(self, description)
+        eps = pld_epsilon(*self._args(description), delta, self.discretization)
+        method = ("Poisson-subsampled Gaussian" if description.sampler == "poisson" and description.group_size == 1
+                  else "mixture of Gaussians (001)")
+        assumptions = _base_assumptions(description) + [
+            f"dp-accounting PLD of the {method}, pessimistic connect-the-dots discretization "
+            f"(interval {self.discretization:g}): an upper bound on ε up to float rounding",
+        ]
+        return AccountantResult(self.name, eps, delta, assumptions,
+                                {"discretization": self.discretization, "method": method})
+
+    def delta(self, description: MechanismDescription, epsilon: float) -> float:
+        require_support(self, description)
+        return pld_delta(*self._args(description), epsilon, self.discretization)
+
+
+@dataclass(frozen=True)
+class RdpAccountant:
+    """dp-accounting Rényi DP of the Poisson-subsampled Gaussian: a looser cross-check of the PLD."""
+
+    name: str = "rdp"
+
+    def unsupported(self, description: MechanismDescription) -> str | None:
+        if description.sampler != "poisson":
+            return f"the RDP accountant here covers poisson sampling only, not {description.sampler}; use pld or montecarlo"
+        if description.group_size != 1:
+            return "the RDP accountant has no group-level analysis here; use pld (mixture of Gaussians, 001)"
+        if description.mechanism != "identity":
+            return "correlated noise is accounted only with balls-in-bins and montecarlo"
+        return None
+
+    def epsilon(self, description: MechanismDescription, delta: float) -> AccountantResult:
+        require_support(self, description)
+        d = description
+        eps = rdp_epsilon(d.noise_multiplier, d.sample_rate, d.steps, delta)
+        assumptions = _base_assumptions(d) + ["dp-accounting RDP (default orders), converted to (ε, δ): looser than PLD"]
+        return AccountantResult(self.name, eps, delta, assumptions, {})
+
+    def delta(self, description: MechanismDescription, epsilon: float) -> float:
+        require_support(self, description)
+        d = description
+        return rdp_delta(d.noise_multiplier, d.sample_rate, d.steps, epsilon)
+
+
+@dataclass(frozen=True)
+class MonteCarloAccountant:
+    """Monte Carlo accounting of balls-in-bins (004) with Estimate-Verify-Release.
+
+    ε is estimated (or σ calibrated) at δ' = evr_delta_ratio·δ on ``samples`` samples; then ``verify_samples``
+    fresh samples must give δ̂ <= the midpoint of δ' and δ. By Bernstein's inequality
+    (W = (1 − e^{ε−Y})_+ ∈ [0, 1], Var W <= E W) the check passes with probability at most
+    β = exp(−m t² / (2δ + 2t/3)), t = δ − threshold, if the true δ exceeded the target. A failed check
+    raises σ (or ε) by 5% and checks again on new fresh samples; after a attempts the release is (ε, δ)-DP
+    except with probability a·β, and (ε, max(δ, a·β))-DP unconditionally (004 Thm 2.1).
+    """
+
+    samples: int = 1 << 17
+    verify_samples: int = 1 << 20
+    seed: int = 0
+    evr_delta_ratio: float = 0.5
+    name: str = "montecarlo"
+
+    def __post_init__(self) -> None:
+        if self.samples < 1000 or self.verify_samples < 1000:
+            raise ParamsError(f"mc samples = {self.samples}/{self.verify_samples} are invalid: need at least 1000")
+        if not 0.0 < self.evr_delta_ratio < 1.0:
+            raise ParamsError(f"evr_delta_ratio = {self.evr_delta_ratio} is invalid: it must lie in (0, 1)")
+
+    def unsupported(self, description: MechanismDescription) -> str | None:
+        if description.sampler not in ("balls-in-bins", "balls-in-bins-redrawn"):
+            return (f"the Monte Carlo accountant covers balls-in-bins batching, not {description.sampler}; "
+                    f"use --accountant pld")
+        if description.group_size != 1:
+            return "the Monte Carlo accountant is example-level only; group-level ε needs poisson or fixed with pld"
+        if description.sampler == "balls-in-bins-redrawn" and description.mechanism != "identity":
+            return ("correlated noise needs bins fixed across epochs (004 Lemma 3.2 sums the same slot over "
+                    "epochs); use sampler balls-in-bins")
+        return None
+
+    def pair(self, description: MechanismDescription) -> mc.DominatingPair:
+        require_support(self, description)
+        d = description
+        if d.sampler == "balls-in-bins-redrawn":
+            return mc.redrawn_bins_pair(d.batches_per_epoch, d.steps)
+        values = coefficients(d.mechanism, d.mechanism_params, d.steps)
+        return mc.fixed_bins_pair(values, d.batches_per_epoch, d.steps)
+
+    def assumptions(self, description: MechanismDescription, delta: float, failure_probability: float) -> list[str]:
+        d = description
+        sentences = _base_assumptions(d)
+        poisson = poisson_at_same_noise(d, delta)
+        if poisson is not None:
+            sentences.insert(0, (
+                f"WARNING: with independent noise (mechanism identity) over {d.epochs} epochs, bins fixed across "
+                f"epochs are far worse than Poisson sampling: at this σ = {d.noise_multiplier:.4g} and q, Poisson "
+                f"would give ε = {poisson:.3g}; for DP-SGD use balls-in-bins-redrawn or poisson, and keep fixed "
+                f"bins for correlated noise"
+            ))
+        if d.mechanism != "identity":
+            sentences.append(f"correlated noise: the model receives x + C⁻¹z with C the {d.mechanism} matrix "
+                             f"(non-negative lower-triangular Toeplitz); dominating pair of 004 Lemma 3.2")
+        sentences.append(
+            f"Monte Carlo estimate with Estimate-Verify-Release: estimated at δ' = {self.evr_delta_ratio:g}·δ on "
+            f"{self.samples} samples, verified on fresh sets of {self.verify_samples} samples; the claim fails with "
+            f"probability at most {failure_probability:.3g} over the accountant's randomness (Bernstein bound)"
+        )
+        return sentences
+
+    def verify(self, pair: mc.DominatingPair, sigma: float, epsilon: float, delta: float,
+               raise_sigma: bool) -> tuple[float, float, dict]:
+        """Estimate-Verify-Release on fresh samples; returns the certified (σ, ε) and the details.
+
+        If the check fails, σ (or, at a fixed σ, ε) is raised by 5% and checked again on new fresh samples,
+        at most ``EVR_ATTEMPTS`` times. Each attempt passes a bad (σ, ε) with probability <= β, so the
+        released claim fails with probability <= attempts·β (union bound).
+        """
+        threshold = 0.5 * (1.0 + self.evr_delta_ratio) * delta
+        gap = delta - threshold
+        failure = math.exp(-self.verify_samples * gap**2 / (2 * delta + 2 * gap / 3))
+        for attempt in range(1, EVR_ATTEMPTS + 1):
+            estimate = mc.estimate_delta(pair, sigma, epsilon, self.verify_samples, self.seed + 1_000_003 * attempt)
+            if estimate.delta <= threshold:
+                break
+            if raise_sigma:
+                sigma *= 1.05
+            else:
+                epsilon = epsilon * 1.05 + 1e-3
+        else:
+            raise DpledgerError(
+                f"Estimate-Verify-Release refused after {EVR_ATTEMPTS} attempts: fresh samples give "
+                f"δ̂ = {estimate.delta:.3g} > threshold {threshold:.3g}; increase calibrate.mc_samples (now "
+                f"{self.samples}) and mc_verify_samples (now {self.verify_samples})"
+            )
+        low, high = estimate.interval
+        total_failure = min(1.0, attempt * failure)
+        details = {
+            "samples": self.samples,
+            "verify_samples": self.verify_samples,
+            "evr_attempts": attempt,
+            "delta_estimate_verify": estimate.delta,
+            "delta_interval_95": [low, high],
+            "delta_remove": estimate.delta_remove,
+            "delta_add": estimate.delta_add,
+            "evr_threshold": threshold,
+            "delta_calibrated": self.evr_delta_ratio * delta,
+            "mc_failure_probability": total_failure,
+            "unconditional_delta": max(delta, total_failure),
+        }
+        return sigma, epsilon, details
+
+    def epsilon(self, description: MechanismDescription, delta: float) -> AccountantResult:
+        """ε at the description's σ: estimated at δ', then certified by Estimate-Verify-Release."""
+        pair = self.pair(description)
+        if description.noise_multiplier == 0:
+            return AccountantResult(self.name, math.inf, delta, _base_assumptions(description), {})
+        _, eps, details = self.verify(pair, description.noise_multiplier, self.epsilon_estimate(description, delta),
+                                      delta, raise_sigma=False)
+        return AccountantResult(self.name, eps, delta,
+                                self.assumptions(description, delta, details["mc_failure_probability"]), details)
+
+    def epsilon_estimate(self, description: MechanismDescription, delta: float) -> float:
+        """ε̂ at δ' = evr_delta_ratio·δ from ``samples`` samples, without verification (curves, not claims)."""
+        if description.noise_multiplier == 0:
+            return math.inf
+        found = mc.collect_losses(self.pair(description), description.noise_multiplier, self.samples, self.seed)
+        return mc.epsilon_from_losses(found, self.samples, self.evr_delta_ratio * delta)
+
+    def delta(self, description: MechanismDescription, epsilon: float) -> float:
+        return mc.estimate_delta(self.pair(description), description.noise_multiplier, epsilon,
+                                 self.samples, self.seed).delta
+
+    def delta_estimate(self, description: MechanismDescription, epsilon: float) -> mc.DeltaEstimate:
+        """δ̂(ε) with its confidence interval (no EVR)."""
+        return mc.estimate_delta(self.pair(description), description.noise_multiplier, epsilon,
+                                 self.samples, self.seed)
+
+    def calibrate(self, description: MechanismDescription, epsilon: float, delta: float) -> tuple[float, AccountantResult]:
+        """σ by bisection with common random numbers at δ' (004 Alg. 2), then EVR on fresh samples."""
+        pair = self.pair(description)
+        upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, self.evr_delta_ratio * delta)
+        search = mc.calibrate_sigma(pair, epsilon, self.evr_delta_ratio * delta, self.samples, self.seed, upper)
+        sigma, _, details = self.verify(pair, search.noise_multiplier, epsilon, delta, raise_sigma=True)
+        details.update({"sigma_calibrated": search.noise_multiplier, "survivors": search.survivors,
+                        "search_passes": search.passes, "delta_hat_calibration": search.delta_hat})
+        result = AccountantResult(self.name, epsilon, delta,
+                                  self.assumptions(description.with_noise(sigma), delta,
+                                                   details["mc_failure_probability"]), details)
+        return sigma, result
+
+
+def poisson_at_same_noise(description: MechanismDescription, delta: float) -> float | None:
+    """ε of Poisson sampling at the same σ, q and steps (PLD), where fixed bins with C = I over several
+    epochs are used: the comparison users must see (fixed bins lose amplification across epochs)."""
+    d = description
+    if d.sampler != "balls-in-bins" or d.mechanism != "identity" or d.epochs == 1 or d.noise_multiplier == 0:
+        return None
+    return pld_epsilon(d.noise_multiplier, "poisson", 1, d.sample_rate, None, None, d.steps, delta)
+
+
+def get_accountant(name: str, **settings) -> Accountant:
+    """The accountant called ``name``; Monte Carlo settings (samples, verify_samples, seed, evr_delta_ratio)."""
+    if name == "pld":
+        return PldAccountant(**{k: v for k, v in settings.items() if k == "discretization"})
+    if name == "rdp":
+        return RdpAccountant()
+    if name == "montecarlo":
+        keys = ("samples", "verify_samples", "seed", "evr_delta_ratio")
+        return MonteCarloAccountant(**{k: v for k, v in settings.items() if k in keys})
+    raise ParamsError(f"accountant = {name!r} is invalid: allowed values are {', '.join(ACCOUNTANTS)}")
+
+
+def require_support(accountant: Accountant, description: MechanismDescription) -> None:
+    """Raise :class:`UnsupportedMechanismError` with the accountant's reason if it cannot account soundly."""
+    reason = accountant.unsupported(description)
+    if reason is not None:
+        raise UnsupportedMechanismError(f"accountant {accountant.name}: {reason}")

@@ -1,0 +1,126 @@
+"""What an accountant is asked about: one DP-SGD / DP-FTRL run, described without computing anything.
+
+Conventions (shared by calibrate, schedule and the CLI):
+- noise std = noise_multiplier × clip norm, added once per step to the SUM of clipped gradients;
+- sample_rate q = batch_size / dataset_size (Poisson: expected batch size B);
+- steps = epochs × batches_per_epoch with batches_per_epoch = ceil(dataset_size / batch_size); for
+  balls-in-bins these are the b bins of 004 §3.1;
+- adjacency: add or remove up to ``group_size`` examples (k = 1 is example-level DP).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dpledger.errors import ParamsError
+
+SAMPLERS = ("poisson", "fixed", "balls-in-bins", "balls-in-bins-redrawn")
+
+
+@dataclass(frozen=True)
+class MechanismDescription:
+    """A sampled (possibly correlated-noise) Gaussian mechanism run for ``steps`` steps.
+
+    ``dataset_size`` and ``batch_size`` may be None where only ``sample_rate`` is known (Poisson);
+    the fixed-batch and balls-in-bins accountants need them (or ``batches_per_epoch``).
+    """
+
+    sampler: str
+    noise_multiplier: float
+    steps: int
+    sample_rate: float
+    batches_per_epoch: int
+    epochs: int
+    dataset_size: int | None = None
+    batch_size: int | None = None
+    group_size: int = 1
+    mechanism: str = "identity"
+    mechanism_params: dict[str, Any] = field(default_factory=dict)
+
+    def with_noise(self, noise_multiplier: float) -> "MechanismDescription":
+        return replace(self, noise_multiplier=noise_multiplier)
+
+    def with_steps(self, steps: int) -> "MechanismDescription":
+        """The same mechanism stopped after ``steps`` steps (epochs rounded up for balls-in-bins)."""
+        return replace(self, steps=steps, epochs=max(1, math.ceil(steps / self.batches_per_epoch)))
+
+    def with_group(self, group_size: int) -> "MechanismDescription":
+        return replace(self, group_size=group_size)
+
+
+def describe(
+    *,
+    sampler: str,
+    noise_multiplier: float = 1.0,
+    dataset_size: int | None = None,
+    batch_size: int | None = None,
+    sample_rate: float | None = None,
+    steps: int | None = None,
+    epochs: int | None = None,
+    batches_per_epoch: int | None = None,
+    group_size: int = 1,
+    mechanism: str = "identity",
+    mechanism_params: dict[str, Any] | None = None,
+) -> MechanismDescription:
+    """Build a description from whichever sizes are given; inconsistent or missing sizes raise ParamsError."""
+    if sampler not in SAMPLERS:
+        hint = (
+            " (shuffling has no tight accountant: audits show Poisson accounting under-states its epsilon; "
+            "build batches with balls-in-bins and account with montecarlo, or use poisson)"
+            if sampler == "shuffle"
+            else ""
+        )
+        raise ParamsError(f"sampler = {sampler!r} is invalid: allowed values are {', '.join(SAMPLERS)}{hint}")
+    _positive("noise_multiplier", noise_multiplier, allow_zero=True)
+    for name, value in (("dataset_size", dataset_size), ("batch_size", batch_size), ("steps", steps),
+                        ("epochs", epochs), ("batches_per_epoch", batches_per_epoch), ("group_size", group_size)):
+        if value is not None:
+            _positive_int(name, value)
+    if dataset_size is not None and batch_size is not None:
+        if batch_size > dataset_size:
+            raise ParamsError(f"batch_size = {batch_size} is invalid: it must be at most dataset_size = {dataset_size}")
+        rate = batch_size / dataset_size
+        if sample_rate is not None and not math.isclose(sample_rate, rate, rel_tol=1e-9):
+            raise ParamsError(f"sample_rate = {sample_rate} contradicts batch_size / dataset_size = {rate}")
+        sample_rate = rate
+        batches_per_epoch = batches_per_epoch or math.ceil(dataset_size / batch_size)
+    if sample_rate is None and batches_per_epoch is not None:
+        sample_rate = 1.0 / batches_per_epoch
+    if sample_rate is None:
+        raise ParamsError("sample_rate is missing: give it, or dataset_size and batch_size, or batches_per_epoch")
+    if not 0.0 < sample_rate <= 1.0:
+        raise ParamsError(f"sample_rate = {sample_rate} is invalid: it must lie in (0, 1]")
+    batches_per_epoch = batches_per_epoch or max(1, math.ceil(1.0 / sample_rate - 1e-9))
+    if steps is None:
+        steps = (epochs or 1) * batches_per_epoch
+    epochs = epochs or max(1, math.ceil(steps / batches_per_epoch))
+    if sampler.startswith("balls-in-bins") and steps != epochs * batches_per_epoch:
+        raise ParamsError(
+            f"steps = {steps} is invalid for {sampler}: it must equal epochs × batches_per_epoch = "
+            f"{epochs} × {batches_per_epoch}"
+        )
+    return MechanismDescription(
+        sampler=sampler,
+        noise_multiplier=float(noise_multiplier),
+        steps=int(steps),
+        sample_rate=float(sample_rate),
+        batches_per_epoch=int(batches_per_epoch),
+        epochs=int(epochs),
+        dataset_size=dataset_size,
+        batch_size=batch_size,
+        group_size=int(group_size),
+        mechanism=mechanism,
+        mechanism_params=dict(mechanism_params or {}),
+    )
+
+
+def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ParamsError(f"{name} = {value} is invalid: it must be a finite number > 0")
+
+
+def _positive_int(name: str, value: int) -> None:
+    if int(value) != value or value < 1:
+        raise ParamsError(f"{name} = {value} is invalid: it must be an integer >= 1")

@@ -1,0 +1,376 @@
+"""Monte Carlo accounting of balls-in-bins batching with a non-negative correlation matrix C (004 §2–4).
+
+Dominating pair (004 Lemma 3.2): P = (1/b) Σ_i N(m_i, σ²I_n) vs Q = N(0, σ²I_n) with m_i the sum of the
+columns of C in slot i of every epoch. The privacy loss of x = m_bin + σZ depends on Z only through
+U = MZ ~ N(0, G), G = MMᵀ (b × b), so a sample costs O(b²) instead of O(n·b):
+
+    remove (x ~ P):  Y = LSE_i[(G[bin, i] − G_ii/2 + σ U_i)/σ²] − log b
+    add    (x ~ Q):  Y = log b − LSE_i[(σ U_i − G_ii/2)/σ²]
+
+δ(ε) = E[(1 − e^{ε−Y})_+] is estimated for both directions and the larger is used. A pair may be a
+composition of independent pieces (bins redrawn every epoch: one b-bin epoch per piece); Y adds up.
+Samples are generated in memory-bounded chunks from a seed, so the same seed gives common random
+numbers across σ (004 Alg. 2) and a different seed gives the fresh samples EVR needs (004 §3.4).
+"""
+
+from __future__ import annotations
+
+import math
+import functools
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, TypeVar
+
+import numpy as np
+import torch
+
+from dpledger.errors import UnsupportedMechanismError
+
+CHUNK = 1 << 15
+T = TypeVar("T")
+
+
+def single_threaded(function: Callable[..., T]) -> Callable[..., T]:
+    """Run ``function`` with torch on one thread, then restore the thread count. The chunked tensors here
+    are small enough that intra-op threading costs more than it gains; on a shared CPU it was 50x slower."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return wrapper
+
+
+@dataclass(frozen=True)
+class DominatingPair:
+    """The balls-in-bins dominating pair, as the Gram matrices G = MMᵀ of its independent pieces."""
+
+    grams: tuple[np.ndarray, ...]
+
+    @property
+    def bins(self) -> int:
+        return self.grams[0].shape[0]
+
+    def max_sensitivity(self) -> float:
+        """√(Σ_pieces max_i ‖m_i‖²): the unamplified Gaussian with this sensitivity dominates the pair."""
+        return math.sqrt(sum(float(np.max(np.diag(g))) for g in self.grams))
+
+
+def gram_from_matrix(matrix: np.ndarray, bins: int) -> np.ndarray:
+    """G = MMᵀ, M's rows m_i = Σ_e C[:, e·b + i] (004 Lemma 3.2), for a dense lower-triangular C >= 0."""
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if np.any(np.triu(matrix, 1) != 0):
+        raise UnsupportedMechanismError("the correlation matrix C must be lower-triangular")
+    if np.any(matrix < 0):
+        raise UnsupportedMechanismError(
+            "the correlation matrix C has negative entries: the balls-in-bins dominating pair needs C >= 0 "
+            "(004 Lemma 3.2; Appendix A gives a C with negative entries whose worst case differs)"
+        )
+    steps = matrix.shape[0]
+    padded = np.zeros((steps, math.ceil(steps / bins) * bins))
+    padded[:, :steps] = matrix
+    modes = padded.reshape(steps, -1, bins).sum(axis=1)
+    return modes.T @ modes
+
+
+def toeplitz_modes(values: torch.Tensor, bins: int, rows: int) -> torch.Tensor:
+    """M (rows × b) for Toeplitz C with coefficients ``values`` (differentiable): M[t, i] = s[t − i],
+    s the coefficients folded over epochs, s[e·b + r] = Σ_{e' <= e} c[e'·b + r]."""
+    values = values[:rows]
+    epochs = math.ceil(rows / bins)
+    padded = torch.nn.functional.pad(values, (0, epochs * bins - values.shape[0]))
+    folded = torch.cumsum(padded.reshape(epochs, bins), dim=0).reshape(-1)[:rows]
+    lag = torch.arange(rows)[:, None] - torch.arange(bins)[None, :]
+    return torch.where(lag >= 0, folded[lag.clamp(min=0)], torch.zeros((), dtype=values.dtype))
+
+
+def toeplitz_gram(values: torch.Tensor, bins: int, rows: int) -> torch.Tensor:
+    modes = toeplitz_modes(values, bins, rows)
+    return modes.T @ modes
+
+
+def fixed_bins_pair(values: np.ndarray, bins: int, steps: int) -> DominatingPair:
+    """Bins fixed across epochs (004 Def. 3.1), Toeplitz C truncated to the first ``steps`` steps."""
+    gram = toeplitz_gram(torch.as_tensor(values[:steps], dtype=torch.float64), bins, steps)
+    return DominatingPair((gram.numpy(),))
+
+
+def redrawn_bins_pair(bins: int, steps: int) -> DominatingPair:
+    """Bins redrawn every epoch with independent noise (C = I): a composition of one-epoch pairs."""
+    full, rest = divmod(steps, bins)
+    pieces = [np.eye(bins)] * full
+    if rest:
+        pieces.append(np.diag((np.arange(bins) < rest).astype(float)))
+    return DominatingPair(tuple(pieces))
+
+
+def gram_factor(gram: torch.Tensor) -> torch.Tensor:
+    """F with F Fᵀ = G: Cholesky, or the symmetric square root where G is singular (unused bins)."""
+    factor, info = torch.linalg.cholesky_ex(gram)
+    if int(info) == 0:
+        return factor
+    values, vectors = torch.linalg.eigh(gram)
+    return vectors * values.clamp(min=0).sqrt()
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One chunk of a piece: the bin of the differing example and U ~ N(0, G) for each sample."""
+
+    bins: torch.Tensor
+    normals: torch.Tensor
+
+
+def draws(pair: DominatingPair, samples: int, seed: int, chunk: int = CHUNK) -> Iterator[list[Draw]]:
+    """Chunks of samples (one Draw per piece), reproducible from ``seed`` (common random numbers)."""
+    generator = torch.Generator().manual_seed(int(seed))
+    done = 0
+    while done < samples:
+        size = min(chunk, samples - done)
+        yield [
+            Draw(torch.randint(0, pair.bins, (size,), generator=generator),
+                 torch.randn(size, pair.bins, generator=generator))
+            for _ in pair.grams
+        ]
+        done += size
+
+
+def correlate(normals: torch.Tensor, factor: torch.Tensor, diagonal: bool) -> torch.Tensor:
+    """U = W Fᵀ, a sample of N(0, G) per row (F diagonal for C = I: O(b) instead of O(b²))."""
+    if diagonal:
+        return normals * torch.diagonal(factor).to(normals.dtype)
+    return normals @ factor.T.to(normals.dtype)
+
+
+def losses(gram: torch.Tensor, bins: torch.Tensor, correlated: torch.Tensor,
+           sigma: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Privacy losses (remove, add) of one piece at noise σ (module docstring)."""
+    log_bins = math.log(gram.shape[0])
+    half_norms = torch.diagonal(gram) / 2
+    shift = correlated * sigma - half_norms
+    remove = torch.logsumexp((gram[bins] + shift) / sigma**2, dim=1) - log_bins
+    add = log_bins - torch.logsumexp(shift / sigma**2, dim=1)
+    return remove, add
+
+
+def hockey_stick(loss: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """(1 − e^{ε − Y})_+ per sample; its mean is δ̂(ε)."""
+    return torch.clamp(-torch.expm1(epsilon - loss), min=0.0)
+
+
+class PreparedPair:
+    """A pair with its factors computed once, in float64 (G) and the sampling dtype (F)."""
+
+    def __init__(self, pair: DominatingPair):
+        self.pair = pair
+        self.grams = [torch.as_tensor(g, dtype=torch.float64) for g in pair.grams]
+        self.factors = [gram_factor(g) for g in self.grams]
+        self.diagonal = [bool(torch.count_nonzero(g - torch.diag(torch.diagonal(g))) == 0) for g in self.grams]
+
+    def chunk_losses(self, chunk: list[Draw], sigma: float, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        remove = add = 0.0
+        for draw, gram, factor, diagonal in zip(chunk, self.grams, self.factors, self.diagonal):
+            correlated = correlate(draw.normals.to(dtype), factor, diagonal)
+            piece_remove, piece_add = losses(gram.to(dtype), draw.bins, correlated, sigma)
+            remove, add = remove + piece_remove, add + piece_add
+        return remove, add
+
+    def chunk_loss_bounds(self, chunk: list[Draw], low: float,
+                          high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Upper bounds on the (remove, add) losses over σ ∈ [low, high]: each term of each LSE is bounded
+        at the endpoints separately (a/σ² and u/σ are monotone in σ), and LSE is monotone. Computed in
+        float32; the third tensor is each row's largest term magnitude, for a rounding margin."""
+        remove = add = scale = 0.0
+        for draw, gram, factor, diagonal in zip(chunk, self.grams, self.factors, self.diagonal):
+            gram32 = gram.to(torch.float32)
+            correlated = correlate(draw.normals, factor, diagonal)
+            half_norms = torch.diagonal(gram32) / 2
+            linear_hi = torch.maximum(correlated / low, correlated / high)
+            linear_lo = torch.minimum(correlated / low, correlated / high)
+            quad = gram32[draw.bins] - half_norms
+            quad_hi = torch.maximum(quad / low**2, quad / high**2)
+            log_bins = math.log(gram.shape[0])
+            remove = remove + torch.logsumexp(quad_hi + linear_hi, dim=1) - log_bins
+            add = add + log_bins - torch.logsumexp(linear_lo - half_norms / low**2, dim=1)
+            scale = scale + torch.amax(quad_hi.abs() + linear_hi.abs() + linear_lo.abs(), dim=1)
+        return remove, add, scale
+
+
+@dataclass(frozen=True)
+class DeltaEstimate:
+    """δ̂ at (σ, ε) from ``samples`` samples, per direction, with a normal-approximation 95% interval."""
+
+    delta: float
+    delta_remove: float
+    delta_add: float
+    stderr: float
+    samples: int
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return (max(self.delta - 1.96 * self.stderr, 0.0), self.delta + 1.96 * self.stderr)
+
+
+@single_threaded
+def estimate_delta(pair: DominatingPair, sigma: float, epsilon: float, samples: int, seed: int,
+                   chunk: int = CHUNK) -> DeltaEstimate:
+    """Monte Carlo δ̂(ε) at noise σ (the larger direction), streaming over chunks."""
+    prepared = PreparedPair(pair)
+    sums = np.zeros(2)
+    squares = np.zeros(2)
+    for piece in draws(pair, samples, seed, chunk):
+        for index, loss in enumerate(prepared.chunk_losses(piece, sigma, torch.float64)):
+            terms = hockey_stick(loss, epsilon)
+            sums[index] += float(terms.sum())
+            squares[index] += float((terms**2).sum())
+    means = sums / samples
+    variances = np.maximum(squares / samples - means**2, 0.0)
+    worst = int(np.argmax(means))
+    return DeltaEstimate(float(means[worst]), float(means[0]), float(means[1]),
+                         float(math.sqrt(variances[worst] / samples)), samples)
+
+
+@single_threaded
+def collect_losses(pair: DominatingPair, sigma: float, samples: int, seed: int,
+                   chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
+    """All positive privacy losses (remove, add) at σ; memory O(samples) (ε(δ) at a fixed σ needs them)."""
+    prepared = PreparedPair(pair)
+    kept: tuple[list, list] = ([], [])
+    for piece in draws(pair, samples, seed, chunk):
+        for index, loss in enumerate(prepared.chunk_losses(piece, sigma, torch.float64)):
+            kept[index].append(loss[loss > 0].numpy())
+    return np.concatenate(kept[0]), np.concatenate(kept[1])
+
+
+def epsilon_from_losses(losses_by_direction: tuple[np.ndarray, np.ndarray], samples: int, delta: float) -> float:
+    """Smallest ε >= 0 with δ̂(ε) <= δ in both directions (δ̂ is decreasing in ε; bisection)."""
+    def delta_hat(epsilon: float) -> float:
+        return max(float(np.sum(-np.expm1(epsilon - y[y > epsilon]))) / samples for y in losses_by_direction)
+
+    if delta_hat(0.0) <= delta:
+        return 0.0
+    low, high = 0.0, max(float(np.max(y)) for y in losses_by_direction if y.size)
+    for _ in range(80):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if delta_hat(mid) > delta else (low, mid)
+    return high
+
+
+@dataclass(frozen=True)
+class SigmaSearch:
+    """Result of Alg. 2: σ with δ̂(σ) = δ on common random numbers, and what the search did.
+
+    ``kept`` holds the samples whose loss can exceed ε near σ (all others contribute 0 there), so a
+    caller can differentiate δ̂ at σ through them (004 §4.2).
+    """
+
+    noise_multiplier: float
+    delta_hat: float
+    samples: int
+    survivors: int
+    passes: int
+    kept: list[list[Draw]] = field(default_factory=list, repr=False)
+
+
+@single_threaded
+def calibrate_sigma(pair: DominatingPair, epsilon: float, delta: float, samples: int, seed: int,
+                    upper: float, pilot_samples: int = 1 << 14, chunk: int = CHUNK,
+                    tolerance: float = 1e-7, guess: float | None = None) -> SigmaSearch:
+    """Smallest σ (to ``tolerance`` relative) with δ̂(σ) <= δ on ``samples`` fixed samples (004 Alg. 2).
+
+    ``upper`` is a σ known to satisfy the target (the unamplified Gaussian's). A pilot on the first
+    ``pilot_samples`` samples brackets σ (or ``guess`` does, e.g. the previous σ while optimizing C); one
+    pass over all samples then keeps only those whose loss can exceed ε anywhere in the bracket (the
+    rest contribute 0 there), and bisection runs on them.
+    """
+    prepared = PreparedPair(pair)
+    if guess is None:
+        pilot = _Survivors.collect(prepared, min(pilot_samples, samples), seed, chunk, epsilon, upper / 1e4, upper)
+        guess = pilot.bisect(epsilon, delta, upper / 1e4, upper, tolerance=1e-3)
+    low, high = guess / 1.1, min(guess * 1.1, upper)
+    for passes in range(1, 60):
+        survivors = _Survivors.collect(prepared, samples, seed, chunk, epsilon, low, high)
+        if survivors.delta_hat(epsilon, low) <= delta and low > upper / 1e6:
+            low, high = low / 1.5, low
+            continue
+        if survivors.delta_hat(epsilon, high) > delta:
+            if high >= upper:
+                return SigmaSearch(upper, survivors.delta_hat(epsilon, high), samples, survivors.size, passes,
+                                   survivors.chunks)
+            low, high = high, min(high * 1.5, upper)
+            continue
+        sigma = survivors.bisect(epsilon, delta, low, high, tolerance)
+        return SigmaSearch(sigma, survivors.delta_hat(epsilon, sigma), samples, survivors.size, passes,
+                           survivors.chunks)
+    raise RuntimeError("Monte Carlo σ search did not bracket the target")
+
+
+@dataclass
+class _Survivors:
+    """Samples whose loss can exceed ε for σ in [low, high]; δ̂ there is their sum over all samples."""
+
+    prepared: PreparedPair
+    chunks: list[list[Draw]]
+    samples: int
+    correlated: list[list[torch.Tensor]] | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(int(chunk[0].bins.shape[0]) for chunk in self.chunks)
+
+    @classmethod
+    def collect(cls, prepared: PreparedPair, samples: int, seed: int, chunk: int, epsilon: float,
+                low: float, high: float) -> "_Survivors":
+        kept = []
+        for piece in draws(prepared.pair, samples, seed, chunk):
+            remove, add, scale = prepared.chunk_loss_bounds(piece, low, high)
+            threshold = epsilon - 1e-3 - 1e-5 * scale
+            mask = (remove > threshold) | (add > threshold)
+            if bool(mask.any()):
+                kept.append([Draw(d.bins[mask], d.normals[mask]) for d in piece])
+        return cls(prepared, kept, samples)
+
+    def delta_hat(self, epsilon: float, sigma: float) -> float:
+        if self.correlated is None:
+            self.correlated = [
+                [correlate(d.normals.to(torch.float64), f, diag) for d, f, diag in
+                 zip(piece, self.prepared.factors, self.prepared.diagonal)]
+                for piece in self.chunks
+            ]
+        totals = np.zeros(2)
+        for piece, correlated in zip(self.chunks, self.correlated):
+            remove = add = 0.0
+            for draw, values, gram in zip(piece, correlated, self.prepared.grams):
+                piece_remove, piece_add = losses(gram, draw.bins, values, sigma)
+                remove, add = remove + piece_remove, add + piece_add
+            totals += [float(hockey_stick(remove, epsilon).sum()), float(hockey_stick(add, epsilon).sum())]
+        return float(totals.max() / self.samples)
+
+    def bisect(self, epsilon: float, delta: float, low: float, high: float, tolerance: float) -> float:
+        while high - low > tolerance * high:
+            mid = 0.5 * (low + high)
+            low, high = (mid, high) if self.delta_hat(epsilon, mid) > delta else (low, mid)
+        return high
+
+
+def naive_losses(modes: np.ndarray, sigma: float, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Reference O(n·b) sampler: x = m_bin + σZ in n dimensions, Y = log P(x)/Q(x) directly (both directions)."""
+    generator = np.random.default_rng(seed)
+    modes = np.asarray(modes, dtype=np.float64)
+    bins = generator.integers(0, modes.shape[1], samples)
+    noise = generator.standard_normal((samples, modes.shape[0]))
+    log_bins = math.log(modes.shape[1])
+    half_norms = 0.5 * np.sum(modes**2, axis=0)
+
+    def log_ratio(points: np.ndarray) -> np.ndarray:
+        scores = (points @ modes - half_norms) / sigma**2
+        top = scores.max(axis=1, keepdims=True)
+        return (top[:, 0] + np.log(np.exp(scores - top).sum(axis=1))) - log_bins
+
+    remove = log_ratio(modes.T[bins] + sigma * noise)
+    add = -log_ratio(sigma * noise)
+    return remove, add

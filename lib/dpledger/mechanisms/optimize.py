@@ -1,0 +1,187 @@
+"""Choosing C for the amplified prefix-sum RMSE under balls-in-bins batching (004 §4.2).
+
+The objective is RMSE(C) = σ(C)·‖A C⁻¹‖_F/√n, with σ(C) the noise the Monte Carlo accountant calibrates
+for C on fixed common random numbers. σ(C) comes from bisection; its gradient is implicit:
+∂σ/∂θ = −(∂δ̂/∂θ)/(∂δ̂/∂σ) at δ̂(σ(C), C) = δ, both partials by autodiff of the explicit δ̂.
+
+Parameterizations keep C >= 0 (004 Lemma 3.2) and c_0 = 1 (RMSE is scale-invariant):
+- BLT with d buffers: θ_r = sigmoid(a_r) ∈ (0, 1), ω_r = softplus(b_r) > 0, initialised by a
+  least-squares fit to the ``init_bands``-banded square root;
+- Toeplitz: c_k = softplus(t_k) for k >= 1, initialised from the ``init_bands``-banded square root.
+
+Optimization uses Adam on log RMSE (the paper uses plain gradient descent) with fresh Monte Carlo samples
+at every step (reusing one small sample set overfits C to it: σ looks smaller on those samples than on
+fresh ones) and returns the last iterate; intermediate σ values need not be accurate (the final C is
+recalibrated by the accountant, with EVR).
+Uses ``dpledger.accounting.montecarlo`` (not imported by ``dpledger.mechanisms`` itself).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from dpledger.accounting import montecarlo as mc
+from dpledger.accounting.pld import gaussian_noise_for
+from dpledger.mechanisms.matrices import banded_sqrt_coefficients, coefficients
+from dpledger.mechanisms.rmse import prefix_error_norm_torch, prefix_rmse
+
+
+@dataclass(frozen=True)
+class AmplifiedRmse:
+    """RMSE of one C at (ε, δ) under balls-in-bins (Monte Carlo σ) and without amplification."""
+
+    mechanism: str
+    mechanism_params: dict[str, Any]
+    epsilon: float
+    noise_multiplier: float
+    rmse: float
+    unamplified_noise_multiplier: float
+    unamplified_rmse: float
+
+
+@mc.single_threaded
+def amplified_rmse(mechanism: str, mechanism_params: dict[str, Any], epsilon: float, delta: float, bins: int,
+                   epochs: int, samples: int, seed: int = 0) -> AmplifiedRmse:
+    """σ and RMSE of C under balls-in-bins (Monte Carlo estimate, no EVR: a utility figure) and unamplified.
+
+    Unamplified: every example sits in a fixed slot of every epoch in arbitrary order, so the Gaussian
+    mechanism with sensitivity max_i ‖m_i‖ (the same columns Lemma 3.2 sums) is calibrated exactly.
+    """
+    steps = bins * epochs
+    values = coefficients(mechanism, mechanism_params, steps)
+    pair = mc.fixed_bins_pair(values, bins, steps)
+    upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, delta)
+    sigma = mc.calibrate_sigma(pair, epsilon, delta, samples, seed, upper).noise_multiplier
+    return AmplifiedRmse(mechanism, mechanism_params, epsilon, sigma, prefix_rmse(values, sigma),
+                         upper, prefix_rmse(values, upper))
+
+
+def best_bands(epsilon: float, delta: float, bins: int, epochs: int, samples: int, seed: int = 0,
+               candidates: list[int] | None = None) -> AmplifiedRmse:
+    """The w-banded square-root C (w a power of two up to n) with the smallest amplified RMSE."""
+    steps = bins * epochs
+    widths = candidates or [2**i for i in range(int(math.log2(steps)) + 1)]
+    results = [amplified_rmse("banded", {"coefficients": banded_sqrt_coefficients(w).tolist()}, epsilon, delta,
+                              bins, epochs, samples, seed) for w in widths]
+    return min(results, key=lambda r: r.rmse)
+
+
+@dataclass(frozen=True)
+class OptimizedMatrix:
+    """The optimized C (as mechanism_params), its σ and RMSE on the optimization samples, and the trace."""
+
+    mechanism: str
+    mechanism_params: dict[str, Any]
+    noise_multiplier: float
+    rmse: float
+    history: list[float] = field(default_factory=list)
+
+
+def blt_fit(target: np.ndarray, buffers: int) -> tuple[np.ndarray, np.ndarray]:
+    """A BLT close to the Toeplitz coefficients ``target`` (c_0 = 1): decays 1 − 1/τ with τ log-spaced over
+    the target's support, output scales by non-negative least squares on c_1.. (an initial point)."""
+    from scipy.optimize import nnls
+
+    support = max(2, int(np.flatnonzero(target)[-1]) + 1 if np.any(target[1:]) else 2)
+    decays = 1.0 - 1.0 / np.geomspace(1.5, max(2.0, support), buffers)
+    lags = np.arange(target.size - 1)
+    design = decays[None, :] ** lags[:, None]
+    scales, _ = nnls(design, target[1:])
+    return decays, scales
+
+
+def _blt(buffers: int, steps: int, init_bands: int) -> tuple[torch.Tensor, Callable, Callable]:
+    target = np.zeros(steps)
+    target[: min(steps, init_bands)] = banded_sqrt_coefficients(init_bands)[:steps]
+    decays, scales = blt_fit(target, buffers)
+    scales = np.maximum(scales, 1e-2)
+    start = torch.cat([torch.logit(torch.as_tensor(np.clip(decays, 1e-4, 1 - 1e-4))),
+                       torch.as_tensor(np.log(np.expm1(scales)))])
+
+    def to_coefficients(raw: torch.Tensor, steps: int) -> torch.Tensor:
+        decays, scales = torch.sigmoid(raw[:buffers]), torch.nn.functional.softplus(raw[buffers:])
+        powers = decays[None, :] ** torch.arange(steps - 1, dtype=torch.float64)[:, None]
+        return torch.cat([torch.ones(1, dtype=torch.float64), powers @ scales])
+
+    def to_params(raw: torch.Tensor) -> dict[str, Any]:
+        return {"buffer_decays": torch.sigmoid(raw[:buffers]).tolist(),
+                "output_scales": torch.nn.functional.softplus(raw[buffers:]).tolist()}
+
+    return start, to_coefficients, to_params
+
+
+def _toeplitz(steps: int, init_bands: int) -> tuple[torch.Tensor, Callable, Callable]:
+    init = np.maximum(np.concatenate([banded_sqrt_coefficients(init_bands), np.zeros(steps)])[1:steps], 1e-6)
+    start = torch.as_tensor(np.log(np.expm1(init)), dtype=torch.float64)
+
+    def to_coefficients(raw: torch.Tensor, _: int) -> torch.Tensor:
+        return torch.cat([torch.ones(1, dtype=torch.float64), torch.nn.functional.softplus(raw)])
+
+    def to_params(raw: torch.Tensor) -> dict[str, Any]:
+        return {"coefficients": to_coefficients(raw, steps).tolist()}
+
+    return start, to_coefficients, to_params
+
+
+@mc.single_threaded
+def optimize_matrix(mechanism: str, epsilon: float, delta: float, bins: int, epochs: int, *, steps: int = 300,
+                    samples: int = 1 << 14, seed: int = 0, learning_rate: float = 0.05, buffers: int = 3,
+                    init_bands: int = 4, progress: bool = False) -> OptimizedMatrix:
+    """Optimize a BLT (``buffers`` buffers) or Toeplitz C for the balls-in-bins RMSE at (ε, δ) (004 §4.2)."""
+    n = bins * epochs
+    if mechanism == "blt":
+        start, to_coefficients, to_params = _blt(buffers, n, init_bands)
+    elif mechanism == "toeplitz":
+        start, to_coefficients, to_params = _toeplitz(n, init_bands)
+    else:
+        raise ValueError(f"cannot optimize mechanism {mechanism!r}; choose blt or toeplitz")
+    raw = start.clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([raw], lr=learning_rate)
+    history: list[float] = []
+    guess = None
+    bar = tqdm(range(steps + 1), desc=f"optimize {mechanism}", disable=not progress, leave=False)
+    for step in bar:
+        values = to_coefficients(raw, n)
+        gram = mc.toeplitz_gram(values, bins, n)
+        pair = mc.DominatingPair((gram.detach().numpy(),))
+        upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, delta)
+        search = mc.calibrate_sigma(pair, epsilon, delta, samples, seed + step, upper, guess=guess, tolerance=1e-6)
+        sigma, guess = search.noise_multiplier, search.noise_multiplier
+        norm = prefix_error_norm_torch(values)
+        rmse = sigma * float(norm.detach())
+        history.append(rmse)
+        if step == steps:
+            break
+        gradient = _implicit_gradient(raw, gram, norm, search, epsilon, sigma)
+        optimizer.zero_grad()
+        raw.grad = gradient
+        optimizer.step()
+        bar.set_postfix(rmse=f"{rmse:.4g}")
+    return OptimizedMatrix(mechanism, to_params(raw.detach()), sigma, rmse, history)
+
+
+def _implicit_gradient(raw: torch.Tensor, gram: torch.Tensor, norm: torch.Tensor, search: mc.SigmaSearch,
+                       epsilon: float, sigma: float) -> torch.Tensor:
+    """∇ log RMSE = ∇σ/σ + ∇‖·‖/‖·‖, with ∇σ = −(∂δ̂/∂raw)/(∂δ̂/∂σ) (implicit function theorem)."""
+    grad_norm = torch.autograd.grad(norm, raw, retain_graph=True)[0]
+    if not search.kept:
+        return grad_norm / norm.detach()
+    sigma_t = torch.tensor(sigma, dtype=torch.float64, requires_grad=True)
+    factor = torch.linalg.cholesky(gram)
+    totals = [torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)]
+    for chunk in search.kept:
+        draw = chunk[0]
+        correlated = draw.normals.to(torch.float64) @ factor.T
+        for index, loss in enumerate(mc.losses(gram, draw.bins, correlated, sigma_t)):
+            totals[index] = totals[index] + mc.hockey_stick(loss, epsilon).sum()
+    delta_hat = max(totals, key=lambda t: float(t.detach())) / search.samples
+    d_raw, d_sigma = torch.autograd.grad(delta_hat, [raw, sigma_t], allow_unused=True)
+    if d_raw is None or d_sigma is None or float(d_sigma) >= 0:
+        return grad_norm / norm.detach()
+    return -d_raw / d_sigma / sigma + grad_norm / norm.detach()

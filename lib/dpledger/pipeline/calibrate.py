@@ -1,0 +1,242 @@
+"""Stage ``calibrate``: the noise multiplier σ (and correlation matrix C) that meets the privacy budget.
+
+Reads ``seed``, ``data`` (for the training-set size n), ``batching`` and ``calibrate``. Sizes: q = B/n,
+b = ceil(n/B) batches (bins) per epoch, steps = epochs · b. Writes
+``artifacts/calibration/calibration.json`` (the :class:`CalibrationRecord`: σ, C as mechanism_params
+for ``dpledger.mechanisms.noise_stream``, ε of every applicable accountant with assumptions, the group
+table and the ε-vs-step curve), ``metrics/calibrate.json`` (flat) and ``plots/calibrate/`` (ε vs step,
+ε vs group size, RMSE vs ε per mechanism; CSV + PNG).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from dpledger import io
+from dpledger.accounting import (
+    ACCOUNTANTS,
+    AccountantResult,
+    CalibrationRecord,
+    MechanismDescription,
+    calibrate_noise,
+    describe,
+    get_accountant,
+    group_table,
+)
+from dpledger.accounting.accountants import poisson_at_same_noise
+from dpledger.accounting.group import GroupEpsilon
+from dpledger.data import load_dataset
+from dpledger.mechanisms import banded_params, coefficients
+from dpledger.mechanisms.optimize import amplified_rmse, optimize_matrix
+from dpledger.mechanisms.rmse import prefix_rmse
+from dpledger.params import CalibrateParams, Params, check_dataset_size
+
+
+def describe_run(params: Params, dataset_size: int) -> MechanismDescription:
+    """The mechanism params.yaml describes over ``dataset_size`` training examples (σ still unknown)."""
+    check_dataset_size(params, dataset_size)
+    return describe(
+        sampler=params.calibrate.sampler,
+        dataset_size=dataset_size,
+        batch_size=params.batching.batch_size,
+        epochs=params.batching.epochs,
+    )
+
+
+def accountant_settings(params: Params) -> dict[str, Any]:
+    cal = params.calibrate
+    return {"samples": cal.mc_samples, "verify_samples": cal.mc_verify_samples, "seed": params.seed,
+            "evr_delta_ratio": cal.evr_delta_ratio, "discretization": cal.pld_discretization}
+
+
+def choose_matrix(cal: CalibrateParams, description: MechanismDescription, seed: int) -> dict[str, Any]:
+    """mechanism_params of C: none for identity, the w-banded square root, or an optimized Toeplitz/BLT."""
+    if cal.mechanism == "identity":
+        return {}
+    if cal.mechanism == "banded":
+        return banded_params(min(cal.bands, description.steps))
+    if cal.optimize_steps == 0 and cal.mechanism == "toeplitz":
+        return {"coefficients": coefficients("banded", banded_params(cal.bands), description.steps).tolist()}
+    optimized = optimize_matrix(
+        cal.mechanism, cal.epsilon, cal.evr_delta_ratio * cal.delta, description.batches_per_epoch, description.epochs,
+        steps=cal.optimize_steps, samples=cal.optimize_samples, seed=seed, buffers=cal.blt_buffers,
+        init_bands=min(cal.bands, description.steps), progress=sys.stderr.isatty(),
+    )
+    return optimized.mechanism_params
+
+
+def other_accountants(params: Params, description: MechanismDescription, chosen: str) -> list[AccountantResult]:
+    """ε at the calibrated σ from every other accountant that supports the description."""
+    results = []
+    for name in ACCOUNTANTS:
+        accountant = get_accountant(name, **accountant_settings(params))
+        if name != chosen and accountant.unsupported(description) is None:
+            results.append(accountant.epsilon(description, params.calibrate.delta))
+    return results
+
+
+def epsilon_curve(params: Params, description: MechanismDescription, claim: float) -> list[tuple[int, float]]:
+    """(steps, ε after that many steps) on ~curve_points grid points including the last step.
+
+    Each value is valid for every step count up to its own, so the curve is made monotone by a reverse
+    running minimum, and the last point is min(claim, curve). PLD points use the pessimistic table
+    discretization; Monte Carlo points are estimates at δ' (no EVR; the final claim is EVR-verified).
+    """
+    cal = params.calibrate
+    grid = sorted({int(round(t)) for t in np.linspace(1, description.steps, cal.curve_points)} | {description.steps})
+    if cal.accountant == "montecarlo":
+        accountant = get_accountant("montecarlo", **accountant_settings(params))
+        values = [accountant.epsilon_estimate(description.with_steps(t), cal.delta) for t in grid[:-1]]
+    else:
+        accountant = get_accountant(cal.accountant, discretization=cal.table_discretization)
+        values = [accountant.epsilon(description.with_steps(t), cal.delta).epsilon for t in grid[:-1]]
+    values.append(claim)
+    values = list(np.minimum.accumulate(np.asarray(values)[::-1])[::-1])
+    return [(int(t), float(v)) for t, v in zip(grid, values)]
+
+
+def rmse_rows(params: Params, description: MechanismDescription, mechanism_params: dict[str, Any]) -> list[list]:
+    """RMSE vs ε per mechanism under balls-in-bins (Monte Carlo σ) and without amplification (004 §5.1)."""
+    cal = params.calibrate
+    bins, epochs = description.batches_per_epoch, description.epochs
+    mechanisms = [("identity", {})]
+    mechanisms += [(f"banded-{w}", banded_params(w)) for w in (2, 4, 8, 16, 32, 64) if w <= bins]
+    if cal.mechanism in ("toeplitz", "blt"):
+        mechanisms.append((f"{cal.mechanism}-calibrated", mechanism_params))
+    rows = []
+    for label, mech_params in mechanisms:
+        kind = label.split("-")[0]
+        for eps in cal.rmse_epsilons:
+            result = amplified_rmse(kind, mech_params, eps, cal.delta, bins, epochs, cal.rmse_samples, params.seed)
+            rows.append([label, eps, result.rmse, result.unamplified_rmse, result.noise_multiplier])
+    return rows
+
+
+def run(params: Params, root: Path) -> dict[str, Any]:
+    """Calibrate σ (and C), compute every applicable ε, the group table and the curves; write the outputs."""
+    cal = params.calibrate
+    dataset = load_dataset(params.data.name, params.data.path, params.data.test_fraction, params.seed)
+    description = describe_run(params, dataset.train_size)
+    accountant = get_accountant(cal.accountant, **accountant_settings(params))
+    matrix = choose_matrix(cal, description, params.seed)
+    description = replace(description, mechanism=cal.mechanism, mechanism_params=matrix)
+    calibration = calibrate_noise(accountant, description, cal.epsilon, cal.delta)
+    sigma = calibration.noise_multiplier
+    described = description.with_noise(sigma)
+    result = calibration.result
+    poisson_same_noise = poisson_at_same_noise(described, cal.delta)
+    assumptions = list(result.assumptions)
+    others = other_accountants(params, described, cal.accountant)
+    groups = group_table(described, cal.delta, cal.group_sizes, cal.table_discretization)
+    curve = epsilon_curve(params, described, result.epsilon)
+    rows = rmse_rows(params, described, matrix) if cal.sampler == "balls-in-bins" else []
+    record = CalibrationRecord(
+        noise_multiplier=sigma, epsilon=result.epsilon, delta=cal.delta, accountant=cal.accountant,
+        sampler=cal.sampler, assumptions=assumptions, steps=described.steps, batch_size=params.batching.batch_size,
+        dataset_size=dataset.train_size, epochs=params.batching.epochs, mechanism=cal.mechanism,
+        mechanism_params=matrix, accountants=[result] + others,
+        group=[g.to_dict() for g in groups], epsilon_curve=curve,
+    )
+    metrics = _metrics(record, described, result, others, groups, poisson_same_noise)
+    with io.atomic_dir(root / "artifacts" / "calibration") as folder:
+        record.save(folder / "calibration.json")
+    io.write_json(root / "metrics" / "calibrate.json", metrics)
+    _write_plots(root / "plots" / "calibrate", record, groups, rows)
+    return metrics
+
+
+def _metrics(record: CalibrationRecord, description: MechanismDescription, result: AccountantResult,
+             others: list[AccountantResult], groups: list[GroupEpsilon], poisson_same_noise: float | None) -> dict:
+    metrics: dict[str, Any] = {
+        "noise_multiplier": record.noise_multiplier,
+        "epsilon": record.epsilon,
+        "delta": record.delta,
+        "accountant": record.accountant,
+        "sampler": record.sampler,
+        "mechanism": record.mechanism,
+        "steps": record.steps,
+        "sample_rate": description.sample_rate,
+        "batches_per_epoch": description.batches_per_epoch,
+        "epochs": description.epochs,
+        "dataset_size": record.dataset_size,
+        "batch_size": record.batch_size,
+        "rmse": prefix_rmse(coefficients(record.mechanism, record.mechanism_params, record.steps),
+                            record.noise_multiplier),
+    }
+    if "mc_failure_probability" in result.details:
+        metrics["mc_failure_probability"] = result.details["mc_failure_probability"]
+        metrics["mc_samples"] = result.details["samples"]
+        metrics["mc_verify_samples"] = result.details["verify_samples"]
+        metrics["mc_delta_verified"] = result.details["delta_estimate_verify"]
+    for other in others:
+        metrics[f"epsilon_{other.accountant}"] = other.epsilon
+    if poisson_same_noise is not None:
+        metrics["epsilon_poisson_same_noise"] = poisson_same_noise
+    for row in groups:
+        for method in ("mog", "conversion"):
+            value = getattr(row, method)
+            if value is not None:
+                metrics[f"group_epsilon_{method}_k{row.group_size}"] = value if math.isfinite(value) else "inf"
+    return metrics
+
+
+def _save_png(figure: Figure, path: Path) -> None:
+    figure.tight_layout()
+    with io.atomic_path(path) as tmp:
+        figure.savefig(tmp, format="png", dpi=100)
+
+
+def _write_plots(folder: Path, record: CalibrationRecord, groups: list[GroupEpsilon], rows: list[list]) -> None:
+    io.write_csv(folder / "epsilon_vs_step.csv", ["step", "epsilon"], [list(p) for p in record.epsilon_curve])
+    figure = Figure(figsize=(6, 3.5))
+    axes = figure.add_subplot()
+    axes.plot([p[0] for p in record.epsilon_curve], [p[1] for p in record.epsilon_curve], marker="o")
+    axes.set_xlabel("steps taken")
+    axes.set_ylabel(f"ε spent (δ = {record.delta:g})")
+    axes.set_title(f"{record.accountant}, {record.sampler}, σ = {record.noise_multiplier:.4g}")
+    _save_png(figure, folder / "epsilon_vs_step.png")
+
+    table = [[g.group_size, _cell(g.mog), _cell(g.conversion), _cell(g.linear)] for g in groups]
+    io.write_csv(folder / "epsilon_vs_group.csv", ["group_size", "mog", "conversion", "linear"], table)
+    figure = Figure(figsize=(6, 3.5))
+    axes = figure.add_subplot()
+    for index, (label, style) in enumerate((("mixture of Gaussians", "o-"), ("group conversion", "s--"),
+                                            ("linear k·ε₁", ":"))):
+        points = [(row[0], row[index + 1]) for row in table if isinstance(row[index + 1], float)
+                  and math.isfinite(row[index + 1])]
+        if points:
+            axes.plot(*zip(*points), style, label=label)
+    axes.set_xlabel("group size k")
+    axes.set_ylabel("ε")
+    axes.set_title(groups[0].note[:70] if groups and groups[0].mog is None else "group-level ε")
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend()
+    _save_png(figure, folder / "epsilon_vs_group.png")
+
+    io.write_csv(folder / "rmse_vs_epsilon.csv",
+                 ["mechanism", "epsilon", "rmse_balls_in_bins", "rmse_unamplified", "noise_multiplier"], rows)
+    figure = Figure(figsize=(6, 3.5))
+    axes = figure.add_subplot()
+    for label in dict.fromkeys(row[0] for row in rows):
+        mine = [row for row in rows if row[0] == label]
+        line = axes.plot([r[1] for r in mine], [r[2] for r in mine], marker="o", label=f"{label} (balls-in-bins)")
+        axes.plot([r[1] for r in mine], [r[3] for r in mine], linestyle="--", color=line[0].get_color())
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel("ε")
+    axes.set_ylabel("prefix-sum RMSE (σ‖AC⁻¹‖_F/√n)")
+    axes.set_title("RMSE vs ε (dashed: unamplified)" if rows else "RMSE vs ε: balls-in-bins sampler only")
+    if rows:
+        axes.legend(fontsize=7)
+    _save_png(figure, folder / "rmse_vs_epsilon.png")
+
+
+def _cell(value: float | None) -> float | str:
+    return "" if value is None else float(value)

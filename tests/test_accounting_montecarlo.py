@@ -1,0 +1,125 @@
+"""Monte Carlo balls-in-bins accountant: checked against exact Gaussians, a brute-force sampler and PLD."""
+
+import math
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+
+from dpledger.accounting import calibrate_noise, describe, get_accountant
+from dpledger.accounting import montecarlo as mc
+from dpledger.accounting.pld import gaussian_noise_for, pld_epsilon
+from dpledger.errors import UnsupportedMechanismError
+from dpledger.mechanisms import banded_params, coefficients, dense_matrix
+
+
+def _within(estimate: mc.DeltaEstimate, truth: float, spread: float = 4.0) -> bool:
+    return abs(estimate.delta - truth) <= spread * estimate.stderr + 1e-12
+
+
+def test_without_amplification_equals_composed_gaussian_pld():
+    """b = 1: every step uses the example, so E epochs of C = I are E composed Gaussians (sensitivity 1)."""
+    epochs, sigma, epsilon = 4, 2.0, 0.5
+    pair = mc.fixed_bins_pair(np.ones(1), 1, epochs)
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    accountant.compose(dp_event.GaussianDpEvent(sigma), epochs)
+    estimate = mc.estimate_delta(pair, sigma, epsilon, 200_000, seed=3)
+    assert _within(estimate, accountant.get_delta(epsilon))
+
+
+@pytest.mark.parametrize("mechanism,params", [("identity", {}), ("banded", banded_params(3))])
+def test_fast_sampler_agrees_with_brute_force_n_dimensional_sampler(mechanism, params):
+    bins, epochs, sigma = 6, 3, 0.9
+    steps = bins * epochs
+    matrix = dense_matrix(coefficients(mechanism, params, steps))
+    modes = matrix.reshape(steps, epochs, bins).sum(axis=1)
+    remove, add = mc.naive_losses(modes, sigma, 100_000, seed=1)
+    pair = mc.fixed_bins_pair(coefficients(mechanism, params, steps), bins, steps)
+    for epsilon in (0.5, 1.5):
+        brute = [np.clip(-np.expm1(epsilon - y), 0, None) for y in (remove, add)]
+        fast = mc.estimate_delta(pair, sigma, epsilon, 100_000, seed=2)
+        for value, mine in zip(brute, (fast.delta_remove, fast.delta_add)):
+            spread = math.sqrt(value.var() / value.size + fast.stderr**2)
+            assert abs(value.mean() - mine) <= 4 * spread + 1e-9
+
+
+def test_gram_of_toeplitz_equals_gram_of_dense_matrix():
+    values = coefficients("blt", {"buffer_decays": [0.8, 0.3], "output_scales": [0.2, 0.4]}, 20)
+    pair = mc.fixed_bins_pair(values, 5, 20)
+    np.testing.assert_allclose(pair.grams[0], mc.gram_from_matrix(dense_matrix(values), 5), atol=1e-12)
+    truncated = mc.fixed_bins_pair(values, 5, 13)
+    np.testing.assert_allclose(truncated.grams[0], mc.gram_from_matrix(dense_matrix(values, 13), 5), atol=1e-12)
+
+
+def test_negative_matrix_is_refused_citing_appendix_a():
+    with pytest.raises(UnsupportedMechanismError, match="Appendix A"):
+        mc.gram_from_matrix(np.array([[1.0, 0.0], [-1.0, 1.0]]), 2)
+
+
+def test_one_epoch_fixed_and_redrawn_bins_are_the_same_mechanism():
+    accountant = get_accountant("montecarlo", samples=20_000, verify_samples=20_000, evr_delta_ratio=0.5)
+    fixed = describe(sampler="balls-in-bins", noise_multiplier=0.8, batches_per_epoch=10, epochs=1)
+    redrawn = describe(sampler="balls-in-bins-redrawn", noise_multiplier=0.8, batches_per_epoch=10, epochs=1)
+    assert accountant.epsilon_estimate(fixed, 1e-2) == pytest.approx(accountant.epsilon_estimate(redrawn, 1e-2))
+
+
+def test_fixed_bins_with_independent_noise_are_far_worse_than_poisson_and_say_so():
+    """Issue 3's measurement: σ = 1, b = 100, E = 4 gives ε ≈ 5.5 with fixed bins vs 1.20 for Poisson."""
+    accountant = get_accountant("montecarlo", samples=1 << 16, verify_samples=1 << 16, evr_delta_ratio=0.9)
+    fixed = describe(sampler="balls-in-bins", noise_multiplier=1.0, batches_per_epoch=100, epochs=4)
+    estimate = accountant.epsilon_estimate(fixed, 1e-5)
+    poisson = pld_epsilon(1.0, "poisson", 1, 0.01, None, None, 400, 1e-5, 1e-3)
+    assert poisson == pytest.approx(1.20, abs=0.02)
+    assert 5.0 < estimate < 6.2
+    sentences = accountant.assumptions(fixed, 1e-5, 0.5)
+    assert sentences[0].startswith("WARNING") and f"{poisson:.3g}" in sentences[0]
+
+
+def test_redrawn_bins_track_poisson_for_independent_noise():
+    accountant = get_accountant("montecarlo", samples=1 << 16, verify_samples=1 << 16, evr_delta_ratio=0.9)
+    redrawn = describe(sampler="balls-in-bins-redrawn", noise_multiplier=1.0, batches_per_epoch=100, epochs=4)
+    assert accountant.epsilon_estimate(redrawn, 1e-5) == pytest.approx(1.2, abs=0.25)
+
+
+def test_sigma_search_hits_delta_on_its_samples_and_is_the_smallest():
+    pair = mc.fixed_bins_pair(coefficients("banded", banded_params(4), 40), 8, 40)
+    upper = gaussian_noise_for(pair.max_sensitivity(), 1.0, 1e-3)
+    search = mc.calibrate_sigma(pair, 1.0, 1e-3, 50_000, seed=5, upper=upper)
+    at_sigma = mc.estimate_delta(pair, search.noise_multiplier, 1.0, 50_000, seed=5)
+    below = mc.estimate_delta(pair, search.noise_multiplier * 0.999, 1.0, 50_000, seed=5)
+    assert at_sigma.delta <= 1e-3 < below.delta
+    assert search.noise_multiplier < upper
+
+
+@pytest.mark.parametrize("sampler", ["balls-in-bins", "balls-in-bins-redrawn"])
+def test_monte_carlo_calibration_certifies_with_evr(sampler):
+    accountant = get_accountant("montecarlo", samples=50_000, verify_samples=200_000, evr_delta_ratio=0.5)
+    description = describe(sampler=sampler, batches_per_epoch=10, epochs=3)
+    calibration = calibrate_noise(accountant, description, 1.0, 1e-2)
+    details = calibration.result.details
+    assert details["delta_estimate_verify"] <= details["evr_threshold"] < 1e-2
+    assert 0 < details["mc_failure_probability"] < 1e-6
+    fresh = mc.estimate_delta(accountant.pair(description), calibration.noise_multiplier, 1.0, 200_000, seed=99)
+    assert fresh.interval[0] <= 1e-2
+
+
+def test_evr_failure_probability_shrinks_with_more_verification_samples():
+    description = describe(sampler="balls-in-bins", noise_multiplier=1.0, batches_per_epoch=5, epochs=2)
+    few = get_accountant("montecarlo", samples=5000, verify_samples=5000).epsilon(description, 0.05)
+    many = get_accountant("montecarlo", samples=5000, verify_samples=50_000).epsilon(description, 0.05)
+    assert many.details["mc_failure_probability"] < few.details["mc_failure_probability"]
+
+
+@pytest.mark.parametrize("field,values", [("sigma", [0.6, 0.9, 1.4]), ("epochs", [1, 2, 4])])
+def test_monte_carlo_epsilon_is_monotone(field, values):
+    accountant = get_accountant("montecarlo", samples=40_000, verify_samples=40_000)
+    estimates = []
+    for value in values:
+        sigma = value if field == "sigma" else 1.0
+        epochs = value if field == "epochs" else 2
+        description = describe(sampler="balls-in-bins", noise_multiplier=sigma, batches_per_epoch=8, epochs=epochs,
+                               mechanism="banded", mechanism_params=banded_params(2))
+        estimates.append(accountant.epsilon_estimate(description, 1e-3))
+    ordered = estimates[::-1] if field == "sigma" else estimates
+    assert all(a < b for a, b in zip(ordered, ordered[1:]))
