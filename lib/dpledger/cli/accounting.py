@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -67,32 +67,51 @@ def _jsonable(value: Any) -> Any:
 
 SAMPLER_HELP = "poisson | fixed | balls-in-bins (bins fixed across epochs) | balls-in-bins-redrawn"
 
+# Options shared by ``epsilon`` and ``noise``: declared once so both commands describe a run the same way.
+Delta = Annotated[float, typer.Option("--delta", help="target δ")]
+SampleRate = Annotated[Optional[float], typer.Option("--sample-rate", help="q (or give dataset and batch size)")]
+Steps = Annotated[Optional[int], typer.Option("--steps", help="steps (default epochs × batches per epoch)")]
+AccountantName = Annotated[str, typer.Option("--accountant", help="pld | rdp | montecarlo")]
+Sampler = Annotated[str, typer.Option("--sampler", help=SAMPLER_HELP)]
+GroupSize = Annotated[int, typer.Option("--group-size", help="k: add/remove up to k examples")]
+DatasetSize = Annotated[Optional[int], typer.Option("--dataset-size", help="N training examples")]
+BatchSize = Annotated[Optional[int], typer.Option("--batch-size", help="B (expected size for poisson)")]
+BatchesPerEpoch = Annotated[Optional[int], typer.Option("--batches-per-epoch", help="b bins per epoch")]
+Epochs = Annotated[Optional[int], typer.Option("--epochs", help="E")]
+Mechanism = Annotated[str, typer.Option("--mechanism", help="identity | banded | toeplitz | blt")]
+Bands = Annotated[int, typer.Option("--bands", help="w for --mechanism banded")]
+MechanismParams = Annotated[Optional[str], typer.Option("--mechanism-params", help="JSON coefficients of C")]
+VerifySamples = Annotated[int, typer.Option("--verify-samples", help="fresh Monte Carlo samples (EVR)")]
+Seed = Annotated[int, typer.Option("--seed", help="Monte Carlo seed")]
+Discretization = Annotated[float, typer.Option("--discretization", help="PLD value discretization interval")]
+AsJson = Annotated[bool, typer.Option("--json", help="print a JSON object")]
+
 
 def register(app: typer.Typer) -> None:
     """Add ``epsilon`` and ``noise`` to the ``dpledger`` app."""
 
     @app.command("epsilon")
     def epsilon(
-        noise_multiplier: float = typer.Option(..., "--noise-multiplier", help="σ: noise std / clip norm"),
-        delta: float = typer.Option(..., "--delta", help="target δ"),
-        sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="q (or give dataset and batch size)"),
-        steps: Optional[int] = typer.Option(None, "--steps", help="steps (default epochs × batches per epoch)"),
-        accountant: str = typer.Option("pld", "--accountant", help="pld | rdp | montecarlo"),
-        sampler: str = typer.Option("poisson", "--sampler", help=SAMPLER_HELP),
-        group_size: int = typer.Option(1, "--group-size", help="k: add/remove up to k examples"),
-        dataset_size: Optional[int] = typer.Option(None, "--dataset-size", help="N training examples"),
-        batch_size: Optional[int] = typer.Option(None, "--batch-size", help="B (expected size for poisson)"),
-        batches_per_epoch: Optional[int] = typer.Option(None, "--batches-per-epoch", help="b bins per epoch"),
-        epochs: Optional[int] = typer.Option(None, "--epochs", help="E"),
-        mechanism: str = typer.Option("identity", "--mechanism", help="identity | banded | toeplitz | blt"),
-        bands: int = typer.Option(1, "--bands", help="w for --mechanism banded"),
-        mechanism_params: Optional[str] = typer.Option(None, "--mechanism-params", help="JSON coefficients of C"),
-        samples: int = typer.Option(1 << 17, "--samples", help="Monte Carlo samples (estimate)"),
-        verify_samples: int = typer.Option(1 << 20, "--verify-samples", help="fresh Monte Carlo samples (EVR)"),
-        evr_delta_ratio: float = typer.Option(0.5, "--evr-delta-ratio", help="estimate at δ' = ratio·δ"),
-        seed: int = typer.Option(0, "--seed", help="Monte Carlo seed"),
-        discretization: float = typer.Option(1e-4, "--discretization", help="PLD value discretization interval"),
-        as_json: bool = typer.Option(False, "--json", help="print a JSON object"),
+        noise_multiplier: Annotated[float, typer.Option("--noise-multiplier", help="σ: noise std / clip norm")],
+        delta: Delta,
+        sample_rate: SampleRate = None,
+        steps: Steps = None,
+        accountant: AccountantName = "pld",
+        sampler: Sampler = "poisson",
+        group_size: GroupSize = 1,
+        dataset_size: DatasetSize = None,
+        batch_size: BatchSize = None,
+        batches_per_epoch: BatchesPerEpoch = None,
+        epochs: Epochs = None,
+        mechanism: Mechanism = "identity",
+        bands: Bands = 1,
+        mechanism_params: MechanismParams = None,
+        samples: Annotated[int, typer.Option("--samples", help="Monte Carlo samples (estimate)")] = 1 << 17,
+        verify_samples: VerifySamples = 1 << 20,
+        evr_delta_ratio: Annotated[float, typer.Option("--evr-delta-ratio", help="estimate at δ' = ratio·δ")] = 0.5,
+        seed: Seed = 0,
+        discretization: Discretization = 1e-4,
+        as_json: AsJson = False,
     ) -> None:
         """Print ε at δ for DP-SGD / DP-FTRL with the given noise, sampling and sizes."""
         description = _description(sampler, noise_multiplier, sample_rate, steps, dataset_size, batch_size,
@@ -106,26 +125,26 @@ def register(app: typer.Typer) -> None:
 
     @app.command("noise")
     def noise(
-        epsilon: float = typer.Option(..., "--epsilon", help="target ε"),
-        delta: float = typer.Option(..., "--delta", help="target δ"),
-        sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="q (or give dataset and batch size)"),
-        steps: Optional[int] = typer.Option(None, "--steps", help="steps (default epochs × batches per epoch)"),
-        accountant: str = typer.Option("pld", "--accountant", help="pld | rdp | montecarlo"),
-        sampler: str = typer.Option("poisson", "--sampler", help=SAMPLER_HELP),
-        group_size: int = typer.Option(1, "--group-size", help="k: add/remove up to k examples"),
-        dataset_size: Optional[int] = typer.Option(None, "--dataset-size", help="N training examples"),
-        batch_size: Optional[int] = typer.Option(None, "--batch-size", help="B (expected size for poisson)"),
-        batches_per_epoch: Optional[int] = typer.Option(None, "--batches-per-epoch", help="b bins per epoch"),
-        epochs: Optional[int] = typer.Option(None, "--epochs", help="E"),
-        mechanism: str = typer.Option("identity", "--mechanism", help="identity | banded | toeplitz | blt"),
-        bands: int = typer.Option(1, "--bands", help="w for --mechanism banded"),
-        mechanism_params: Optional[str] = typer.Option(None, "--mechanism-params", help="JSON coefficients of C"),
-        samples: int = typer.Option(1 << 17, "--samples", help="Monte Carlo samples (calibration)"),
-        verify_samples: int = typer.Option(1 << 20, "--verify-samples", help="fresh Monte Carlo samples (EVR)"),
-        evr_delta_ratio: float = typer.Option(0.5, "--evr-delta-ratio", help="calibrate at δ' = ratio·δ"),
-        seed: int = typer.Option(0, "--seed", help="Monte Carlo seed"),
-        discretization: float = typer.Option(1e-4, "--discretization", help="PLD value discretization interval"),
-        as_json: bool = typer.Option(False, "--json", help="print a JSON object"),
+        epsilon: Annotated[float, typer.Option("--epsilon", help="target ε")],
+        delta: Delta,
+        sample_rate: SampleRate = None,
+        steps: Steps = None,
+        accountant: AccountantName = "pld",
+        sampler: Sampler = "poisson",
+        group_size: GroupSize = 1,
+        dataset_size: DatasetSize = None,
+        batch_size: BatchSize = None,
+        batches_per_epoch: BatchesPerEpoch = None,
+        epochs: Epochs = None,
+        mechanism: Mechanism = "identity",
+        bands: Bands = 1,
+        mechanism_params: MechanismParams = None,
+        samples: Annotated[int, typer.Option("--samples", help="Monte Carlo samples (calibration)")] = 1 << 17,
+        verify_samples: VerifySamples = 1 << 20,
+        evr_delta_ratio: Annotated[float, typer.Option("--evr-delta-ratio", help="calibrate at δ' = ratio·δ")] = 0.5,
+        seed: Seed = 0,
+        discretization: Discretization = 1e-4,
+        as_json: AsJson = False,
     ) -> None:
         """Print the smallest noise multiplier σ whose proven ε at δ is at most the target."""
         from dpledger.accounting import calibrate_noise

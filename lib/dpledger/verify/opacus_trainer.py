@@ -12,6 +12,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from dpledger.engine.consecutive import consecutive_batches
+
 
 def train(
     model: nn.Module,
@@ -44,12 +46,11 @@ def train(
         generator=torch.Generator().manual_seed(seed),
     )
     try:
-        for step in range(steps):
-            rows = slice(step * batch_size, (step + 1) * batch_size)
+        for batch_inputs, batch_targets in consecutive_batches(inputs, targets, batch_size, steps):
             private.zero_grad(set_to_none=True)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")
-                loss_fn(wrapped(inputs[rows]), targets[rows]).mean().backward()
+                loss_fn(wrapped(batch_inputs), batch_targets).mean().backward()
             private.step()
     finally:
         wrapped._close()

@@ -6,7 +6,8 @@ Callable::
           optimizer="sgd") -> None
 
 trains ``model`` in place with DP-SGD on consecutive batches: ``inputs`` has ``steps·batch_size`` rows
-and step t uses rows ``t·B … (t+1)·B − 1`` (no sampling in test mode). ``loss_fn(outputs, targets)``
+and step t uses rows ``t·B … (t+1)·B − 1`` (no sampling in test mode; built-in trainers take them from
+:func:`dpledger.engine.consecutive.consecutive_batches`). ``loss_fn(outputs, targets)``
 returns per-example losses. The update is 000 Alg. 1: ``θ ← θ − lr·(1/B)(Σ clip_C(g_b) + N(0, (σC)² I))``
 (SGD) or the same private gradient handed to Adam; ``seed`` seeds the noise.
 

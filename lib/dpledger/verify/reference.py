@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from dpledger.engine.consecutive import consecutive_batches
+
 
 @dataclass(frozen=True)
 class Flaws:
@@ -98,10 +100,9 @@ def train_with_flaws(
     noise_seed = 0 if flaws.noise_seed == "fixed" else seed
     generator = torch.Generator().manual_seed(noise_seed)
     std = _noise_std(flaws, clip_norm, noise_multiplier, batch_size)
-    for step in range(steps):
-        rows = slice(step * batch_size, (step + 1) * batch_size)
+    for step, (batch_inputs, batch_targets) in enumerate(consecutive_batches(inputs, targets, batch_size, steps)):
         params = {name: p.detach() for name, p in model.named_parameters()}
-        summed = _clipped_sum(per_example_grads(params, inputs[rows], targets[rows]), clip_norm, flaws.clipping)
+        summed = _clipped_sum(per_example_grads(params, batch_inputs, batch_targets), clip_norm, flaws.clipping)
         if flaws.noise_steps == "reused":
             generator.manual_seed(noise_seed)
         add_noise = std > 0 and not (flaws.noise_steps == "first_step_only" and step > 0)
