@@ -96,6 +96,27 @@ def test_changed_config_restarts_instead_of_resuming(tmp_path):
     assert run_stage("train", params, tmp_path)["resumed_from_step"] == 0
 
 
+def test_changed_training_code_restarts_instead_of_resuming(tmp_path, monkeypatch):
+    from dpledger.pipeline import train as train_stage
+
+    code = tmp_path / "engine_source.py"
+    code.write_text("version = 1\n")
+    monkeypatch.setattr(train_stage, "_training_code", lambda: [code])
+    params = make_project(tmp_path, epochs=1)
+    run_stage("train", params, tmp_path)
+    assert run_stage("train", params, tmp_path)["resumed_from_step"] == 22
+    code.write_text("version = 2\n")
+    assert run_stage("train", params, tmp_path)["resumed_from_step"] == 0
+
+
+def test_training_code_covers_the_engine_and_the_stage():
+    from dpledger.pipeline import train as train_stage
+
+    names = {path.as_posix() for path in train_stage._training_code()}
+    assert any(name.endswith("engine/bk.py") for name in names)
+    assert any(name.endswith("pipeline/train.py") for name in names)
+
+
 @pytest.mark.slow
 def test_kill_9_mid_epoch_then_rerun_ends_like_an_uninterrupted_run(tmp_path):
     settings = {"checkpoint_every": 1, "model_options": {"hidden": [512, 512]}}

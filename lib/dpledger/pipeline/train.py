@@ -68,10 +68,17 @@ def _load_inputs(params: Params, root: Path) -> tuple[CalibrationRecord, Schedul
     return record, schedule, data
 
 
+def _training_code() -> list[Path]:
+    """The source files that decide what a training step computes: a change to any of them starts over."""
+    package = Path(__file__).resolve().parents[1]
+    folders = ("engine", "models", "mechanisms", "sampling", "data")
+    return [Path(__file__).resolve(), *sorted(f for name in folders for f in (package / name).rglob("*.py"))]
+
+
 def _input_fingerprint(params: Params, root: Path) -> str:
     train = params.train.model_dump(exclude={"checkpoint_every"})
     return fingerprint(params.seed, params.data.model_dump(), train, root / CALIBRATION,
-                       root / SCHEDULE / "schedule.json", root / SCHEDULE / "schedule.npz")
+                       root / SCHEDULE / "schedule.json", root / SCHEDULE / "schedule.npz", *_training_code())
 
 
 def _noise_seed(seed: int) -> int:
