@@ -135,13 +135,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="speed benchmarks only")
     parser.add_argument("--only", choices=["speed", "rmse", "group"], help="run one part")
+    parser.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0, 8.0, 16.0],
+                        help="ε values of the RMSE table")
     args = parser.parse_args()
     print(f"torch threads: {torch.get_num_threads()}; Monte Carlo code runs single-threaded", flush=True)
     if args.only in (None, "speed"):
         bench_calibration()
         bench_optimization()
     if not args.quick and args.only in (None, "rmse"):
-        bench_rmse([0.5, 1.0, 2.0, 4.0, 8.0, 16.0])
+        bench_rmse(args.epsilons)
     if not args.quick and args.only in (None, "group"):
         bench_group()
 
