@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -106,27 +107,43 @@ def test_noise_has_std_sigma_times_clip_norm_and_depends_only_on_seed_and_step()
     assert torch.equal(replay.draw(2) * 1.0, noise[2])
 
 
-def test_noise_is_drawn_in_fixed_seeded_chunks_whatever_the_thread_count():
-    from dpledger.engine.noise import NOISE_CHUNK, chunk_seeds
-
-    numel = 2 * NOISE_CHUNK + 1000
-    threads = torch.get_num_threads()
+def _draw_with_threads(threads: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    saved = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        serial = NoiseSource(numel, seed=3).draw(7).clone()
-        torch.set_num_threads(2)
-        parallel = NoiseSource(numel, seed=3).draw(7).clone()
-    finally:
         torch.set_num_threads(threads)
-    assert torch.equal(serial, parallel)
-    seeds = chunk_seeds(3, 7, 3)
-    for k, seed in enumerate(seeds):
-        expected = torch.empty(min(NOISE_CHUNK, numel - k * NOISE_CHUNK)).normal_(generator=torch.Generator().manual_seed(seed))
-        assert torch.equal(serial[k * NOISE_CHUNK:(k + 1) * NOISE_CHUNK], expected)
-    assert len(set(seeds)) == 3 and chunk_seeds(3, 7, 1) == seeds[:1] and chunk_seeds(3, 8, 1) != seeds[:1]
+        return NoiseSource(numel, seed=3, dtype=dtype).draw(7).clone()
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_cpu_float32_noise_is_philox_box_muller_whatever_the_thread_count():
+    from dpledger.engine import philox_normal
+    from dpledger.engine.noise import philox_key
+
+    numel = 3 * 4 * philox_normal.LANES + 1001
+    serial = _draw_with_threads(1, numel, torch.float32)
+    assert torch.equal(serial, _draw_with_threads(2, numel, torch.float32))
+    expected = np.empty(numel, np.float32)
+    philox_normal.fill_standard_normal(expected, philox_key(3), 7)
+    assert torch.equal(serial, torch.from_numpy(expected))
+    assert philox_key(3) != philox_key(4)
     scaled = torch.empty(numel)
     NoiseSource(numel, seed=3).draw_into(scaled, 7, 0.5)
     assert torch.allclose(scaled, 0.5 * serial, rtol=1e-6, atol=1e-7)
+
+
+def test_other_noise_is_drawn_in_fixed_seeded_chunks_whatever_the_thread_count():
+    from dpledger.engine.noise import NOISE_CHUNK, chunk_seeds
+
+    numel = 2 * NOISE_CHUNK + 1000
+    serial = _draw_with_threads(1, numel, torch.float64)
+    assert torch.equal(serial, _draw_with_threads(2, numel, torch.float64))
+    seeds = chunk_seeds(3, 7, 3)
+    for k, seed in enumerate(seeds):
+        size = min(NOISE_CHUNK, numel - k * NOISE_CHUNK)
+        expected = torch.empty(size, dtype=torch.float64).normal_(generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(serial[k * NOISE_CHUNK:(k + 1) * NOISE_CHUNK], expected)
+    assert len(set(seeds)) == 3 and chunk_seeds(3, 7, 1) == seeds[:1] and chunk_seeds(3, 8, 1) != seeds[:1]
 
 
 def test_parameter_without_gradient_this_step_still_gets_noise():

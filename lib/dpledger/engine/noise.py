@@ -1,13 +1,15 @@
 """The noise added once per logical step: σ·R·z_t with z_t a row of C⁻¹Z (identity C for DP-SGD).
 
-Identity noise for step t is cut into fixed chunks of ``NOISE_CHUNK`` entries; chunk k comes from its
-own generator seeded with (seed, t, k), so a resumed run draws the same noise for the same step without
-replaying earlier ones, and the chunks are drawn in parallel threads (torch's CPU ``normal_``, the
-cheapest Gaussian draw it has, is single-threaded and releases the GIL). The chunk size is fixed, not
-derived from the thread count, so the noise is the same on every machine. Correlated noise comes from
-``dpledger.mechanisms.noise_stream`` (a stateful stream: resuming replays it up to the step).
-``secure=True`` draws from the operating system's CSPRNG (``os.urandom``) instead, for identity only;
-it cannot be replayed, which is harmless because an interrupted step was never released.
+Identity noise on the CPU in float32 (the common case) comes from ``philox_normal``: Philox4x32-10
+counter-based bits and a vectorized Box–Muller, a pure function of (seed, step, position), drawn in
+parallel threads on disjoint blocks; 2–3× cheaper than torch's ``normal_``, whose uniforms come from a
+serial Mersenne Twister. Other devices and dtypes cut the vector into fixed chunks of ``NOISE_CHUNK``
+entries, chunk k drawn by torch from its own generator seeded with (seed, t, k). Either way a resumed
+run draws the same noise for the same step without replaying earlier ones, and the noise does not
+depend on the thread count. Correlated noise comes from ``dpledger.mechanisms.noise_stream`` (a
+stateful stream: resuming replays it up to the step). ``secure=True`` draws from the operating
+system's CSPRNG (``os.urandom``) instead, for identity only; it cannot be replayed, which is harmless
+because an interrupted step was never released.
 """
 
 from __future__ import annotations
@@ -20,11 +22,18 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from dpledger.engine import philox_normal
 from dpledger.errors import ParamsError
 
 
 NOISE_CHUNK = 1 << 18
 """Entries per independently seeded chunk of a step's noise (fixed: the noise must not depend on threads)."""
+
+
+def philox_key(seed: int) -> tuple[int, int]:
+    """The 64-bit Philox key of a run seed (two 32-bit words)."""
+    words = np.random.SeedSequence([seed, 0x5EED]).generate_state(2, dtype=np.uint32)
+    return int(words[0]), int(words[1])
 
 
 def chunk_seeds(seed: int, step: int, chunks: int) -> list[int]:
@@ -89,6 +98,12 @@ class NoiseSource:
         """Overwrite the flat tensor ``out`` with scale·z_step (the engine's σ·R·z_t, with no extra pass)."""
         if self.secure or self.mechanism != "identity":
             return torch.mul(self.draw(step), scale, out=out)
+        if out.device.type == "cpu" and out.dtype == torch.float32 and out.is_contiguous():
+            return self._philox_into(out, step, scale)
+        return self._torch_chunks_into(out, step, scale)
+
+    def _torch_chunks_into(self, out: torch.Tensor, step: int, scale: float) -> torch.Tensor:
+        """torch's ``normal_`` on fixed chunks, chunk k from a generator seeded by (seed, step, k)."""
         chunks = -(-self.numel // NOISE_CHUNK)
         seeds = chunk_seeds(self.seed, step, chunks)
 
@@ -103,6 +118,22 @@ class NoiseSource:
             return out
         pool = self._thread_pool(workers)
         for future in [pool.submit(fill, range(w, chunks, workers)) for w in range(workers)]:
+            future.result()
+        return out
+
+    def _philox_into(self, out: torch.Tensor, step: int, scale: float) -> torch.Tensor:
+        """philox_normal draws, the blocks split evenly over the threads (the values do not depend on it)."""
+        array, key = out.view(-1).numpy(), philox_key(self.seed)
+        blocks = philox_normal.blocks(self.numel)
+        workers = min(blocks, torch.get_num_threads())
+        if workers == 1:
+            philox_normal.fill_standard_normal(array, key, step, scale)
+            return out
+        bounds = [blocks * w // workers for w in range(workers + 1)]
+        pool = self._thread_pool(workers)
+        futures = [pool.submit(philox_normal.fill_standard_normal, array, key, step, scale, (lo, hi))
+                   for lo, hi in zip(bounds[:-1], bounds[1:])]
+        for future in futures:
             future.result()
         return out
 
