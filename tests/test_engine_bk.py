@@ -116,13 +116,17 @@ def _draw_with_threads(threads: int, numel: int, dtype: torch.dtype) -> torch.Te
         torch.set_num_threads(saved)
 
 
-def test_cpu_float32_noise_is_philox_box_muller_whatever_the_thread_count():
+@pytest.mark.parametrize("numba_pool", [True, False], ids=["numba-pool", "own-threads"])
+def test_cpu_float32_noise_is_philox_box_muller_whatever_the_thread_count(numba_pool, monkeypatch):
     from dpledger.engine import philox_normal
     from dpledger.engine.noise import philox_key
 
+    if not numba_pool:
+        monkeypatch.setattr(philox_normal, "pool_is_usable", lambda: False)
     numel = 3 * 4 * philox_normal.LANES + 1001
     serial = _draw_with_threads(1, numel, torch.float32)
     assert torch.equal(serial, _draw_with_threads(2, numel, torch.float32))
+    assert torch.equal(serial, _draw_with_threads(3, numel, torch.float32))
     expected = np.empty(numel, np.float32)
     philox_normal.fill_standard_normal(expected, philox_key(3), 7)
     assert torch.equal(serial, torch.from_numpy(expected))

@@ -311,14 +311,16 @@ class BKEngine:
         return [self._owners[id(p)] for p in self.params]
 
     def _sum_buffer(self) -> Tensor:
-        """The one flat buffer of this step's noisy sum; when a step begins it is filled with the noise
-        σ·R·z_t (zeros without noise), and clipped sums and the canary are then added in place.
+        """The one flat buffer of this step's noisy sum divided by ``normalizer``; when a step begins it is
+        filled with the noise σ·R·z_t/normalizer (zeros without noise), and the clipped sums and the
+        canary, each scaled by 1/normalizer on the way in, are then added in place.
 
-        Divided in place it finally holds the gradients (``p.grad`` are views), so a step allocates no
-        parameter-sized tensor and makes no separate pass to zero the buffer or add the noise."""
+        It finally holds the gradients (``p.grad`` are views), so a step allocates no parameter-sized
+        tensor and makes no separate pass to zero the buffer, add the noise or divide."""
         if not self._pending:
             if self.noise_multiplier > 0:
-                self.noise.draw_into(self._buffer, self.steps_taken, self.noise_multiplier * self.clip_norm)
+                scale = self.noise_multiplier * self.clip_norm / self.normalizer
+                self.noise.draw_into(self._buffer, self.steps_taken, scale)
             else:
                 self._buffer.zero_()
             self._pending = True
@@ -326,6 +328,7 @@ class BKEngine:
 
     def _add_clipped(self, factors: dict[int, Tensor], per_example: dict[int, Tensor], ghost_calls: list[_Call]) -> None:
         self._sum_buffer()
+        factors = {key: value / self.normalizer for key, value in factors.items()}
         for key, grads in per_example.items():
             self._accumulate({"": key}, grads.dtype, lambda out: add_weighted_sum(out[""], factors[key], grads))
         for call in ghost_calls:
@@ -357,17 +360,16 @@ class BKEngine:
         return [view * self.normalizer for view in self._views]
 
     def step(self, canary: Sequence[Tensor] | None = None) -> None:
-        """Finish one logical step: σ·R·z_t + clipped sum (+ canary), divided by ``normalizer``, to the optimizer."""
+        """Finish one logical step: (σ·R·z_t + clipped sum (+ canary)) / ``normalizer`` to the optimizer."""
         step = self.steps_taken
         if canary is None and self.canary_hook is not None:
             canary = self.canary_hook(step)
-        noisy = self._sum_buffer()
+        self._sum_buffer()
         if canary is not None:
             if len(canary) != len(self.params):
                 raise ParamsError(f"engine: a canary needs {len(self.params)} tensors (one per parameter), got {len(canary)}")
             for view, vector in zip(self._views, canary):
-                view.add_(vector.reshape(view.shape).to(view.dtype))
-        noisy.div_(self.normalizer)
+                view.add_(vector.reshape(view.shape).to(view.dtype), alpha=1 / self.normalizer)
         for param, grad in zip(self.params, self._views):
             param.grad = grad
         if self.optimizer is not None:

@@ -122,12 +122,13 @@ class NoiseSource:
         return out
 
     def _philox_into(self, out: torch.Tensor, step: int, scale: float) -> torch.Tensor:
-        """philox_normal draws, the blocks split evenly over the threads (the values do not depend on it)."""
+        """philox_normal draws on torch's thread count, through numba's pool where it is usable, else
+        the blocks split evenly over our own threads (the values depend on neither)."""
         array, key = out.view(-1).numpy(), philox_key(self.seed)
         blocks = philox_normal.blocks(self.numel)
         workers = min(blocks, torch.get_num_threads())
-        if workers == 1:
-            philox_normal.fill_standard_normal(array, key, step, scale)
+        if workers == 1 or philox_normal.pool_is_usable():
+            philox_normal.fill_standard_normal(array, key, step, scale, threads=workers)
             return out
         bounds = [blocks * w // workers for w in range(workers + 1)]
         pool = self._thread_pool(workers)

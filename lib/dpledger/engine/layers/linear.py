@@ -17,6 +17,12 @@ def as_sequences(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return a.reshape(batch, -1, a.shape[-1]), b.reshape(batch, -1, b.shape[-1])
 
 
+def step_sum(b: Tensor) -> Tensor:
+    """Σ_t b[:, t] of a (B, T, p) tensor: example i's bias gradient (a view when T = 1, where torch's
+    ``sum`` over a singleton dimension still makes a slow copy)."""
+    return b[:, 0] if b.shape[1] == 1 else b.sum(1)
+
+
 def sequence_ghost_norm(a: Tensor, b: Tensor) -> Tensor:
     """‖a_iᵀ b_i‖²_F for (B, T, d), (B, T, p) without forming it (003 Eq. 2); T = 1 is ‖a_i‖²‖b_i‖²."""
     if a.shape[1] == 1:
@@ -28,7 +34,7 @@ def per_example_grads(layer: nn.Linear, a: Tensor, b: Tensor) -> dict[str, Tenso
     a, b = as_sequences(a, b)
     grads = {"weight": torch.bmm(b.transpose(1, 2), a)}
     if layer.bias is not None:
-        grads["bias"] = b.sum(1)
+        grads["bias"] = step_sum(b)
     return grads
 
 
@@ -36,7 +42,7 @@ def ghost_norms(layer: nn.Linear, a: Tensor, b: Tensor) -> dict[str, Tensor]:
     a, b = as_sequences(a, b)
     norms = {"weight": sequence_ghost_norm(a, b)}
     if layer.bias is not None:
-        norms["bias"] = torch.linalg.vector_norm(b.sum(1), dim=1).square()
+        norms["bias"] = torch.linalg.vector_norm(step_sum(b), dim=1).square()
     return norms
 
 
@@ -44,7 +50,7 @@ def clipped_sum(layer: nn.Linear, a: Tensor, b: Tensor, factors: dict[str, Tenso
     a, b = as_sequences(a, b)
     add_scaled_product(out["weight"], factors["weight"], b, a)
     if layer.bias is not None:
-        out["bias"].addmv_(b.sum(1).T, factors["bias"].to(b.dtype))
+        out["bias"].addmv_(step_sum(b).T, factors["bias"].to(b.dtype))
 
 
 def ghost_cost(layer: nn.Linear, a: Tensor) -> tuple[int, int]:
