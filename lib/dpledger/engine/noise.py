@@ -1,15 +1,16 @@
 """The noise added once per logical step: σ·R·z_t with z_t a row of C⁻¹Z (identity C for DP-SGD).
 
 Identity noise on the CPU in float32 (the common case) comes from ``philox_normal``: Philox4x32-10
-counter-based bits and a vectorized Box–Muller, a pure function of (seed, step, position), drawn in
-parallel threads on disjoint blocks; about 1.4× cheaper than torch's ``normal_`` (whose uniforms come
-from a serial Mersenne Twister), with tails to 9.5σ instead of 5.9σ. Other devices and dtypes cut the vector into fixed chunks of ``NOISE_CHUNK``
-entries, chunk k drawn by torch from its own generator seeded with (seed, t, k). Either way a resumed
-run draws the same noise for the same step without replaying earlier ones, and the noise does not
-depend on the thread count. Correlated noise comes from ``dpledger.mechanisms.noise_stream`` (a
-stateful stream: resuming replays it up to the step). ``secure=True`` draws from the operating
-system's CSPRNG (``os.urandom``) instead, for identity only; it cannot be replayed, which is harmless
-because an interrupted step was never released.
+counter-based bits and a vectorized float32 Box–Muller, a pure function of (seed, step, position),
+drawn on disjoint blocks by numba's thread pool; about 3× cheaper than torch's ``normal_`` on the
+same threads and 5× cheaper than one ``normal_`` call (whose uniforms come from a serial Mersenne
+Twister), with tails to 9.5σ instead of 5.9σ. Other devices and dtypes cut the vector into fixed
+chunks of ``NOISE_CHUNK`` entries, chunk k drawn by torch from its own generator seeded with
+(seed, t, k). Either way a resumed run draws the same noise for the same step without replaying
+earlier ones, and the noise does not depend on the thread count. Correlated noise comes from
+``dpledger.mechanisms.noise_stream`` (a stateful stream: resuming replays it up to the step).
+``secure=True`` draws from the operating system's CSPRNG (``os.urandom``) instead, for identity
+only; it cannot be replayed, which is harmless because an interrupted step was never released.
 """
 
 from __future__ import annotations

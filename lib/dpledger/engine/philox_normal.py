@@ -239,19 +239,21 @@ def fill_standard_normal(out: np.ndarray, key: tuple[int, int], step: int, scale
 
 
 _forked = False
-os.register_at_fork(after_in_child=lambda: globals().update(_forked=True))
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=lambda: globals().update(_forked=True))
+_layer: str | None = None
 
 
 def pool_is_usable() -> bool:
-    """Whether ``threads`` > 1 may use numba's pool here: its OpenMP or TBB layer (thread-safe; the
-    OpenMP pool's threads run at once where fresh Python threads wait for cores held by torch's
-    spinning OpenMP workers: a 2-thread draw costs 2.5 ms instead of 4.9 ms right after a torch op),
-    and not in a forked child (GNU OpenMP aborts there). Otherwise the caller splits the blocks over
-    its own threads."""
+    """Whether ``threads`` > 1 may use numba's pool here: only on its OpenMP or TBB layer (thread-safe;
+    measured right after a torch op, a 2-thread draw costs 2.5 ms on the OpenMP pool but 4.9 ms on
+    Python threads or on numba's workqueue layer, as much as one thread), and not in a forked child
+    (GNU OpenMP aborts there). Otherwise the caller splits the blocks over its own threads."""
+    global _layer
     if _forked:
         return False
-    if not hasattr(pool_is_usable, "layer"):
+    if _layer is None:
         _fill_parts(np.empty(8 * LANES, np.float32), 0, 2, 2, np.uint32(0), np.uint32(0), 1.0, np.uint32(0),
                     np.uint32(0))
-        pool_is_usable.layer = numba.threading_layer()
-    return pool_is_usable.layer in ("omp", "tbb")
+        _layer = numba.threading_layer()
+    return _layer in ("omp", "tbb")
