@@ -8,8 +8,8 @@ becomes two normals by the Box–Muller transform ρ·(cos θ, sin θ), ρ = √
 transform runs in float32 with integer argument reduction (exact) and short polynomials, so a draw is
 within 4·2⁻²⁴·ρ of the exact value of its words (about 2 units in the last place of a float32). One
 fused loop per block draws the words and transforms them, 16 lanes at a time; numba compiles it, and
-it runs without the GIL on disjoint block ranges in the caller's threads (about 1.1 ns a draw on one
-core, a third of torch's).
+it runs without the GIL on disjoint block ranges, in numba's thread pool or the caller's threads
+(about 1.1 ns a draw on one core, a third of torch's).
 
 Layout (a pure function of key, step and position, so the noise does not depend on threads or
 chunking): the draws come in blocks of ``4·LANES``; block b, lane l takes Philox's four words
