@@ -9,7 +9,8 @@ so it counts the transient memory of a step (activations, per-example quantities
 
     python -m benchmarks.bench_engine [--repeats 15] [--workloads mlp,transformer] [--no-memory] [--threads N]
 
-It also times the noise draw alone for the MLP's 3.8 M parameters: dpledger's Philox/Box–Muller draw
+It also times the per-example norms alone at the transformer's shapes (dpledger's against the
+textbook ghost norm with both full T × T Grams) and the noise draw alone for the MLP's 3.8 M parameters: dpledger's Philox/Box–Muller draw
 against torch's CPU ``normal_`` on the same fixed chunks in the same number of threads (the path it
 replaced) and against one plain ``normal_`` call (what Opacus and most trainers use).
 
@@ -92,19 +93,25 @@ def make_step(method: str, workload: str) -> Callable[[], None]:
     return opacus_step
 
 
+def _interleaved_medians(methods: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each method after one warm-up call each, methods alternating within every repeat."""
+    for method in methods.values():
+        method()
+    samples: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(repeats):
+        for name, method in methods.items():
+            started = time.perf_counter()
+            method()
+            samples[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def time_interleaved(workload: str, repeats: int) -> dict[str, float]:
     """Median seconds per step of each method, methods alternating within every repeat."""
     steps = {m: make_step(m, workload) for m in METHODS}
-    for step in steps.values():  # warm-up
+    for step in steps.values():  # warm-up (a second one in _interleaved_medians)
         step()
-        step()
-    times: dict[str, list[float]] = {m: [] for m in METHODS}
-    for _ in range(repeats):
-        for method, step in steps.items():
-            started = time.perf_counter()
-            step()
-            times[method].append(time.perf_counter() - started)
-    return {m: statistics.median(t) for m, t in times.items()}
+    return _interleaved_medians(steps, repeats)
 
 
 def _rss_mb() -> float:
@@ -169,6 +176,34 @@ def time_noise(repeats: int) -> dict[str, float]:
     return times
 
 
+def time_ghost_norms(repeats: int) -> dict[str, dict[str, float]]:
+    """Median seconds of the transformer's per-example norms, ours against the textbook ghost norm
+    (003 Eq. 2) measured in the same run: the four Linear shapes of a block (symmetric row-block Grams
+    against both full Grams) and the token Embedding (row sums per distinct token against the
+    T × T same-token Gram)."""
+    from dpledger.engine.layers import embedding, linear
+
+    def full_grams(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(a, a.transpose(1, 2)).mul_(torch.bmm(b, b.transpose(1, 2))).sum((1, 2))
+
+    def same_token_gram(tokens: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        same = (tokens.unsqueeze(2) == tokens.unsqueeze(1)).to(b.dtype)
+        return (same * torch.bmm(b, b.transpose(1, 2))).sum((1, 2))
+
+    batch, steps, dim = 32, 128, 256
+    results: dict[str, dict[str, float]] = {}
+    for d, p in ((dim, 3 * dim), (dim, dim), (dim, 4 * dim), (4 * dim, dim)):
+        a, b = torch.randn(batch, steps, d), torch.randn(batch, steps, p)
+        results[f"linear {d}->{p}"] = _interleaved_medians(
+            {"dpledger": lambda: linear.sequence_ghost_norm(a, b), "full Grams": lambda: full_grams(a, b)}, repeats)
+    table = nn.Embedding(1000, dim)
+    tokens, b = torch.randint(0, 1000, (batch, steps)), torch.randn(batch, steps, dim)
+    results["embedding 1000x256"] = _interleaved_medians(
+        {"dpledger": lambda: embedding.ghost_norms(table, tokens, b), "full Grams": lambda: same_token_gram(tokens, b)},
+        repeats)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
@@ -184,6 +219,11 @@ def main() -> None:
           f"torch normal_ {1000 * noise['torch-normal']:.2f} ms ({noise['torch-normal'] / noise['philox']:.2f}x)",
           flush=True)
     results: dict = {"noise_seconds": noise}
+    norms = time_ghost_norms(4 * args.repeats)
+    results["ghost_norm_seconds"] = norms
+    print("per-example norms at B = 32, T = 128: " + ", ".join(
+        f"{shape} {1000 * t['dpledger']:.2f} ms vs {1000 * t['full Grams']:.2f} ms "
+        f"({t['full Grams'] / t['dpledger']:.2f}x)" for shape, t in norms.items()), flush=True)
     for workload in args.workloads.split(","):
         seconds = time_interleaved(workload, args.repeats)
         row = {"seconds_per_step": seconds,

@@ -31,6 +31,17 @@ def test_linear_with_leading_dimensions_matches_naive_loop(batch, lead, d, p, bi
     assert error < TOL
 
 
+@pytest.mark.parametrize("steps", [33, 64, 100, 128, 300])
+def test_linear_over_long_sequences_uses_symmetric_gram_blocks_exactly(steps):
+    """T >= 64 takes the row-block path of the ghost norm on CPU (blocks of 32, a ragged last one)."""
+    torch.manual_seed(steps)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3))
+    inputs = torch.randn(3, steps, 5)
+    error, engine = compare(model, sum_loss, inputs, _targets(model, inputs), ghost="always")
+    assert error < TOL
+    assert set(engine.layer_methods.values()) == {"ghost"}
+
+
 @FAST
 @given(batch=st.integers(1, 4), c_in=st.sampled_from([2, 4]), groups=st.sampled_from([1, 2]), kernel=st.integers(1, 3),
        stride=st.integers(1, 2), padding=st.sampled_from([0, 1, "same"]), dilation=st.integers(1, 2),
@@ -79,6 +90,17 @@ def test_embedding_with_repeated_tokens_and_padding_idx_matches_naive_loop(batch
     targets = torch.randint(0, 3, (batch,))
     error, _ = compare(model, cross_entropy, tokens, targets, ghost=ghost)
     assert error < TOL
+
+
+def test_embedding_norm_by_row_sums_is_exact_over_long_sequences_and_chosen_below_vocab_size():
+    torch.manual_seed(3)
+    model = _Tokens(50, 4, padding_idx=2)
+    tokens = torch.randint(0, 6, (4, 40))  # many repeats of few tokens
+    error, engine = compare(model, cross_entropy, tokens, torch.randint(0, 3, (4,)))
+    assert error < TOL
+    assert engine.layer_methods["embed"] == "ghost"
+    _, engine = compare(_Tokens(8, 4, None), cross_entropy, torch.randint(0, 8, (2, 9)), torch.randint(0, 3, (2,)))
+    assert engine.layer_methods["embed"] == "instantiate"
 
 
 @pytest.mark.parametrize("norm", [

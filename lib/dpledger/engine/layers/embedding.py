@@ -1,8 +1,10 @@
 """nn.Embedding: a is the (B, ...) token index tensor, b the (B, ..., dim) output gradient.
 
-Example i's gradient scatters b_i's rows into the rows of its tokens. Its ghost norm uses
-(a_i a_iᵀ)[t, t'] = 1{token_t = token_t'} directly, never a dense one-hot (003 §2); positions
-holding ``padding_idx`` get no gradient, as in torch's own backward.
+Example i's gradient scatters b_i's rows into the rows of its tokens; positions holding
+``padding_idx`` get no gradient, as in torch's own backward. Its norm never forms the dense
+(vocab × dim) gradient nor a one-hot: 003 §2 writes it as Σ_{t,t'} 1{token_t = token_t'}·(b_t·b_t'),
+which costs T² per example; summing b_i's rows per distinct token first (a segment sum over the sorted
+(example, token) keys) gives the same value in O(T·dim), the gradient's non-zero rows only.
 """
 
 from __future__ import annotations
@@ -33,8 +35,13 @@ def per_example_grads(layer: nn.Embedding, a: Tensor, b: Tensor) -> dict[str, Te
 
 def ghost_norms(layer: nn.Embedding, a: Tensor, b: Tensor) -> dict[str, Tensor]:
     tokens, grads = _tokens_and_grads(layer, a, b)
-    same_token = (tokens.unsqueeze(2) == tokens.unsqueeze(1)).to(grads.dtype)
-    return {"weight": (same_token * torch.bmm(grads, grads.transpose(1, 2))).sum((1, 2))}
+    batch = tokens.shape[0]
+    owner = torch.arange(batch, device=tokens.device).unsqueeze(1)
+    keys, rows = torch.unique(owner * layer.num_embeddings + tokens, return_inverse=True)
+    row_sums = grads.new_zeros(keys.numel(), layer.embedding_dim).index_add_(0, rows.reshape(-1),
+                                                                            grads.reshape(-1, layer.embedding_dim))
+    norms = grads.new_zeros(batch).index_add_(0, keys // layer.num_embeddings, row_sums.square().sum(1))
+    return {"weight": norms}
 
 
 def clipped_sum(layer: nn.Embedding, a: Tensor, b: Tensor, factors: dict[str, Tensor], out: dict[str, Tensor]) -> None:
@@ -44,8 +51,8 @@ def clipped_sum(layer: nn.Embedding, a: Tensor, b: Tensor, factors: dict[str, Te
 
 
 def ghost_cost(layer: nn.Embedding, a: Tensor) -> tuple[int, int]:
-    steps = a[0].numel()
-    return 2 * steps * steps, layer.num_embeddings * layer.embedding_dim
+    """Per example: at most T summed rows of ``dim`` against the dense (vocab × dim) gradient."""
+    return a[0].numel() * layer.embedding_dim, layer.num_embeddings * layer.embedding_dim
 
 
 def validate(layer: nn.Embedding) -> str | None:
