@@ -9,7 +9,9 @@ import torch
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.pld import gaussian_noise_for
 from dpledger.mechanisms import banded_params, coefficients, dense_matrix
-from dpledger.mechanisms.optimize import _blt, _implicit_gradient, amplified_rmse, best_bands, blt_fit, optimize_matrix
+from dpledger.mechanisms.optimize import (
+    _blt, _implicit_gradient, amplified_rmse, best_bands, blt_fit, optimize_banded, optimize_matrix,
+)
 from dpledger.mechanisms.rmse import prefix_error_norm, prefix_error_norm_torch, prefix_rmse
 
 
@@ -92,3 +94,29 @@ def test_blt_fit_reproduces_a_geometric_target():
     decays, scales = blt_fit(target, 3)
     np.testing.assert_allclose(coefficients("blt", {"buffer_decays": decays, "output_scales": scales}, 31), target,
                                atol=0.02)
+
+
+def _dense_unamplified_factor(values: np.ndarray, bins: int, epochs: int) -> float:
+    """max_i ‖Σ_e C[:, e·b + i]‖ · ‖A C⁻¹‖_F/√n from dense matrices (independent of the torch objective)."""
+    n = bins * epochs
+    matrix = dense_matrix(values)
+    modes = np.stack([matrix[:, i::bins].sum(1) for i in range(bins)])
+    error = np.linalg.norm(np.tril(np.ones((n, n))) @ np.linalg.inv(matrix), "fro") / math.sqrt(n)
+    return float(np.linalg.norm(modes, axis=1).max()) * error
+
+
+@pytest.mark.parametrize("bands", [2, 3, 6, 16])
+def test_optimized_banded_is_a_local_minimum_of_the_unamplified_rmse_below_the_square_root(bands):
+    bins, epochs = 6, 4
+    params = optimize_banded(bands, bins, epochs)
+    values = coefficients("banded", params, bins * epochs)
+    assert len(params["coefficients"]) == min(bands, bins * epochs) and values[0] == 1 and np.all(values >= 0)
+    best = _dense_unamplified_factor(values, bins, epochs)
+    square_root = _dense_unamplified_factor(coefficients("banded", banded_params(bands), bins * epochs), bins, epochs)
+    assert best < square_root
+    rng = np.random.default_rng(bands)
+    for _ in range(20):
+        nudged = values.copy()
+        nudged[1:len(params["coefficients"])] += 1e-3 * rng.standard_normal(len(params["coefficients"]) - 1)
+        if np.all(nudged >= 0):
+            assert _dense_unamplified_factor(nudged, bins, epochs) >= best - 1e-9
