@@ -120,3 +120,10 @@ def test_optimized_banded_is_a_local_minimum_of_the_unamplified_rmse_below_the_s
         nudged[1:len(params["coefficients"])] += 1e-3 * rng.standard_normal(len(params["coefficients"]) - 1)
         if np.all(nudged >= 0):
             assert _dense_unamplified_factor(nudged, bins, epochs) >= best - 1e-9
+
+
+def test_optimize_banded_refuses_zero_bands_naming_the_parameter():
+    from dpledger.errors import ParamsError
+
+    with pytest.raises(ParamsError, match="bands = 0"):
+        optimize_banded(0, 6, 4)

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.pld import gaussian_noise_for
+from dpledger.errors import ParamsError
 from dpledger.mechanisms.matrices import banded_sqrt_coefficients, coefficients
 from dpledger.mechanisms.rmse import prefix_error_norm_torch, prefix_rmse
 
@@ -83,7 +84,7 @@ def optimize_banded(bands: int, bins: int, epochs: int, iterations: int = 100) -
     L-BFGS from the banded square root; 004 §5.1 optimizes its banded baselines this way, for each w,
     without accounting for amplification."""
     if bands < 1:
-        raise ValueError(f"bands = {bands} is invalid: it must be at least 1")
+        raise ParamsError(f"bands = {bands} is invalid: it must be an integer >= 1")
     n = bins * epochs
     width = min(bands, n)
     if width == 1:
