@@ -34,7 +34,9 @@ from dpledger.accounting.calibrate import calibrate_noise
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.pld import gaussian_noise_for
 from dpledger.mechanisms import banded_params, coefficients
-from dpledger.mechanisms.optimize import amplified_rmse, best_bands, optimize_banded, optimize_matrix
+from dpledger.mechanisms.optimize import (
+    amplified_rmse, best_bands, optimize_banded, optimize_matrix, unamplified_rmse,
+)
 from dpledger.mechanisms.rmse import prefix_rmse
 
 BINS, EPOCHS, DELTA = 128, 16, 1e-5
@@ -94,17 +96,13 @@ def banded_poisson_rmse(epsilon: float) -> tuple[float, int]:
     return min(results)
 
 
-def unamplified_rmse(epsilon: float) -> tuple[float, int]:
+def best_unamplified_rmse(epsilon: float) -> tuple[float, int]:
     """RMSE and width of the best w-banded C without amplification (every example in a fixed slot of every
     epoch, data in arbitrary order): the Gaussian mechanism with sensitivity max_i ‖m_i‖, calibrated exactly;
     w over powers of two, each C both the banded square root and optimized for this objective."""
-    results = []
-    for width in (2**i for i in range(int(math.log2(STEPS)) + 1)):
-        for params in (banded_params(width), optimize_banded(width, BINS, EPOCHS)):
-            values = coefficients("banded", params, STEPS)
-            sensitivity = mc.fixed_bins_pair(values, BINS, STEPS).max_sensitivity()
-            results.append((prefix_rmse(values, gaussian_noise_for(sensitivity, epsilon, DELTA)), width))
-    return min(results)
+    return min((unamplified_rmse("banded", params, epsilon, DELTA, BINS, EPOCHS), width)
+               for width in (2**i for i in range(int(math.log2(STEPS)) + 1))
+               for params in (banded_params(width), optimize_banded(width, BINS, EPOCHS)))
 
 
 def bench_rmse(epsilons: list[float]) -> list[str]:
@@ -117,7 +115,7 @@ def bench_rmse(epsilons: list[float]) -> list[str]:
         banded_search = best_bands(epsilon, DELTA, BINS, EPOCHS, 1 << 16, seed=3, candidates=candidates)
         width = len(banded_search.mechanism_params["coefficients"])
         banded = amplified_rmse("banded", banded_params(width), epsilon, DELTA, BINS, EPOCHS, SAMPLES, seed=11)
-        unamplified, _ = unamplified_rmse(epsilon)
+        unamplified, _ = best_unamplified_rmse(epsilon)
         poisson, poisson_width = banded_poisson_rmse(epsilon)
         samples = 1 << 14 if epsilon <= 2 else 1 << 16
         blt = optimize_matrix("blt", epsilon, DELTA, BINS, EPOCHS, steps=300, samples=samples, buffers=3,
@@ -136,7 +134,7 @@ def bench_rmse(epsilons: list[float]) -> list[str]:
 def bench_baselines(epsilons: list[float]) -> list[str]:
     lines = ["| ε | unamplified (w) | optimized banded + cyclic Poisson (w) |", "|---|---|---|"]
     for epsilon in epsilons:
-        unamplified, unamplified_width = unamplified_rmse(epsilon)
+        unamplified, unamplified_width = best_unamplified_rmse(epsilon)
         poisson, poisson_width = banded_poisson_rmse(epsilon)
         lines.append(f"| {epsilon:g} | {unamplified:.4f} ({unamplified_width}) | {poisson:.4f} ({poisson_width}) |")
         print(lines[-1], flush=True)

@@ -10,7 +10,7 @@ from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.pld import gaussian_noise_for
 from dpledger.mechanisms import banded_params, coefficients, dense_matrix
 from dpledger.mechanisms.optimize import (
-    _blt, _implicit_gradient, amplified_rmse, best_bands, blt_fit, optimize_banded, optimize_matrix,
+    _blt, _implicit_gradient, amplified_rmse, best_bands, blt_fit, optimize_banded, optimize_matrix, unamplified_rmse,
 )
 from dpledger.mechanisms.rmse import prefix_error_norm, prefix_error_norm_torch, prefix_rmse
 
@@ -40,6 +40,7 @@ def test_balls_in_bins_improves_on_unamplified_rmse():
     for epsilon in (0.5, 4.0, 16.0):
         result = amplified_rmse("banded", banded_params(2), epsilon, 1e-5, 8, 4, samples=1 << 14)
         assert result.rmse < result.unamplified_rmse
+        assert unamplified_rmse("banded", banded_params(2), epsilon, 1e-5, 8, 4) == result.unamplified_rmse
 
 
 def test_best_bands_is_the_minimum_over_candidates():

@@ -66,6 +66,15 @@ def amplified_rmse(mechanism: str, mechanism_params: dict[str, Any], epsilon: fl
                          upper, prefix_rmse(values, upper))
 
 
+def unamplified_rmse(mechanism: str, mechanism_params: dict[str, Any], epsilon: float, delta: float, bins: int,
+                     epochs: int) -> float:
+    """The RMSE of C without amplification, as in :func:`amplified_rmse` (no Monte Carlo)."""
+    steps = bins * epochs
+    values = coefficients(mechanism, mechanism_params, steps)
+    sensitivity = mc.fixed_bins_pair(values, bins, steps).max_sensitivity()
+    return prefix_rmse(values, gaussian_noise_for(sensitivity, epsilon, delta))
+
+
 def best_bands(epsilon: float, delta: float, bins: int, epochs: int, samples: int, seed: int = 0,
                candidates: list[int] | None = None) -> AmplifiedRmse:
     """The w-banded square-root C (w a power of two up to n) with the smallest amplified RMSE."""
