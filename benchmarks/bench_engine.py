@@ -9,10 +9,11 @@ so it counts the transient memory of a step (activations, per-example quantities
 
     python -m benchmarks.bench_engine [--repeats 15] [--workloads mlp,transformer] [--no-memory] [--threads N]
 
-It also times the per-example norms alone at the transformer's shapes (dpledger's against the
-textbook ghost norm with both full T × T Grams) and the noise draw alone for the MLP's 3.8 M parameters: dpledger's Philox/Box–Muller draw
-against torch's CPU ``normal_`` on the same fixed chunks in the same number of threads (the path it
-replaced) and against one plain ``normal_`` call (what Opacus and most trainers use).
+It also times the per-example norms alone at the transformer's shapes (dpledger's against the textbook
+ghost norm with both full T × T Grams) and the noise draw alone for the MLP's 3.8 M parameters:
+dpledger's Philox/Box–Muller draw against torch's CPU ``normal_`` on the same fixed chunks in the same
+number of threads (the path it replaced) and against one plain ``normal_`` call (what Opacus and most
+trainers use).
 
 ``--threads 1`` times single-threaded steps: on a shared machine, 2-thread OpenMP steps stall whenever
 another job holds a core (every parallel region waits for a descheduled thread), 1-thread steps do not.
