@@ -8,10 +8,13 @@ import torch
 
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.pld import gaussian_noise_for
+from dpledger.errors import ParamsError
 from dpledger.mechanisms import banded_params, coefficients, dense_matrix
 from dpledger.mechanisms.optimize import (
-    _blt, _implicit_gradient, amplified_rmse, best_bands, blt_fit, optimize_banded, optimize_matrix, unamplified_rmse,
+    _blt, _implicit_gradient, amplified_rmse, best_bands, blt_fit, optimize_banded, optimize_blt_unamplified,
+    optimize_matrix, unamplified_rmse,
 )
+from dpledger.mechanisms.matrices import blt_coefficients
 from dpledger.mechanisms.rmse import prefix_error_norm, prefix_error_norm_torch, prefix_rmse
 
 
@@ -45,8 +48,10 @@ def test_balls_in_bins_improves_on_unamplified_rmse():
 
 def test_best_bands_is_the_minimum_over_candidates():
     best = best_bands(2.0, 1e-4, 8, 4, samples=1 << 13, candidates=[1, 2, 4])
-    each = [amplified_rmse("banded", banded_params(w), 2.0, 1e-4, 8, 4, samples=1 << 13).rmse for w in (1, 2, 4)]
+    each = [amplified_rmse("banded", params, 2.0, 1e-4, 8, 4, samples=1 << 13).rmse
+            for w in (1, 2, 4) for params in (banded_params(w), optimize_banded(w, 8, 4))]
     assert best.rmse == pytest.approx(min(each))
+    assert len(set(each)) > 3  # the optimized C differs from the square root for w > 1
 
 
 def test_implicit_gradient_of_sigma_matches_finite_differences():
@@ -123,8 +128,29 @@ def test_optimized_banded_is_a_local_minimum_of_the_unamplified_rmse_below_the_s
             assert _dense_unamplified_factor(nudged, bins, epochs) >= best - 1e-9
 
 
-def test_optimize_banded_refuses_zero_bands_naming_the_parameter():
-    from dpledger.errors import ParamsError
+def test_unamplified_blt_is_a_local_minimum_below_its_start_and_above_the_best_banded_at_period_bins():
+    """The BLT optimized without amplification beats the fit it starts from and no nudge of its parameters
+    improves it (dense objective); at bands = bins the optimized banded C, whose columns of the same slot
+    never overlap, still beats it: the geometric tail's cost."""
+    bins, epochs, buffers = 8, 6, 2
+    n = bins * epochs
+    params = optimize_blt_unamplified(buffers, bins, epochs, init_bands=bins)
+    decays, scales = np.array(params["buffer_decays"]), np.array(params["output_scales"])
+    best = _dense_unamplified_factor(blt_coefficients(decays, scales, n), bins, epochs)
+    start_decays, start_scales = blt_fit(coefficients("banded", banded_params(bins), n), buffers)
+    start = blt_coefficients(start_decays, np.maximum(start_scales, 1e-2), n)
+    assert best < _dense_unamplified_factor(start, bins, epochs)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        nudged_decays = np.clip(decays + 1e-4 * rng.standard_normal(buffers), 1e-6, 1 - 1e-6)
+        nudged_scales = np.maximum(scales + 1e-4 * rng.standard_normal(buffers), 0)
+        assert _dense_unamplified_factor(blt_coefficients(nudged_decays, nudged_scales, n), bins, epochs) >= best - 1e-9
+    banded = coefficients("banded", optimize_banded(bins, bins, epochs), n)
+    assert _dense_unamplified_factor(banded, bins, epochs) < best
+    with pytest.raises(ParamsError, match="buffers = 0"):
+        optimize_blt_unamplified(0, bins, epochs, init_bands=bins)
 
+
+def test_optimize_banded_refuses_zero_bands_naming_the_parameter():
     with pytest.raises(ParamsError, match="bands = 0"):
         optimize_banded(0, 6, 4)

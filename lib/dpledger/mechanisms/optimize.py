@@ -10,7 +10,8 @@ Parameterizations keep C >= 0 (004 Lemma 3.2) and c_0 = 1 (RMSE is scale-invaria
 - Toeplitz: c_k = softplus(t_k) for k >= 1, initialised from the ``init_bands``-banded square root.
 
 :func:`optimize_banded` is the banded baseline of 004 §5.1 (following Choquette-Choo et al. 2024a):
-a w-banded Toeplitz C optimized for the *unamplified* RMSE, a deterministic objective (no Monte Carlo).
+a w-banded Toeplitz C optimized for the *unamplified* RMSE, a deterministic objective (no Monte Carlo);
+:func:`optimize_blt_unamplified` optimizes a BLT for the same objective (a reference point).
 
 Optimization uses Adam on log RMSE (the paper uses plain gradient descent) with fresh Monte Carlo samples
 at every step (reusing one small sample set overfits C to it: σ looks smaller on those samples than on
@@ -32,7 +33,7 @@ from tqdm import tqdm
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.pld import gaussian_noise_for
 from dpledger.errors import ParamsError
-from dpledger.mechanisms.matrices import banded_sqrt_coefficients, coefficients
+from dpledger.mechanisms.matrices import banded_params, banded_sqrt_coefficients, coefficients
 from dpledger.mechanisms.rmse import prefix_error_norm_torch, prefix_rmse
 
 
@@ -77,11 +78,14 @@ def unamplified_rmse(mechanism: str, mechanism_params: dict[str, Any], epsilon: 
 
 def best_bands(epsilon: float, delta: float, bins: int, epochs: int, samples: int, seed: int = 0,
                candidates: list[int] | None = None) -> AmplifiedRmse:
-    """The w-banded square-root C (w a power of two up to n) with the smallest amplified RMSE."""
+    """The w-banded C (w a power of two up to n) with the smallest amplified RMSE, over both banded
+    families: the square root of the prefix-sum matrix and :func:`optimize_banded`'s C (004 §5.1's
+    banded matrices, optimized without amplification). Neither family wins everywhere: at n = 2048,
+    b = 128 the square root is better at ε <= 8, the optimized C at ε = 16 (``benchmarks/RESULTS.md``)."""
     steps = bins * epochs
     widths = candidates or [2**i for i in range(int(math.log2(steps)) + 1)]
-    results = [amplified_rmse("banded", {"coefficients": banded_sqrt_coefficients(w).tolist()}, epsilon, delta,
-                              bins, epochs, samples, seed) for w in widths]
+    results = [amplified_rmse("banded", params, epsilon, delta, bins, epochs, samples, seed)
+               for w in widths for params in (banded_params(w), optimize_banded(w, bins, epochs))]
     return min(results, key=lambda r: r.rmse)
 
 
@@ -100,11 +104,33 @@ def optimize_banded(bands: int, bins: int, epochs: int, iterations: int = 100) -
         return {"coefficients": [1.0]}
     start = banded_sqrt_coefficients(width)[1:]
     raw = torch.as_tensor(np.log(np.expm1(start)), dtype=torch.float64).requires_grad_(True)
-    optimizer = torch.optim.LBFGS([raw], max_iter=iterations, line_search_fn="strong_wolfe", tolerance_grad=1e-10)
 
     def values() -> torch.Tensor:
         return torch.cat([torch.ones(1, dtype=torch.float64), torch.nn.functional.softplus(raw),
                           torch.zeros(n - width, dtype=torch.float64)])
+
+    _minimize_unamplified(raw, values, bins, n, iterations)
+    return {"coefficients": values().detach()[:width].tolist()}
+
+
+def optimize_blt_unamplified(buffers: int, bins: int, epochs: int, init_bands: int,
+                             iterations: int = 500) -> dict[str, Any]:
+    """mechanism_params of the ``buffers``-buffer BLT minimizing the same unamplified objective as
+    :func:`optimize_banded`, by L-BFGS from a fit to the ``init_bands``-banded square root: the best a
+    BLT does without amplification, against which a banded C shows what a BLT's geometric tail costs."""
+    if buffers < 1:
+        raise ParamsError(f"buffers = {buffers} is invalid: it must be an integer >= 1")
+    n = bins * epochs
+    start, to_coefficients, to_params = _blt(buffers, n, init_bands)
+    raw = start.clone().requires_grad_(True)
+    _minimize_unamplified(raw, lambda: to_coefficients(raw, n), bins, n, iterations)
+    return to_params(raw.detach())
+
+
+def _minimize_unamplified(raw: torch.Tensor, values: Callable[[], torch.Tensor], bins: int, n: int,
+                          iterations: int) -> None:
+    """L-BFGS on log(max_i ‖m_i‖ · ‖A C⁻¹‖_F) over ``raw``, in place (``values()``: raw -> c_0..c_{n-1})."""
+    optimizer = torch.optim.LBFGS([raw], max_iter=iterations, line_search_fn="strong_wolfe", tolerance_grad=1e-10)
 
     def objective() -> torch.Tensor:
         optimizer.zero_grad()
@@ -115,7 +141,6 @@ def optimize_banded(bands: int, bins: int, epochs: int, iterations: int = 100) -
         return loss
 
     optimizer.step(objective)
-    return {"coefficients": values().detach()[:width].tolist()}
 
 
 @dataclass(frozen=True)
