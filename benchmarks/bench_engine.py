@@ -200,7 +200,7 @@ def time_ghost_norms(repeats: int) -> dict[str, dict[str, float]]:
     table = nn.Embedding(1000, dim)
     tokens, b = torch.randint(0, 1000, (batch, steps)), torch.randn(batch, steps, dim)
     results["embedding 1000x256"] = _interleaved_medians(
-        {"dpledger": lambda: embedding.ghost_norms(table, tokens, b), "full Grams": lambda: same_token_gram(tokens, b)},
+        {"dpledger": lambda: embedding.ghost_norm(table, tokens, b), "full Grams": lambda: same_token_gram(tokens, b)},
         repeats)
     return results
 

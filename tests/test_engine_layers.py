@@ -117,6 +117,23 @@ def test_normalisation_layers_match_naive_loop(norm):
     assert error < TOL
 
 
+@pytest.mark.parametrize("ghost", GHOST)
+@pytest.mark.parametrize("frozen", ["weight", "bias"])
+@pytest.mark.parametrize("layer", [lambda: nn.Linear(6, 6), lambda: nn.Conv1d(3, 3, 3, padding=1), lambda: nn.LayerNorm(6)])
+def test_a_frozen_weight_or_bias_leaves_the_other_parameter_exact(layer, frozen, ghost):
+    """Bias-only training (frozen weights) and frozen biases: the engine handles exactly the trainable
+    parameters of a layer, and never computes a frozen weight's norm."""
+    torch.manual_seed(2)
+    first = layer()
+    getattr(first, frozen).requires_grad_(False)
+    model = nn.Sequential(first, nn.Tanh(), nn.Flatten(), nn.Linear(18, 2))
+    inputs = torch.randn(4, 3, 6)
+    error, engine = compare(model, sum_loss, inputs, _targets(model, inputs), ghost=ghost)
+    assert error < TOL
+    if frozen == "weight":
+        assert engine.layer_methods["0"] == "instantiate"
+
+
 class _Tied(nn.Module):
     """Embedding and output head share one weight; one Linear is also applied twice."""
 

@@ -2,11 +2,12 @@
 
 One forward pass with hooks that keep each layer's input ``a``; ONE backward pass of Σ_i w_i·L_i
 in which no parameter needs ``.grad`` (ghost differentiation, 003 §3.2), with tensor hooks that take
-each layer's output gradient ``b`` and at once compute its per-example norms — by the ghost norm where
-2T² < p·d (keeping a and b for book-keeping), by instantiating per-example gradients elsewhere or where
-a parameter is shared (then a and b are freed right away). After the pass: clipping factors, and the
-clipped sum aᵀ·diag(C)·b formed directly (book-keeping), without a second backward pass, accumulated in
-place into one flat buffer that already holds the step's noise σ·R·z_t.
+each layer's output gradient ``b`` and at once compute its per-example norms — of a weight by the ghost
+norm where 2T² < p·d (keeping a and b for book-keeping), by instantiating per-example gradients elsewhere
+or where a parameter is shared (then a and b are freed right away); biases and normalisation parameters
+are always instantiated (they are small), once, for both their norm and their clipped sum. After the
+pass: clipping factors, and the clipped sum aᵀ·diag(C)·b formed directly (book-keeping), without a
+second backward pass, accumulated in place into one flat buffer that already holds the step's noise σ·R·z_t.
 """
 
 from __future__ import annotations
@@ -225,17 +226,21 @@ class BKEngine:
             return
         call.activations, call.backprops = _norm_precision(call.activations), _norm_precision(call.backprops)
         shared = any(state.use_count[id(p)] > 1 for p in call.params.values())
-        if self._use_ghost(call, shared):
-            self.layer_methods[call.name] = "ghost"
-            for attr, value in call.rule.ghost_norms(call.module, call.activations, call.backprops).items():
-                state.norm_sq[id(call.params[attr])] = value
+        names = frozenset(call.params)
+        ghost = self._use_ghost(call, shared)
+        self.layer_methods[call.name] = "ghost" if ghost else "instantiate"
+        if ghost:
+            norm_sq = call.rule.ghost_norm(call.module, call.activations, call.backprops)
+            state.norm_sq[id(call.params["weight"])] = norm_sq
             state.ghost_calls.append(call)
-            return
-        self.layer_methods[call.name] = "instantiate"
-        for attr, grads in call.rule.per_example_grads(call.module, call.activations, call.backprops).items():
-            key = id(call.params[attr])
-            state.per_example[key] = state.per_example[key] + grads if key in state.per_example else grads
-        call.activations = call.backprops = None
+            names -= {"weight"}
+        if names:
+            instantiated = call.rule.per_example_grads(call.module, call.activations, call.backprops, names)
+            for attr, grads in instantiated.items():
+                key = id(call.params[attr])
+                state.per_example[key] = state.per_example[key] + grads if key in state.per_example else grads
+        if not ghost:
+            call.activations = call.backprops = None
 
     def backward(self, losses: Tensor, weights: Tensor | None = None) -> Tensor:
         """Back-propagate Σ_i w_i·L_i once and add Σ_i C_i·w_i·g_i to this step's clipped sum.
@@ -276,8 +281,8 @@ class BKEngine:
         """Ghost norm or instantiation for this call; adds the chosen branch's per-example workspace
         (2T² Gram entries or p·d gradient entries, 003 §3.3) to ``last_workspace_elements``."""
         batch = call.activations.shape[0]
-        if not call.rule.has_ghost:
-            self.last_workspace_elements += batch * sum(p.numel() for p in call.module.parameters(recurse=False))
+        if not call.rule.has_ghost or "weight" not in call.params:
+            self.last_workspace_elements += batch * sum(p.numel() for p in call.params.values())
             return False
         ghost_elements, instantiated_elements = call.rule.ghost_cost(call.module, call.activations)
         if shared or self.ghost == "never":
@@ -332,10 +337,11 @@ class BKEngine:
         for key, grads in per_example.items():
             self._accumulate({"": key}, grads.dtype, lambda out: add_weighted_sum(out[""], factors[key], grads))
         for call in ghost_calls:
-            call_factors = {attr: factors[id(p)] for attr, p in call.params.items()}
+            key = id(call.params["weight"])
             self._accumulate(
-                {attr: id(p) for attr, p in call.params.items()}, call.backprops.dtype,
-                lambda out: call.rule.clipped_sum(call.module, call.activations, call.backprops, call_factors, out),
+                {"weight": key}, call.backprops.dtype,
+                lambda out: call.rule.clipped_sum(call.module, call.activations, call.backprops, factors[key],
+                                                  out["weight"]),
             )
             call.activations = call.backprops = None
 

@@ -14,9 +14,9 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-PerExampleGrads = Callable[[nn.Module, Tensor, Tensor], dict[str, Tensor]]
-GhostNorms = Callable[[nn.Module, Tensor, Tensor], dict[str, Tensor]]
-ClippedSum = Callable[[nn.Module, Tensor, Tensor, dict[str, Tensor], dict[str, Tensor]], None]
+PerExampleGrads = Callable[[nn.Module, Tensor, Tensor, frozenset], dict[str, Tensor]]
+GhostNorm = Callable[[nn.Module, Tensor, Tensor], Tensor]
+ClippedSum = Callable[[nn.Module, Tensor, Tensor, Tensor, Tensor], None]
 GhostCost = Callable[[nn.Module, Tensor], tuple[int, int]]
 Validate = Callable[[nn.Module], "str | None"]
 
@@ -25,18 +25,21 @@ Validate = Callable[[nn.Module], "str | None"]
 class LayerRule:
     """Per-example gradient rules of one layer type.
 
-    ``per_example_grads(layer, a, b)`` -> {param name: (B, *param.shape)}, always available.
-    ``ghost_norms(layer, a, b)`` -> {param name: (B,) squared norm} without instantiating gradients,
-    ``clipped_sum(layer, a, b, factors, out)`` adds Σ_i factors[name][i]·g_i into ``out[name]`` in place
-    (book-keeping, 003 §3.1 step 5; no parameter-sized temporary) and ``ghost_cost(layer, a)`` -> (ghost elements, instantiation elements) per
-    example for the layer-wise decision 2T² < p·d (003 §3.3) are None for layers that always
-    instantiate (normalisation layers: tiny per-example gradients).
+    ``per_example_grads(layer, a, b, names)`` -> {name: (B, *param.shape)} for the parameters in
+    ``names`` (the trainable ones), always available.
+    The ghost branch covers the weight only (003 §2: biases and the like are cheap to instantiate, and the
+    engine does so): ``ghost_norm(layer, a, b)`` -> (B,) squared norms of the per-example weight gradients
+    without instantiating them, ``clipped_sum(layer, a, b, factors, out)`` adds Σ_i factors[i]·g_i of the
+    weight into ``out`` in place (book-keeping, 003 §3.1 step 5; no parameter-sized temporary) and
+    ``ghost_cost(layer, a)`` -> (ghost elements, instantiation elements) per example for the layer-wise
+    decision 2T² < p·d (003 §3.3); all three are None for layers that always instantiate
+    (normalisation layers: tiny per-example gradients).
     ``validate(layer)`` returns why this particular layer cannot be handled, or None; ``parameters``
     names the direct parameters the rule produces gradients for (any other one is an error).
     """
 
     per_example_grads: PerExampleGrads
-    ghost_norms: GhostNorms | None = None
+    ghost_norm: GhostNorm | None = None
     clipped_sum: ClippedSum | None = None
     ghost_cost: GhostCost | None = None
     validate: Validate | None = None
@@ -44,7 +47,7 @@ class LayerRule:
 
     @property
     def has_ghost(self) -> bool:
-        return self.ghost_norms is not None
+        return self.ghost_norm is not None
 
 
 RULES: dict[type[nn.Module], LayerRule] = {}

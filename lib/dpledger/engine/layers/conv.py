@@ -36,31 +36,28 @@ def unfold(layer: nn.Module, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return cols, b.reshape(batch, groups, -1, cols.shape[-1])
 
 
-def per_example_grads(layer: nn.Module, a: Tensor, b: Tensor) -> dict[str, Tensor]:
-    cols, grads_out = unfold(layer, a, b)
-    weight = torch.einsum("ngpt,ngdt->ngpd", grads_out, cols)
-    grads = {"weight": weight.reshape(a.shape[0], *layer.weight.shape)}
-    if layer.bias is not None:
+def per_example_grads(layer: nn.Module, a: Tensor, b: Tensor, names: frozenset) -> dict[str, Tensor]:
+    grads = {}
+    if "weight" in names:
+        cols, grads_out = unfold(layer, a, b)
+        weight = torch.einsum("ngpt,ngdt->ngpd", grads_out, cols)
+        grads["weight"] = weight.reshape(a.shape[0], *layer.weight.shape)
+    if "bias" in names:
         grads["bias"] = b.reshape(a.shape[0], layer.out_channels, -1).sum(-1)
     return grads
 
 
-def ghost_norms(layer: nn.Module, a: Tensor, b: Tensor) -> dict[str, Tensor]:
+def ghost_norm(layer: nn.Module, a: Tensor, b: Tensor) -> Tensor:
     cols, grads_out = unfold(layer, a, b)
     gram_a = torch.einsum("ngdt,ngds->ngts", cols, cols)
     gram_b = torch.einsum("ngpt,ngps->ngts", grads_out, grads_out)
-    norms = {"weight": (gram_a * gram_b).sum((1, 2, 3))}
-    if layer.bias is not None:
-        norms["bias"] = b.reshape(a.shape[0], layer.out_channels, -1).sum(-1).square().sum(1)
-    return norms
+    return (gram_a * gram_b).sum((1, 2, 3))
 
 
-def clipped_sum(layer: nn.Module, a: Tensor, b: Tensor, factors: dict[str, Tensor], out: dict[str, Tensor]) -> None:
+def clipped_sum(layer: nn.Module, a: Tensor, b: Tensor, factors: Tensor, out: Tensor) -> None:
     cols, grads_out = unfold(layer, a, b)
-    weighted = grads_out * factors["weight"].to(b.dtype)[:, None, None, None]
-    out["weight"].add_(torch.einsum("ngpt,ngdt->gpd", weighted, cols).reshape(layer.weight.shape))
-    if layer.bias is not None:
-        out["bias"].addmv_(b.reshape(a.shape[0], layer.out_channels, -1).sum(-1).T, factors["bias"].to(b.dtype))
+    weighted = grads_out * factors.to(b.dtype)[:, None, None, None]
+    out.add_(torch.einsum("ngpt,ngdt->gpd", weighted, cols).reshape(layer.weight.shape))
 
 
 def ghost_cost(layer: nn.Module, a: Tensor) -> tuple[int, int]:
@@ -82,5 +79,5 @@ def _padding_total(layer: nn.Module) -> tuple[int, ...]:
 RULE = register(
     nn.Conv1d,
     nn.Conv2d,
-    rule=LayerRule(per_example_grads, ghost_norms=ghost_norms, clipped_sum=clipped_sum, ghost_cost=ghost_cost),
+    rule=LayerRule(per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost),
 )

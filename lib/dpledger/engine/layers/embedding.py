@@ -24,7 +24,7 @@ def _tokens_and_grads(layer: nn.Embedding, a: Tensor, b: Tensor) -> tuple[Tensor
     return tokens, grads
 
 
-def per_example_grads(layer: nn.Embedding, a: Tensor, b: Tensor) -> dict[str, Tensor]:
+def per_example_grads(layer: nn.Embedding, a: Tensor, b: Tensor, names: frozenset) -> dict[str, Tensor]:
     tokens, grads = _tokens_and_grads(layer, a, b)
     batch = tokens.shape[0]
     weight = grads.new_zeros(batch, layer.num_embeddings, layer.embedding_dim)
@@ -33,21 +33,20 @@ def per_example_grads(layer: nn.Embedding, a: Tensor, b: Tensor) -> dict[str, Te
     return {"weight": weight}
 
 
-def ghost_norms(layer: nn.Embedding, a: Tensor, b: Tensor) -> dict[str, Tensor]:
+def ghost_norm(layer: nn.Embedding, a: Tensor, b: Tensor) -> Tensor:
     tokens, grads = _tokens_and_grads(layer, a, b)
     batch = tokens.shape[0]
     owner = torch.arange(batch, device=tokens.device).unsqueeze(1)
     keys, rows = torch.unique(owner * layer.num_embeddings + tokens, return_inverse=True)
     row_sums = grads.new_zeros(keys.numel(), layer.embedding_dim).index_add_(0, rows.reshape(-1),
                                                                             grads.reshape(-1, layer.embedding_dim))
-    norms = grads.new_zeros(batch).index_add_(0, keys // layer.num_embeddings, row_sums.square().sum(1))
-    return {"weight": norms}
+    return grads.new_zeros(batch).index_add_(0, keys // layer.num_embeddings, row_sums.square().sum(1))
 
 
-def clipped_sum(layer: nn.Embedding, a: Tensor, b: Tensor, factors: dict[str, Tensor], out: dict[str, Tensor]) -> None:
+def clipped_sum(layer: nn.Embedding, a: Tensor, b: Tensor, factors: Tensor, out: Tensor) -> None:
     tokens, grads = _tokens_and_grads(layer, a, b)
-    weighted = grads * factors["weight"].to(grads.dtype)[:, None, None]
-    out["weight"].index_add_(0, tokens.reshape(-1), weighted.reshape(-1, layer.embedding_dim))
+    weighted = grads * factors.to(grads.dtype)[:, None, None]
+    out.index_add_(0, tokens.reshape(-1), weighted.reshape(-1, layer.embedding_dim))
 
 
 def ghost_cost(layer: nn.Embedding, a: Tensor) -> tuple[int, int]:
@@ -66,6 +65,6 @@ def validate(layer: nn.Embedding) -> str | None:
 RULE = register(
     nn.Embedding,
     rule=LayerRule(
-        per_example_grads, ghost_norms=ghost_norms, clipped_sum=clipped_sum, ghost_cost=ghost_cost, validate=validate
+        per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost, validate=validate
     ),
 )

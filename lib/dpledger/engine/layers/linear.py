@@ -51,27 +51,23 @@ def sequence_ghost_norm(a: Tensor, b: Tensor) -> Tensor:
     return total
 
 
-def per_example_grads(layer: nn.Linear, a: Tensor, b: Tensor) -> dict[str, Tensor]:
+def per_example_grads(layer: nn.Linear, a: Tensor, b: Tensor, names: frozenset) -> dict[str, Tensor]:
     a, b = as_sequences(a, b)
-    grads = {"weight": torch.bmm(b.transpose(1, 2), a)}
-    if layer.bias is not None:
+    grads = {}
+    if "weight" in names:
+        grads["weight"] = torch.bmm(b.transpose(1, 2), a)
+    if "bias" in names:
         grads["bias"] = step_sum(b)
     return grads
 
 
-def ghost_norms(layer: nn.Linear, a: Tensor, b: Tensor) -> dict[str, Tensor]:
-    a, b = as_sequences(a, b)
-    norms = {"weight": sequence_ghost_norm(a, b)}
-    if layer.bias is not None:
-        norms["bias"] = torch.linalg.vector_norm(step_sum(b), dim=1).square()
-    return norms
+def ghost_norm(layer: nn.Linear, a: Tensor, b: Tensor) -> Tensor:
+    return sequence_ghost_norm(*as_sequences(a, b))
 
 
-def clipped_sum(layer: nn.Linear, a: Tensor, b: Tensor, factors: dict[str, Tensor], out: dict[str, Tensor]) -> None:
+def clipped_sum(layer: nn.Linear, a: Tensor, b: Tensor, factors: Tensor, out: Tensor) -> None:
     a, b = as_sequences(a, b)
-    add_scaled_product(out["weight"], factors["weight"], b, a)
-    if layer.bias is not None:
-        out["bias"].addmv_(step_sum(b).T, factors["bias"].to(b.dtype))
+    add_scaled_product(out, factors, b, a)
 
 
 def ghost_cost(layer: nn.Linear, a: Tensor) -> tuple[int, int]:
@@ -81,5 +77,5 @@ def ghost_cost(layer: nn.Linear, a: Tensor) -> tuple[int, int]:
 
 RULE = register(
     nn.Linear,
-    rule=LayerRule(per_example_grads, ghost_norms=ghost_norms, clipped_sum=clipped_sum, ghost_cost=ghost_cost),
+    rule=LayerRule(per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost),
 )

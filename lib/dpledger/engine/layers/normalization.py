@@ -18,23 +18,27 @@ def _reduce_to(param_shape: tuple[int, ...], values: Tensor) -> Tensor:
     return values.reshape(values.shape[0], -1, *param_shape).sum(1)
 
 
-def layer_norm_grads(layer: nn.Module, a: Tensor, b: Tensor) -> dict[str, Tensor]:
+def layer_norm_grads(layer: nn.Module, a: Tensor, b: Tensor, names: frozenset) -> dict[str, Tensor]:
     shape = tuple(layer.normalized_shape)
-    if isinstance(layer, nn.LayerNorm):
-        normalized = F.layer_norm(a, shape, eps=layer.eps)
-    else:
-        normalized = F.rms_norm(a, shape, eps=layer.eps)
-    grads = {"weight": _reduce_to(shape, normalized * b)}
-    if getattr(layer, "bias", None) is not None:
+    grads = {}
+    if "weight" in names:
+        if isinstance(layer, nn.LayerNorm):
+            normalized = F.layer_norm(a, shape, eps=layer.eps)
+        else:
+            normalized = F.rms_norm(a, shape, eps=layer.eps)
+        grads["weight"] = _reduce_to(shape, normalized * b)
+    if "bias" in names:
         grads["bias"] = _reduce_to(shape, b)
     return grads
 
 
-def group_norm_grads(layer: nn.GroupNorm, a: Tensor, b: Tensor) -> dict[str, Tensor]:
-    normalized = F.group_norm(a, layer.num_groups, eps=layer.eps)
+def group_norm_grads(layer: nn.GroupNorm, a: Tensor, b: Tensor, names: frozenset) -> dict[str, Tensor]:
     batch, channels = a.shape[0], a.shape[1]
-    grads = {"weight": (normalized * b).reshape(batch, channels, -1).sum(-1)}
-    if layer.bias is not None:
+    grads = {}
+    if "weight" in names:
+        normalized = F.group_norm(a, layer.num_groups, eps=layer.eps)
+        grads["weight"] = (normalized * b).reshape(batch, channels, -1).sum(-1)
+    if "bias" in names:
         grads["bias"] = b.reshape(batch, channels, -1).sum(-1)
     return grads
 
