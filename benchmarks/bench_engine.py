@@ -15,6 +15,11 @@ dpledger's Philox/Box–Muller draw against torch's CPU ``normal_`` on the same 
 number of threads (the path it replaced) and against one plain ``normal_`` call (what Opacus and most
 trainers use).
 
+Steps are timed after ``dpledger.engine.retain_freed_memory()`` (the train stage calls it too), which
+applies to every method in the process alike; ``--default-allocator`` leaves glibc's default, under which
+a BK step pays ~8 000 page faults re-growing the heap glibc trimmed after the previous step. Memory is
+measured in fresh processes with the default allocator and a low mmap threshold, so RSS follows live memory.
+
 ``--threads 1`` times single-threaded steps: on a shared machine, 2-thread OpenMP steps stall whenever
 another job holds a core (every parallel region waits for a descheduled thread), 1-thread steps do not.
 """
@@ -36,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpledger.engine import BKEngine
+from dpledger.engine import BKEngine, retain_freed_memory
 from dpledger.models import Transformer
 
 METHODS = ("non-private", "bk", "opacus-ghost")
@@ -211,7 +216,11 @@ def main() -> None:
     parser.add_argument("--workloads", default="mlp,transformer")
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--default-allocator", action="store_true",
+                        help="time steps under glibc's default trimming (no retain_freed_memory)")
     args = parser.parse_args()
+    retained = False if args.default_allocator else retain_freed_memory()
+    print(f"freed heap memory retained between steps: {retained}", flush=True)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     noise = time_noise(args.repeats)
@@ -219,7 +228,7 @@ def main() -> None:
           f"chunks {1000 * noise['torch-chunks']:.2f} ms ({noise['torch-chunks'] / noise['philox']:.2f}x), one "
           f"torch normal_ {1000 * noise['torch-normal']:.2f} ms ({noise['torch-normal'] / noise['philox']:.2f}x)",
           flush=True)
-    results: dict = {"noise_seconds": noise}
+    results: dict = {"retain_freed_memory": retained, "noise_seconds": noise}
     norms = time_ghost_norms(4 * args.repeats)
     results["ghost_norm_seconds"] = norms
     print("per-example norms at B = 32, T = 128: " + ", ".join(

@@ -2,11 +2,13 @@
 
 Standalone use (see README, section train)::
 
+    retain_freed_memory()   # CPU: keep the heap between steps (glibc; see allocator.py)
     engine = BKEngine(model, optimizer, clip_norm=1.0, noise_multiplier=1.1, normalizer=64, seed=0)
     for x, y in batches:
         engine.private_step(F.cross_entropy(model(x), y, reduction="none"))
 """
 
+from dpledger.engine.allocator import retain_freed_memory
 from dpledger.engine.bk import BKEngine, UnsupportedLayerError
 from dpledger.engine.clipping import CLIPPING_MODES, clip_factors
 from dpledger.engine.consecutive import consecutive_batches, consecutive_indices, train_consecutive
@@ -28,4 +30,5 @@ __all__ = [
     "ReferenceTrainer",
     "clipped_sum",
     "per_example_gradients",
+    "retain_freed_memory",
 ]

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from dpledger import io
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.data import Dataset, load_dataset
-from dpledger.engine import BKEngine, make_optimizer
+from dpledger.engine import BKEngine, make_optimizer, retain_freed_memory
 from dpledger.engine.checkpoint import Ledger, fingerprint, load_checkpoint, save_checkpoint
 from dpledger.engine.device import autocast, select_device
 from dpledger.errors import DpledgerError
@@ -99,6 +99,8 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     record, schedule, data = _load_inputs(params, root)
     check = check_schedule(record.sampler, schedule, allow_mismatch=params.train.allow_sampler_mismatch)
     device = select_device(params.train.device)
+    if device.type == "cpu":
+        retain_freed_memory()
     tp = params.train
     torch.manual_seed(params.seed)
     model = build_model(tp.model, data.input_shape, data.num_classes, **tp.model_options).to(device)
