@@ -1,15 +1,18 @@
 """BK engine speed and memory against non-private training and Opacus 1.6 ghost clipping (issue 5 targets).
 
-Workloads: MLP 784-1000×4-10 at B = 256; a 2-block transformer at B = 32, T = 128, d = 256.
+Workloads: MLP 784-1000×4-10 at B = 256; a 2-block transformer at B = 32, T = 128, d = 256; on CUDA also
+a GPT-2-small-sized stack at B = 16, T = 256 (``--device cuda``, ``--precision bf16`` for autocast).
 Methods per workload, timed interleaved (one step of each in turn, repeated), median reported:
 non-private (mean loss, one backward), BK (dpledger, σ = 1 noise included), Opacus ghost clipping
 (GradSampleModuleFastGradientClipping, its fastest mode). Peak extra memory is measured per method in a
 fresh subprocess: the peak RSS during 3 steps over the RSS before them (after one warm-up step),
-so it counts the transient memory of a step (activations, per-example quantities), not persistent buffers.
+so it counts the transient memory of a step (activations, per-example quantities), not persistent buffers;
+on CUDA, the peak of ``torch.cuda.max_memory_allocated`` over 3 steps above the memory allocated before.
 
     python -m benchmarks.bench_engine [--repeats 15] [--workloads mlp,transformer] [--no-memory] [--threads N]
+    python -m benchmarks.bench_engine --device cuda [--precision bf16]     # the GPU targets, when lent one
 
-It also times the per-example norms alone at the transformer's shapes (dpledger's against the textbook
+On the CPU it also times the per-example norms alone at the transformer's shapes (dpledger's against the textbook
 ghost norm with both full T × T Grams) and the noise draw alone for the MLP's 3.8 M parameters:
 dpledger's Philox/Box–Muller draw against torch's CPU ``normal_`` on the same fixed chunks in the same
 number of threads (the path it replaced) and against one plain ``normal_`` call (what Opacus and most
@@ -42,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpledger.engine import BKEngine, retain_freed_memory
+from dpledger.engine.device import autocast
 from dpledger.models import Transformer
 
 METHODS = ("non-private", "bk", "opacus-ghost")
@@ -60,27 +64,58 @@ def transformer_workload() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     return model, torch.randint(0, 1000, (32, 128)), torch.randint(0, 10, (32,))
 
 
-WORKLOADS = {"mlp": mlp_workload, "transformer": transformer_workload}
+def gpt2_small_workload() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The issue's GPU workload: a GPT-2-small-sized stack (12 blocks, d = 768, 12 heads, MLP 3072, token
+    embedding 50 257 × 768, learned positions) at T = 256, B = 16, under dpledger's mean-pooled
+    classifier head (not GPT-2's 50 257-way language-model head)."""
+    model = Transformer((256,), 10, dim=768, depth=12, heads=12, mlp_ratio=4, vocab_size=50257)
+    return model, torch.randint(0, 50257, (16, 256)), torch.randint(0, 10, (16,))
 
 
-def make_step(method: str, workload: str) -> Callable[[], None]:
-    """A closure performing one full training step (forward, backward, clipping, noise, optimizer)."""
+WORKLOADS = {"mlp": mlp_workload, "transformer": transformer_workload, "gpt2-small": gpt2_small_workload}
+
+
+def make_step(method: str, workload: str, device: str = "cpu", precision: str = "fp32") -> Callable[[], None]:
+    """A closure performing one full training step (forward, backward, clipping, noise, optimizer) on
+    ``device``, the forward under ``precision`` autocast on CUDA; CUDA steps end with a synchronize."""
     torch.manual_seed(0)
     model, x, y = WORKLOADS[workload]()
+    model, x, y = model.to(device), x.to(device), y.to(device)
+    cast = autocast(torch.device(device), precision)
+    step = _method_step(method, model, x, y, cast)
+    if device == "cpu":
+        return step
+
+    def synchronized() -> None:
+        step()
+        torch.cuda.synchronize()
+
+    return synchronized
+
+
+def _method_step(method: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, cast) -> Callable[[], None]:
     batch = x.shape[0]
     if method == "non-private":
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
         def step() -> None:
             optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
+            with cast:
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
             optimizer.step()
 
         return step
     if method == "bk":
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         engine = BKEngine(model, optimizer, clip_norm=1.0, noise_multiplier=1.0, normalizer=batch, seed=0)
-        return lambda: engine.private_step(F.cross_entropy(model(x), y, reduction="none"))
+
+        def bk_step() -> None:
+            with cast:
+                losses = F.cross_entropy(model(x), y, reduction="none")
+            engine.private_step(losses)
+
+        return bk_step
     from opacus.grad_sample import GradSampleModuleFastGradientClipping
     from opacus.optimizers import DPOptimizerFastGradientClipping
     from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
@@ -93,7 +128,9 @@ def make_step(method: str, workload: str) -> Callable[[], None]:
 
     def opacus_step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        criterion(wrapped(x), y).backward()
+        with cast:
+            outputs = wrapped(x)
+        criterion(outputs, y).backward()
         optimizer.step()
 
     return opacus_step
@@ -112,9 +149,9 @@ def _interleaved_medians(methods: dict[str, Callable[[], object]], repeats: int)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def time_interleaved(workload: str, repeats: int) -> dict[str, float]:
+def time_interleaved(workload: str, repeats: int, device: str = "cpu", precision: str = "fp32") -> dict[str, float]:
     """Median seconds per step of each method, methods alternating within every repeat."""
-    steps = {m: make_step(m, workload) for m in METHODS}
+    steps = {m: make_step(m, workload, device, precision) for m in METHODS}
     for step in steps.values():  # warm-up (a second one in _interleaved_medians)
         step()
     return _interleaved_medians(steps, repeats)
@@ -154,6 +191,18 @@ def memory_in_subprocess(method: str, workload: str) -> float:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return float(result.stdout.strip().splitlines()[-1])
+
+
+def cuda_peak_memory(method: str, workload: str, precision: str) -> float:
+    """Peak CUDA memory allocated during 3 steps over what was allocated before them (MiB), after one
+    warm-up step (persistent buffers then sit in the baseline)."""
+    step = make_step(method, workload, "cuda", precision)
+    step()
+    baseline = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(3):
+        step()
+    return (torch.cuda.max_memory_allocated() - baseline) / 2**20
 
 
 def time_noise(repeats: int) -> dict[str, float]:
@@ -210,15 +259,8 @@ def time_ghost_norms(repeats: int) -> dict[str, dict[str, float]]:
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--workloads", default="mlp,transformer")
-    parser.add_argument("--no-memory", action="store_true")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--default-allocator", action="store_true",
-                        help="time steps under glibc's default trimming (no retain_freed_memory)")
-    args = parser.parse_args()
+def _cpu_parts(args: argparse.Namespace, results: dict) -> None:
+    """The CPU-only parts: allocator setting, threads, the noise draw and the per-example norms alone."""
     retained = False if args.default_allocator else retain_freed_memory()
     print(f"freed heap memory retained between steps: {retained}", flush=True)
     if args.threads is not None:
@@ -228,27 +270,50 @@ def main() -> None:
           f"chunks {1000 * noise['torch-chunks']:.2f} ms ({noise['torch-chunks'] / noise['philox']:.2f}x), one "
           f"torch normal_ {1000 * noise['torch-normal']:.2f} ms ({noise['torch-normal'] / noise['philox']:.2f}x)",
           flush=True)
-    results: dict = {"retain_freed_memory": retained, "noise_seconds": noise}
+    results.update(retain_freed_memory=retained, noise_seconds=noise)
     norms = time_ghost_norms(4 * args.repeats)
     results["ghost_norm_seconds"] = norms
     print("per-example norms at B = 32, T = 128: " + ", ".join(
         f"{shape} {1000 * t['dpledger']:.2f} ms vs {1000 * t['full Grams']:.2f} ms "
         f"({t['full Grams'] / t['dpledger']:.2f}x)" for shape, t in norms.items()), flush=True)
-    for workload in args.workloads.split(","):
-        seconds = time_interleaved(workload, args.repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--workloads", default=None, help=f"comma-separated, of {', '.join(WORKLOADS)} "
+                        "(default: mlp,transformer; on CUDA also gpt2-small)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                        help="forward autocast on CUDA (norms stay float32)")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--default-allocator", action="store_true",
+                        help="time steps under glibc's default trimming (no retain_freed_memory)")
+    args = parser.parse_args()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    results: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                     "precision": args.precision}
+    if device == "cpu":
+        _cpu_parts(args, results)
+    workloads = args.workloads or ("mlp,transformer,gpt2-small" if device == "cuda" else "mlp,transformer")
+    for workload in workloads.split(","):
+        seconds = time_interleaved(workload, args.repeats, device, args.precision)
         row = {"seconds_per_step": seconds,
                "bk_over_nonprivate": seconds["bk"] / seconds["non-private"],
                "opacus_ghost_over_bk": seconds["opacus-ghost"] / seconds["bk"]}
         if not args.no_memory:
-            memory = {m: memory_in_subprocess(m, workload) for m in METHODS}
-            row["peak_extra_rss_mib"] = memory
+            memory = {m: (memory_in_subprocess(m, workload) if device == "cpu"
+                          else cuda_peak_memory(m, workload, args.precision)) for m in METHODS}
+            row["peak_extra_mib"] = memory
             row["bk_extra_memory_over_nonprivate"] = memory["bk"] / memory["non-private"] - 1
         results[workload] = row
         print(f"{workload}: " + ", ".join(f"{m} {1000 * s:.1f} ms" for m, s in seconds.items())
               + f" | BK/non-private {row['bk_over_nonprivate']:.3f}x (target <= 1.15)"
               + f" | Opacus ghost/BK {row['opacus_ghost_over_bk']:.3f}x (target >= 1.8)", flush=True)
-        if "peak_extra_rss_mib" in row:
-            print(f"  peak transient RSS MiB: {row['peak_extra_rss_mib']}; BK extra over non-private "
+        if "peak_extra_mib" in row:
+            print(f"  peak transient {'RSS' if device == 'cpu' else 'CUDA memory'} MiB: {row['peak_extra_mib']}; "
+                  f"BK extra over non-private "
                   f"{100 * row['bk_extra_memory_over_nonprivate']:.1f}% (target <= 25%)", flush=True)
     print(json.dumps({"torch_threads": torch.get_num_threads(), "results": results}, indent=2))
 
