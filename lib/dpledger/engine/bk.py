@@ -335,27 +335,23 @@ class BKEngine:
         self._sum_buffer()
         factors = {key: value / self.normalizer for key, value in factors.items()}
         for key, grads in per_example.items():
-            self._accumulate({"": key}, grads.dtype, lambda out: add_weighted_sum(out[""], factors[key], grads))
+            self._accumulate(key, grads.dtype, lambda out: add_weighted_sum(out, factors[key], grads))
         for call in ghost_calls:
             key = id(call.params["weight"])
-            self._accumulate(
-                {"weight": key}, call.backprops.dtype,
-                lambda out: call.rule.clipped_sum(call.module, call.activations, call.backprops, factors[key],
-                                                  out["weight"]),
-            )
+            self._accumulate(key, call.backprops.dtype, lambda out: call.rule.clipped_sum(
+                call.module, call.activations, call.backprops, factors[key], out))
             call.activations = call.backprops = None
 
-    def _accumulate(self, keys: dict[str, int], dtype: torch.dtype, add: Callable[[dict[str, Tensor]], None]) -> None:
-        """Run ``add`` on the buffer views of ``keys`` ({name: parameter id}); through temporaries of ``dtype``
-        when the parameters are stored in another precision (e.g. half parameters, float32 norms)."""
-        views = {name: self._view_of[key] for name, key in keys.items()}
-        if all(view.dtype == dtype for view in views.values()):
-            add(views)
+    def _accumulate(self, key: int, dtype: torch.dtype, add: Callable[[Tensor], None]) -> None:
+        """Run ``add`` on the buffer view of parameter ``key`` (its id); through a temporary of ``dtype``
+        when the parameter is stored in another precision (e.g. half parameters, float32 norms)."""
+        view = self._view_of[key]
+        if view.dtype == dtype:
+            add(view)
             return
-        temporaries = {name: torch.zeros_like(view, dtype=dtype) for name, view in views.items()}
-        add(temporaries)
-        for name, view in views.items():
-            view.add_(temporaries[name])
+        temporary = torch.zeros_like(view, dtype=dtype)
+        add(temporary)
+        view.add_(temporary)
 
     @property
     def last_noisy_sum(self) -> list[Tensor] | None:
