@@ -109,3 +109,40 @@ def test_partially_informed_canaries_count_plus_one_minus_one_and_zero(digits):
 def test_dpsgd_audit_runs_end_to_end(digits):
     result = audit_dpsgd(threat_model="natural", observations=8, dataset_size=64, batch_size=16, progress=False)
     assert result.audit == "dpsgd-natural" and result.observations == 8 and result.epsilon_emp >= 0
+
+
+def test_dpsgd_audit_trains_with_the_sampler_options_and_the_claim_it_is_given():
+    dropped = audit_dpsgd(
+        threat_model="natural", sampler="shuffle", observations=4, dataset_size=70, batch_size=16, progress=False,
+        sampler_options={"last_batch": "drop"}, epsilon_claimed=3.5, claim_basis="ledger",
+    )
+    assert dropped.setting["steps"] == 4 and dropped.setting["sampler_options"] == {"last_batch": "drop"}
+    assert dropped.epsilon_claimed == 3.5 and dropped.claim_basis == "ledger"
+    kept = audit_dpsgd(threat_model="natural", sampler="shuffle", observations=4, dataset_size=70, batch_size=16, progress=False)
+    assert kept.setting["steps"] == 5 and "'poisson'" in kept.claim_basis
+    buffered = audit_dpsgd(
+        threat_model="natural", sampler="partial-shuffle", observations=4, dataset_size=64, batch_size=16,
+        progress=False, sampler_options={"buffer_size": 8},
+    )
+    assert buffered.setting["steps"] == 4
+    padded = audit_dpsgd(  # no closed-form placement: scored by the record's memberships in pilot runs
+        threat_model="partially-informed", sampler="balls-in-bins", observations=4, dataset_size=64, batch_size=16,
+        progress=False, sampler_options={"pad_truncate": True},
+    )
+    assert padded.setting["sampler_options"] == {"pad_truncate": True} and padded.epsilon_emp >= 0
+
+
+def test_stage_dpsgd_audit_uses_the_schedule_options_and_the_ledger_claim(tmp_path, repo_root):
+    CalibrationRecord(
+        noise_multiplier=1.2, epsilon=2.0, delta=1e-5, accountant="pld", sampler="poisson", assumptions=[],
+        steps=10, batch_size=16, dataset_size=90, epochs=2,
+    ).save(tmp_path / "artifacts" / "calibration" / "calibration.json")
+    build_schedule("shuffle", dataset_size=90, batch_size=16, epochs=2, seed=0, last_batch="drop").save(
+        tmp_path / "artifacts" / "schedule"
+    )
+    params = stage_params(repo_root, observations=2000)
+    params = params.model_copy(update={"audit": params.audit.model_copy(update={"dpsgd": True, "dpsgd_observations": 4})})
+    audit_stage.run(params, tmp_path)
+    dpsgd = json.loads((tmp_path / "artifacts" / "audit" / "audit.json").read_text())["dpsgd"]
+    assert dpsgd["setting"]["sampler_options"] == {"last_batch": "drop"} and dpsgd["setting"]["steps"] == 10
+    assert dpsgd["epsilon_claimed"] == 2.0 and dpsgd["claim_basis"].startswith("ledger: pld")

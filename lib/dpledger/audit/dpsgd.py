@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from dpledger.audit.backend import select_backend
 from dpledger.audit.bgm import accounted_epsilon, audit_bgm
-from dpledger.audit.models import SlotModel, StepMixtureModel
+from dpledger.audit.models import BgmModel, SlotModel
 from dpledger.audit.result import AuditResult, conclude
 from dpledger.audit.samplers import TARGET_INDEX, audited_sampler
 from dpledger.audit.simulate import GameScores
@@ -88,13 +88,16 @@ def canary_outputs(
     return np.asarray(outputs)
 
 
-def _score_model(threat_model: str, sampler: str, dataset_size: int, batch_size: int, epochs: int, sigma: float):
-    """The Λ^N / Λ^PI score: the sampler's placement model with the threat model's canary means."""
+def _score_model(
+    threat_model: str, sampler: str, dataset_size: int, batch_size: int, epochs: int, sigma: float,
+    options: dict[str, Any] | None,
+):
+    """The Λ^N / Λ^PI score: the sampler's placement model with the threat model's canary means (where
+    the placement has no closed form, the record's memberships in pilot runs of the sampler itself)."""
     model = audited_sampler(
-        sampler, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, noise_multiplier=sigma
+        sampler, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, noise_multiplier=sigma,
+        options=options,
     ).model
-    if not isinstance(model, (SlotModel, StepMixtureModel)):
-        raise ParamsError(f"audit dpsgd: sampler = {sampler!r} has no closed-form placement; use a built-in sampler")
     present, absent = SHIFTS[threat_model]
     return replace(model, shift_present=present, shift_absent=absent)
 
@@ -116,8 +119,15 @@ def audit_dpsgd(
     split_fraction: float = 0.2,
     seed: int = 0,
     progress: bool = True,
+    sampler_options: dict[str, Any] | None = None,
+    epsilon_claimed: float | None = None,
+    claim_basis: str | None = None,
 ) -> AuditResult:
-    """Audit DP-SGD on the embedded digits data; the claim is the Poisson PLD ε at the same σ, q = B/n."""
+    """Audit DP-SGD on the embedded digits data, every run batched by ``sampler`` with ``sampler_options``
+    (the options the training schedule used, e.g. ``last_batch``, ``pad_truncate``, ``buffer_size``).
+
+    The claim is ``epsilon_claimed`` (e.g. the ledger's ε, described by ``claim_basis``), by default the
+    Poisson PLD ε at the same σ, q = B/n and number of steps."""
     if threat_model not in THREAT_MODELS:
         raise ParamsError(f"audit: threat_model = {threat_model!r} is invalid: allowed values are {', '.join(THREAT_MODELS)}")
     data = load_dataset("digits", None, 0.2, seed)
@@ -128,12 +138,13 @@ def audit_dpsgd(
         result, _ = audit_bgm(
             sampler, dataset_size=n, batch_size=batch_size, epochs=epochs, noise_multiplier=noise_multiplier,
             observations=observations, delta=delta, confidence=confidence, method=method,
-            split_fraction=split_fraction, seed=seed, progress=progress,
+            split_fraction=split_fraction, epsilon_claimed=epsilon_claimed, claim_basis=claim_basis,
+            options=sampler_options, seed=seed, progress=progress,
         )
         return replace(result, audit="dpsgd-worst-case")
     if observations < 4 or observations % 2:
         raise ParamsError(f"audit: observations = {observations} is invalid: it must be an even number >= 4")
-    score_model = _score_model(threat_model, sampler, n, batch_size, epochs, noise_multiplier)
+    score_model = _score_model(threat_model, sampler, n, batch_size, epochs, noise_multiplier, sampler_options)
     x_train = torch.as_tensor(data.x_train[:n])
     y_train = torch.as_tensor(data.y_train[:n])
     generator = torch.Generator().manual_seed(seed)
@@ -152,7 +163,7 @@ def audit_dpsgd(
             outputs[present].append(canary_outputs(
                 threat_model=threat_model, present=present, x_train=x_train, y_train=y_train, sampler=sampler,
                 batch_size=batch_size, epochs=epochs, noise_multiplier=noise_multiplier, clip_norm=clip_norm,
-                lr=lr, canary=canary, seed=int(seeds[index]),
+                lr=lr, canary=canary, seed=int(seeds[index]), sampler_options=sampler_options,
             ))
     finally:
         torch.set_num_threads(threads)
@@ -164,13 +175,15 @@ def audit_dpsgd(
         for side in (True, False)
     ))
     steps = len(outputs[True][0])
-    claimed = accounted_epsilon(
-        "poisson", noise_multiplier=noise_multiplier, dataset_size=n, batch_size=batch_size, steps=steps, delta=delta
-    )
+    if epsilon_claimed is None:
+        epsilon_claimed = accounted_epsilon(
+            "poisson", noise_multiplier=noise_multiplier, dataset_size=n, batch_size=batch_size, steps=steps, delta=delta
+        )
+        claim_basis = f"PLD accountant assuming 'poisson' sampling, q = B/n, {steps} steps"
     setting = {
         "threat_model": threat_model, "dataset": "digits", "dataset_size": n, "batch_size": batch_size,
         "epochs": epochs, "steps": steps, "noise_multiplier": noise_multiplier, "clip_norm": clip_norm, "lr": lr,
-        "seed": seed, "trainer": "dpledger.engine.BKEngine (exact per-example clipping, canary hook)",
+        "sampler_options": dict(sampler_options or {}), "seed": seed, "trainer": "dpledger.engine.BKEngine (exact per-example clipping, canary hook)",
     }
     assumptions = [
         f"{threat_model} threat model (002 Alg. 1): the adversary inserts gradient canaries and sees ⟨g̃_t, ĝ⟩ every step.",
@@ -179,18 +192,18 @@ def audit_dpsgd(
     ]
     timing = {"wall_time_s": round(seconds, 3), "observations_per_s": round(2 * games / max(seconds, 1e-9), 2)}
     return conclude(
-        scores, audit=f"dpsgd-{threat_model}", sampler=sampler, epsilon_claimed=claimed,
-        claim_basis=f"PLD accountant assuming 'poisson' sampling, q = B/n, {steps} steps", delta=delta,
+        scores, audit=f"dpsgd-{threat_model}", sampler=sampler, epsilon_claimed=epsilon_claimed,
+        claim_basis=claim_basis or "given", delta=delta,
         confidence=confidence, method=method, split_fraction=split_fraction, setting=setting,
         assumptions=assumptions, timing=timing,
     )
 
 
-def _as_rows(outputs: np.ndarray, model: SlotModel | StepMixtureModel) -> np.ndarray:
+def _as_rows(outputs: np.ndarray, model: BgmModel) -> np.ndarray:
     """Arrange (games × steps) outputs as the score model's rows: (games·epochs × slots) for a slot
-    model (its support only), unchanged for independent steps."""
+    model (its support only), unchanged for independent steps and membership patterns."""
     outputs = outputs.astype(np.float32)
-    if isinstance(model, StepMixtureModel):
+    if not isinstance(model, SlotModel):
         return outputs
     weights = np.asarray(model.slot_weights)
     rows = outputs.reshape(outputs.shape[0] * model.epochs, weights.size)[:, weights > 0]

@@ -106,6 +106,7 @@ def dpsgd(
     delta: float = typer.Option(1e-5, help="δ"),
     confidence: float = typer.Option(0.95, help="confidence"),
     seed: int = typer.Option(0, help="random seed"),
+    buffer_size: Optional[int] = typer.Option(None, help="K for --sampler partial-shuffle"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Audit DP-SGD on the embedded digits data with gradient canaries (002 Alg. 1)."""
@@ -116,7 +117,7 @@ def dpsgd(
         threat_model=threat_model, sampler=sampler, observations=observations, epochs=epochs,
         batch_size=batch_size, noise_multiplier=noise_multiplier, clip_norm=clip_norm, lr=lr,
         dataset_size=dataset_size, method=threshold, delta=delta, confidence=confidence, seed=seed,
-        progress=not as_json,
+        progress=not as_json, sampler_options={} if buffer_size is None else {"buffer_size": buffer_size},
     )
     _print({**result.summary(), "claim_basis": result.claim_basis}, as_json)
 

@@ -37,17 +37,17 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     sizes = {"dataset_size": schedule.dataset_size, "batch_size": record.batch_size, "epochs": record.epochs}
     audited = audited_sampler(schedule.sampler, noise_multiplier=record.noise_multiplier, options=options, seed=params.seed, **sizes)
     observations = audit.pattern_observations if audited.simulated_by_sampler else audit.observations
+    ledger_basis = f"ledger: {record.accountant} accountant assuming '{record.sampler}' sampling"
     result, scores = audit_bgm(
         schedule.sampler, **sizes, noise_multiplier=record.noise_multiplier, observations=observations - observations % 2,
         delta=record.delta, confidence=audit.confidence, method=audit.threshold, split_fraction=audit.split_fraction,
-        epsilon_claimed=record.epsilon, claim_basis=f"ledger: {record.accountant} accountant assuming '{record.sampler}' sampling",
+        epsilon_claimed=record.epsilon, claim_basis=ledger_basis,
         options=options, seed=params.seed, backend=audit.backend, progress=True,
     )
-    assumptions = list(result.assumptions)
-    if record.mechanism != "identity":
-        assumptions.append(
-            f"The ledger's mechanism is '{record.mechanism}' (correlated noise); this audit models independent noise per step."
-        )
+    correlated = [] if record.mechanism == "identity" else [
+        f"The ledger's mechanism is '{record.mechanism}' (correlated noise); this audit models independent noise per step."
+    ]
+    assumptions = list(result.assumptions) + correlated
     measured = epsilon_versus_observations(
         scores, delta=record.delta, confidence=audit.confidence, method=audit.threshold, split_fraction=audit.split_fraction
     )
@@ -67,9 +67,10 @@ def run(params: Params, root: Path) -> dict[str, Any]:
             threat_model=audit.dpsgd_threat_model, sampler=schedule.sampler, observations=audit.dpsgd_observations,
             epochs=record.epochs, batch_size=record.batch_size, noise_multiplier=record.noise_multiplier,
             dataset_size=schedule.dataset_size, method=audit.threshold, delta=record.delta,
-            confidence=audit.confidence, seed=params.seed,
+            confidence=audit.confidence, seed=params.seed, sampler_options=options, epsilon_claimed=record.epsilon,
+            claim_basis=ledger_basis,
         )
-        details["dpsgd"] = dpsgd.to_dict()
+        details["dpsgd"] = {**dpsgd.to_dict(), "assumptions": list(dpsgd.assumptions) + correlated}
         metrics.update({f"dpsgd_{key}": value for key, value in _flat(dpsgd.summary()).items() if key != "sampler"})
     with io.atomic_dir(root / "plots" / "audit") as folder:
         title = f"BGM audit, sampler '{schedule.sampler}', N = {result.observations:,}"
