@@ -123,3 +123,38 @@ def test_monte_carlo_epsilon_is_monotone(field, values):
         estimates.append(accountant.epsilon_estimate(description, 1e-3))
     ordered = estimates[::-1] if field == "sigma" else estimates
     assert all(a < b for a, b in zip(ordered, ordered[1:]))
+
+
+@pytest.mark.parametrize("sampler", ["balls-in-bins", "balls-in-bins-redrawn"])
+def test_a_run_stopped_before_every_bin_is_used_keeps_its_noise(sampler):
+    """Steps before the first epoch ends leave bins unused (G singular and diagonal). One step of b bins
+    is the Poisson-subsampled Gaussian at q = 1/b (dp-accounting's PLD); three steps are checked against
+    the brute-force sampler of the 3 × b mode matrix."""
+    bins, sigma, epsilon = 10, 1.0, 0.8
+    description = describe(sampler=sampler, noise_multiplier=sigma, batches_per_epoch=bins, epochs=2)
+    pair = get_accountant("montecarlo").pair(description.with_steps(1))
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    accountant.compose(dp_event.PoissonSampledDpEvent(1 / bins, dp_event.GaussianDpEvent(sigma)))
+    assert _within(mc.estimate_delta(pair, sigma, epsilon, 200_000, seed=5), accountant.get_delta(epsilon))
+    pair = get_accountant("montecarlo").pair(description.with_steps(3))
+    fast = mc.estimate_delta(pair, sigma, epsilon, 200_000, seed=6)
+    remove, add = mc.naive_losses(np.eye(3, bins), sigma, 200_000, seed=7)
+    for losses, mine in zip((remove, add), (fast.delta_remove, fast.delta_add)):
+        brute = np.clip(-np.expm1(epsilon - losses), 0, None)
+        assert abs(brute.mean() - mine) <= 4 * math.sqrt(brute.var() / brute.size + fast.stderr**2) + 1e-9
+
+
+def test_evr_retries_add_their_failure_probability_to_delta():
+    """One attempt: (ε, max(δ, β)) (004 Thm 2.1); after a > 1 attempts the retries release where one
+    attempt would refuse, so the unconditional δ is δ + a·β."""
+    accountant = get_accountant("montecarlo", samples=20_000, verify_samples=20_000)
+    description = describe(sampler="balls-in-bins", noise_multiplier=1.0, batches_per_epoch=5, epochs=2)
+    pair, delta = accountant.pair(description), 0.05
+    epsilon = accountant.epsilon_estimate(description, delta)
+    _, _, once = accountant.verify(pair, 1.0, 1.2 * epsilon, delta, raise_sigma=False)
+    assert once["evr_attempts"] == 1
+    assert once["unconditional_delta"] == max(delta, once["mc_failure_probability"])
+    _, certified, retried = accountant.verify(pair, 1.0, 0.8 * epsilon, delta, raise_sigma=False)
+    assert retried["evr_attempts"] > 1 and certified > 0.8 * epsilon
+    assert retried["unconditional_delta"] == pytest.approx(min(1.0, delta + retried["mc_failure_probability"]))
+    assert retried["unconditional_delta"] > max(delta, retried["mc_failure_probability"])

@@ -141,7 +141,9 @@ class MonteCarloAccountant:
     (W = (1 − e^{ε−Y})_+ ∈ [0, 1], Var W <= E W) the check passes with probability at most
     β = exp(−m t² / (2δ + 2t/3)), t = δ − threshold, if the true δ exceeded the target. A failed check
     raises σ (or ε) by 5% and checks again on new fresh samples; after a attempts the release is (ε, δ)-DP
-    except with probability a·β, and (ε, max(δ, a·β))-DP unconditionally (004 Thm 2.1).
+    except with probability a·β. Unconditionally it is (ε, max(δ, β))-DP after one attempt (004 Thm 2.1:
+    a bad σ is released with probability <= β, else refused) and (ε, δ + a·β)-DP after a > 1 (a retry
+    releases where one attempt would refuse, so the δ of good releases and the failures add up).
     """
 
     samples: int = 1 << 17
@@ -234,7 +236,7 @@ class MonteCarloAccountant:
             "evr_threshold": threshold,
             "delta_calibrated": self.evr_delta_ratio * delta,
             "mc_failure_probability": total_failure,
-            "unconditional_delta": max(delta, total_failure),
+            "unconditional_delta": max(delta, failure) if attempt == 1 else min(1.0, delta + total_failure),
         }
         return sigma, epsilon, details
 

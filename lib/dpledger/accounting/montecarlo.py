@@ -109,7 +109,12 @@ def redrawn_bins_pair(bins: int, steps: int) -> DominatingPair:
 
 
 def gram_factor(gram: torch.Tensor) -> torch.Tensor:
-    """F with F Fᵀ = G: Cholesky, or the symmetric square root where G is singular (unused bins)."""
+    """F with F Fᵀ = G: Cholesky, or a square root where G is singular (bins unused before the end of
+    an epoch). A diagonal G keeps a diagonal F, which ``correlate``'s O(b) path relies on (``eigh``
+    would order the eigenvalues and put the square roots off the diagonal)."""
+    diagonal = torch.diagonal(gram)
+    if torch.count_nonzero(gram - torch.diag(diagonal)) == 0:
+        return torch.diag(diagonal.clamp(min=0).sqrt())
     factor, info = torch.linalg.cholesky_ex(gram)
     if int(info) == 0:
         return factor
