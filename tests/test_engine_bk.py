@@ -299,3 +299,23 @@ def test_bad_engine_options_raise_one_line_errors(kwargs, match):
     options = {"clip_norm": 1.0, "noise_multiplier": 1.0, "normalizer": 1.0, **kwargs}
     with pytest.raises(ParamsError, match=match):
         BKEngine(nn.Linear(2, 2), None, **options)
+
+
+def test_a_layer_in_eval_mode_inside_a_training_model_still_trains():
+    """Only the model's mode decides whether a forward pass is recorded: a layer put in eval mode (e.g. to
+    switch off dropout) keeps its clipped gradient instead of silently receiving only noise."""
+    torch.manual_seed(8)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    model[2].eval()
+    x, y = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,))
+    expected = naive_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.1)
+    got, _ = bk_clipped_sum(model, cross_entropy, x, y, 0.1)
+    assert relative_error(got, expected) < 1e-10 and float(got["2.weight"].norm()) > 0
+
+
+def test_backward_without_a_recorded_forward_says_to_train_the_model():
+    model = nn.Sequential(nn.Linear(4, 3))
+    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
+    model.eval()
+    with pytest.raises(ParamsError, match="model.train"):
+        engine.backward(cross_entropy(model(torch.randn(5, 4)), torch.randint(0, 3, (5,))))

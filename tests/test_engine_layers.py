@@ -159,6 +159,26 @@ def test_tied_and_reused_parameters_use_the_norm_of_the_summed_gradient(ghost):
     assert engine.layer_methods["mix"] == "instantiate" and engine.layer_methods["embed"] == "instantiate"
 
 
+class _TiedHeadFirst(_Tied):
+    """As _Tied, with the tied head registered before ``mix``: it owns no parameter of its own."""
+
+    def __init__(self) -> None:
+        nn.Module.__init__(self)
+        self.embed = nn.Embedding(7, 4)
+        self.head = nn.Linear(4, 7, bias=False)
+        self.head.weight = self.embed.weight
+        self.mix = nn.Linear(4, 4)
+
+
+@pytest.mark.parametrize("model_class", [_Tied, _TiedHeadFirst])
+def test_per_layer_clipping_counts_only_layers_that_own_parameters(model_class):
+    """L in R/√L is the number of owning layers (embed, mix), wherever the tied head is registered."""
+    torch.manual_seed(2)
+    tokens, targets = torch.randint(0, 7, (6, 5)), torch.randint(0, 7, (6,))
+    error, _ = compare(model_class(), cross_entropy, tokens, targets, clipping="per-layer")
+    assert error < TOL
+
+
 @pytest.mark.parametrize("clipping", ["flat", "per-layer", "automatic"])
 def test_clipping_modes_match_naive_loop(clipping):
     torch.manual_seed(3)

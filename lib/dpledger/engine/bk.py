@@ -187,9 +187,10 @@ class BKEngine:
                 why = reason or f"the rule knows only {', '.join(rule.parameters)}, not {', '.join(unknown)}"
                 raise UnsupportedLayerError(f"engine: layer {label} cannot be trained privately: {why}")
             self._module_names[id(module)] = layer_name
-            group_of_layer[id(module)] = len(group_of_layer)
-            for _, p in own:
-                if owners[id(p)].group < 0:
+            fresh = [p for _, p in own if owners[id(p)].group < 0]
+            if fresh:  # a module whose parameters are all tied to earlier ones is no clipping group of its own
+                group_of_layer[id(module)] = len(group_of_layer)
+                for p in fresh:
                     owners[id(p)].group = group_of_layer[id(module)]
         return owners
 
@@ -205,7 +206,9 @@ class BKEngine:
         return self._origins[key]
 
     def _forward_hook(self, module: nn.Module, inputs: tuple[Any, ...], output: Tensor) -> Tensor | None:
-        if not torch.is_grad_enabled() or not module.training:
+        # The model's mode, not the layer's: a layer put in eval mode inside a training model still trains
+        # (skipping it would leave its parameters only noise); an evaluation pass of the model is skipped.
+        if not torch.is_grad_enabled() or not self.model.training:
             return None
         if not output.requires_grad:
             output = output + self._origin(output)
@@ -252,6 +255,11 @@ class BKEngine:
         if losses.dim() != 1:
             raise ParamsError(f"engine: losses must be per-example, shape (B,), got {tuple(losses.shape)}")
         calls, self._calls = self._calls, []
+        if not calls:
+            raise ParamsError(
+                "engine: no forward pass of the model was recorded since the last backward; run it in training "
+                "mode (model.train()) with gradients enabled before engine.backward"
+            )
         batch = losses.shape[0]
         use_count = Counter(id(p) for c in calls for p in c.params.values())
         state = self._pass = _Pass(batch, use_count, {}, {}, [])
