@@ -10,6 +10,7 @@ import pytest
 
 from dpledger.errors import ParamsError, SamplerMismatchError
 from dpledger.sampling import ACCOUNTED_SAMPLERS, SAMPLERS, build_sampler, build_schedule, check_schedule
+from dpledger.sampling.guard import check_schedule_sizes
 
 PLUGIN_SOURCE = textwrap.dedent(
     """
@@ -82,6 +83,31 @@ def test_allowed_mismatch_passes_and_carries_the_warning_for_the_report():
     assert "assumed the 'poisson' sampler but training used 'shuffle'" in check.warning()
     assert "No sound accountant exists for 'shuffle'" in check.warning()
     assert check.to_metrics() == {"sampler_accounted": "poisson", "sampler_used": "shuffle", "sampler_mismatch": True}
+
+
+@pytest.mark.parametrize("accounted", ACCOUNTED_SAMPLERS)
+def test_schedule_sizes_must_be_the_accounted_ones(accounted):
+    check_schedule_sizes(schedule_of(accounted), dataset_size=50, batch_size=5, epochs=2)
+    check_schedule_sizes(schedule_of(accounted), dataset_size=50, batch_size=5, epochs=3)  # fewer epochs: a prefix
+    bigger = build_schedule(accounted, dataset_size=50, batch_size=10, epochs=2, seed=0)  # q = 0.2, not 0.1
+    with pytest.raises(SamplerMismatchError, match="batch_size 10 \\(accounted 5\\)"):
+        check_schedule_sizes(bigger, dataset_size=50, batch_size=5, epochs=2)
+    with pytest.raises(SamplerMismatchError, match="dataset_size 50 \\(accounted 40\\)"):
+        check_schedule_sizes(schedule_of(accounted), dataset_size=40, batch_size=5, epochs=2)
+    with pytest.raises(SamplerMismatchError, match="epochs 2 \\(accounted 1\\)"):
+        check_schedule_sizes(schedule_of(accounted), dataset_size=50, batch_size=5, epochs=1)
+
+
+@pytest.mark.parametrize("accounted,options,message", [
+    ("poisson", {"sample_rate": 0.3}, "sample_rate 0.3"),
+    ("balls-in-bins", {"bins": 4}, "bins 4"),
+    ("balls-in-bins-redrawn", {"bins": 4, "pad_truncate": True}, "bins 4"),
+])
+def test_sampler_options_other_than_the_accounted_rate_or_bins_are_refused(accounted, options, message):
+    schedule = schedule_of(accounted, **options)
+    assert check_schedule(accounted, schedule, allow_mismatch=False).matches  # the name alone matches
+    with pytest.raises(SamplerMismatchError, match=message):
+        check_schedule_sizes(schedule, dataset_size=50, batch_size=5, epochs=2)
 
 
 def test_pad_truncate_is_accounted_as_balls_in_bins():

@@ -24,7 +24,8 @@ def poisson_schedule(dataset_size: int, batch_size: int, epochs: int, seed: int,
     offsets = np.concatenate([[0], np.cumsum([len(b) for b in batches])])
     indices = np.concatenate(batches)
     return Schedule(indices=indices, offsets=offsets, padding=np.zeros(len(indices), bool), sampler=sampler,
-                    sampler_params={}, seed=seed, dataset_size=dataset_size, steps_per_epoch=steps_per_epoch)
+                    sampler_params={"batch_size": batch_size, "epochs": epochs}, seed=seed, dataset_size=dataset_size,
+                    steps_per_epoch=steps_per_epoch)
 
 
 def make_project(root: Path, *, train: dict | None = None, epochs: int = 2, batch_size: int = 64,

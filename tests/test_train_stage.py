@@ -19,7 +19,7 @@ from dpledger.errors import DpledgerError, SamplerMismatchError
 from dpledger.pipeline import run_stage
 from dpledger.pipeline.train import epsilon_spent
 from dpledger.sampling.schedule import Schedule
-from test_train_helpers import TRAIN_SIZE, make_project
+from test_train_helpers import TRAIN_SIZE, make_project, poisson_schedule
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,14 +76,26 @@ def test_schedule_longer_than_the_accounted_steps_is_refused(tmp_path):
         run_stage("train", params, tmp_path)
 
 
+@pytest.mark.parametrize("batch_size,epochs", [(128, 4), (96, 2)])
+def test_schedule_built_for_other_sizes_is_refused(tmp_path, batch_size, epochs):
+    # calibrated for B = 64, 2 epochs (44 steps); B = 128 over 4 epochs is also 44 steps but q is twice the
+    # accounted one (and the engine divided its sum by 64); B = 96 over 2 epochs fits in 30 steps
+    params = make_project(tmp_path, epochs=2, batch_size=64)
+    other = poisson_schedule(TRAIN_SIZE, batch_size, epochs, seed=7)
+    other.save(tmp_path / "artifacts/schedule")
+    with pytest.raises(DpledgerError, match=f"batch_size {batch_size} \\(accounted 64\\)"):
+        run_stage("train", params, tmp_path)
+    assert not (tmp_path / "artifacts/train").exists()
+
+
 def test_pad_truncate_schedule_normalises_by_fixed_batch_size_and_ignores_padding(tmp_path):
     rng = np.random.default_rng(0)
     steps, size = 30, 32
     indices = rng.integers(0, TRAIN_SIZE, steps * size)
     padding = rng.random(steps * size) < 0.2
     schedule = Schedule(indices=indices, offsets=np.arange(0, steps * size + 1, size), padding=padding,
-                        sampler="balls-in-bins", sampler_params={"pad_truncate": True}, seed=0, dataset_size=TRAIN_SIZE,
-                        steps_per_epoch=15, normalizer=size)
+                        sampler="balls-in-bins", sampler_params={"batch_size": size, "epochs": 2, "pad_truncate": True},
+                        seed=0, dataset_size=TRAIN_SIZE, steps_per_epoch=15, normalizer=size)
     params = make_project(tmp_path, schedule=schedule, accounted="balls-in-bins", batch_size=size, epochs=2)
     assert run_stage("train", params, tmp_path)["steps_done"] == 30
 

@@ -29,7 +29,7 @@ from dpledger.engine.device import autocast, select_device
 from dpledger.errors import DpledgerError
 from dpledger.models import build_model
 from dpledger.params import Params
-from dpledger.sampling.guard import check_schedule
+from dpledger.sampling.guard import check_schedule, check_schedule_sizes
 from dpledger.sampling.schedule import Schedule
 
 CALIBRATION = Path("artifacts/calibration/calibration.json")
@@ -60,6 +60,7 @@ def _load_inputs(params: Params, root: Path) -> tuple[CalibrationRecord, Schedul
             f"train: the schedule indexes {schedule.dataset_size} examples but the training set has {data.train_size}; "
             "re-run the schedule stage"
         )
+    check_schedule_sizes(schedule, dataset_size=record.dataset_size, batch_size=record.batch_size, epochs=record.epochs)
     if schedule.num_steps > record.steps:
         raise DpledgerError(
             f"train: the schedule has {schedule.num_steps} steps but calibration accounted for {record.steps}; "

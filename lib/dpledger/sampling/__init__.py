@@ -6,7 +6,13 @@ them as a :class:`Schedule`; :func:`check_schedule` is the guard calibrate, trai
 """
 
 from dpledger.sampling.base import Batch, BatchSampler, steps_per_epoch
-from dpledger.sampling.guard import ACCOUNTED_SAMPLERS, SamplerCheck, check_sampler, check_schedule
+from dpledger.sampling.guard import (
+    ACCOUNTED_SAMPLERS,
+    SamplerCheck,
+    check_sampler,
+    check_schedule,
+    check_schedule_sizes,
+)
 from dpledger.sampling.registry import (
     SAMPLERS,
     build_sampler,
@@ -29,6 +35,7 @@ __all__ = [
     "build_schedule",
     "check_sampler",
     "check_schedule",
+    "check_schedule_sizes",
     "describe_samplers",
     "materialize",
     "options_for",

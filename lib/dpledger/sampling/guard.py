@@ -10,6 +10,7 @@ accounting concerns the summed gradient, where a padding or truncated row is a z
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,3 +101,34 @@ def check_schedule(accounted: str, schedule: "Schedule", *, allow_mismatch: bool
         allow_mismatch=allow_mismatch,
         used_as=declared_equivalent(schedule.sampler, schedule.sampler_params),
     )
+
+
+def check_schedule_sizes(schedule: "Schedule", *, dataset_size: int, batch_size: int, epochs: int) -> None:
+    """Refuse a schedule built for other sizes than the accountant's (n, B, epochs): q = B/n, b = ⌈n/B⌉.
+
+    The sampler name alone does not pin the claim down: a schedule of the right sampler at a larger B
+    (a larger q, fewer bins) within the accounted number of steps spends more privacy than proven.
+    Unlike a sampler mismatch this cannot be allowed: no report could say what ε such a run has.
+    """
+    params = schedule.sampler_params
+    used = {
+        "dataset_size": schedule.dataset_size, "batch_size": params.get("batch_size"), "epochs": params.get("epochs")
+    }
+    problems = []
+    if used["dataset_size"] != dataset_size:
+        problems.append(f"dataset_size {used['dataset_size']} (accounted {dataset_size})")
+    if used["batch_size"] != batch_size:
+        problems.append(f"batch_size {used['batch_size']} (accounted {batch_size})")
+    if used["epochs"] is None or used["epochs"] > epochs:
+        problems.append(f"epochs {used['epochs']} (accounted {epochs})")
+    rate = params.get("sample_rate")
+    if rate is not None and not math.isclose(rate, batch_size / dataset_size, rel_tol=1e-12):
+        problems.append(f"sample_rate {rate} (accounted q = B/n = {batch_size / dataset_size})")
+    bins = params.get("bins")
+    if bins is not None and bins != math.ceil(dataset_size / batch_size):
+        problems.append(f"bins {bins} (accounted b = ⌈n/B⌉ = {math.ceil(dataset_size / batch_size)})")
+    if problems:
+        raise SamplerMismatchError(
+            f"the schedule was built with {', '.join(problems)}: the claimed epsilon does not describe it; "
+            "re-run the schedule and calibrate stages with the same data and batching"
+        )
