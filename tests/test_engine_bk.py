@@ -319,3 +319,28 @@ def test_backward_without_a_recorded_forward_says_to_train_the_model():
     model.eval()
     with pytest.raises(ParamsError, match="model.train"):
         engine.backward(cross_entropy(model(torch.randn(5, 4)), torch.randint(0, 3, (5,))))
+
+
+def test_batchnorm_with_batch_statistics_is_refused_even_when_frozen():
+    """A frozen BatchNorm in training mode mixes examples: removing one example moved the clipped sum by
+    0.275 with R = 0.1, and a zero-weight padding row moved it by 0.219. Refused at the forward pass; in
+    eval mode (running statistics) it is per-example and the sum equals the naive loop's."""
+    torch.manual_seed(9)
+    model = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 2)).double()
+    model[1].requires_grad_(False)
+    x, y = torch.randn(16, 3, dtype=torch.float64), torch.randint(0, 2, (16,))
+    twin = copy.deepcopy(model).eval()
+    engine = BKEngine(model, None, clip_norm=0.1, noise_multiplier=0.0, normalizer=1.0)
+    with pytest.raises(UnsupportedLayerError, match=r"layer 1 \(BatchNorm1d\) normalises with batch statistics"):
+        model(x)
+    assert float(model[1].running_mean.abs().max()) == 0.0  # no statistics taken from the data either
+    model[1].eval()
+    expected = naive_clipped_sum(twin, cross_entropy, x, y, 0.1)
+    engine.private_step(cross_entropy(model(x), y))
+    got = dict(zip(engine.parameter_names, (p.grad for p in engine.params)))
+    assert relative_error(got, expected) < 1e-10
+    model.eval()
+    model(x)  # an evaluation pass of the model is not training
+    engine.detach()
+    model.train()
+    model(x)  # the hooks are gone with detach

@@ -18,6 +18,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from dpledger.engine.clipping import check_clipping, clip_factors, group_threshold
 from dpledger.engine.layers import LayerRule, add_weighted_sum, rule_for
@@ -151,6 +152,10 @@ class BKEngine:
         self._view_of = {id(p): view for p, view in zip(self.params, self._views)}
         self._pending = False
         self._handles = [module.register_forward_hook(self._forward_hook) for module in self._hooked_modules()]
+        self._handles += [
+            module.register_forward_pre_hook(self._batch_statistics_hook)
+            for module in model.modules() if isinstance(module, _BatchNorm)
+        ]
         for param in self.params:
             param.requires_grad_(False)
 
@@ -204,6 +209,19 @@ class BKEngine:
         if key not in self._origins:
             self._origins[key] = torch.zeros((), device=like.device, dtype=like.dtype, requires_grad=True)
         return self._origins[key]
+
+    def _batch_statistics_hook(self, module: nn.Module, inputs: tuple[Any, ...]) -> None:
+        """Refuse a BatchNorm that normalises with (and updates running stats from) the batch while the model
+        trains, even with frozen parameters: every example's gradient then depends on the other examples and
+        the padding rows, so clipping no longer bounds one example's contribution (and the running stats
+        in the released model are computed from the data without noise)."""
+        if self.model.training and (module.training or module.running_mean is None):
+            name = next((n for n, m in self.model.named_modules() if m is module), "?") or "<model>"
+            raise UnsupportedLayerError(
+                f"engine: layer {name} ({type(module).__name__}) normalises with batch statistics, which mix "
+                "examples (and padding rows) into every per-example gradient; put it in eval mode with running "
+                "statistics or use GroupNorm/LayerNorm"
+            )
 
     def _forward_hook(self, module: nn.Module, inputs: tuple[Any, ...], output: Tensor) -> Tensor | None:
         # The model's mode, not the layer's: a layer put in eval mode inside a training model still trains
