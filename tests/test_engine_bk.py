@@ -150,6 +150,22 @@ def test_other_noise_is_drawn_in_fixed_seeded_chunks_whatever_the_thread_count()
     assert len(set(seeds)) == 3 and chunk_seeds(3, 7, 1) == seeds[:1] and chunk_seeds(3, 8, 1) != seeds[:1]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_chunked_noise_below_float64_is_the_rounded_float64_draw(dtype):
+    """torch's own float32 normal_ caps |z| at 5.77 (24-bit uniforms; 6.8 on CUDA): a capped tail leaks a δ
+    that no accountant counts, so lower precisions round the float64 draw instead (cap 8.57). (CPU float32
+    goes to Philox in training; its chunk path is the one CUDA takes.)"""
+    from dpledger.engine.noise import NOISE_CHUNK
+
+    numel = NOISE_CHUNK + 1000
+    wide = NoiseSource(numel, seed=3, dtype=torch.float64).draw(7)
+    source = NoiseSource(numel, seed=3, dtype=dtype)
+    narrow = source._torch_chunks_into(torch.empty(numel, dtype=dtype), 7, 1.0)
+    assert torch.equal(narrow, wide.to(dtype))
+    scaled = source._torch_chunks_into(torch.empty(numel, dtype=dtype), 7, 0.5)
+    assert torch.equal(scaled, (0.5 * wide).to(dtype))
+
+
 def test_parameter_without_gradient_this_step_still_gets_noise():
     model = nn.ModuleDict({"used": nn.Linear(2, 2), "unused": nn.Linear(2, 2)})
     engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0)
@@ -165,7 +181,8 @@ def test_correlated_noise_follows_the_mechanism_stream_and_replays_on_resume():
     params = banded_params(3)
     engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0, seed=4, mechanism="banded",
                       mechanism_params=params, num_steps=5)
-    expected = list(noise_stream("banded", params, 5, 310, generator=torch.Generator().manual_seed(4)))
+    identity = NoiseSource(310, seed=4)  # the engine transforms its own i.i.d. rows z_t by C⁻¹
+    expected = list(noise_stream("banded", params, 5, 310, normals=lambda t: identity.draw(t).clone()))
     got = []
     for _ in range(5):
         engine.private_step(model(torch.zeros(2, 30)).sum(1) * 0.0)

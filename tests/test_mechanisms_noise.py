@@ -34,11 +34,40 @@ def test_noise_stream_equals_dense_inverse_product(mechanism, params):
     np.testing.assert_allclose(torch.stack(rows).numpy(), _dense_rows(mechanism, params), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("mechanism,params", CASES)
+def test_noise_stream_over_given_normals_equals_dense_inverse_product(mechanism, params):
+    """``normals(t)`` (the engine's counter-based rows) takes the generator's place, row t for step t."""
+    z = np.random.default_rng(3).standard_normal((STEPS, NUMEL))
+    rows = list(noise_stream(mechanism, params, STEPS, NUMEL, normals=lambda t: torch.from_numpy(z[t].copy()),
+                             dtype=torch.float64))
+    expected = solve_triangular(dense_matrix(coefficients(mechanism, params, STEPS)), z, lower=True)
+    np.testing.assert_allclose(torch.stack(rows).numpy(), expected, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="exactly one of generator and normals"):
+        next(noise_stream(mechanism, params, STEPS, NUMEL))
+
+
 def test_noise_stream_float32_close_to_float64():
     params = CASES[4][1]
     rows = list(noise_stream("blt", params, STEPS, NUMEL, generator=torch.Generator().manual_seed(7)))
     assert rows[0].dtype == torch.float32
-    np.testing.assert_allclose(torch.stack(rows).numpy(), _dense_rows("blt", params, torch.float32), atol=1e-4)
+    np.testing.assert_allclose(torch.stack(rows).numpy(), _dense_rows("blt", params), atol=1e-4)
+
+
+@pytest.mark.parametrize("mechanism,params", CASES)
+def test_float32_stream_rounds_float64_normals_so_tails_are_not_cut_at_5_77_sigma(mechanism, params):
+    """torch's float32 randn takes the Box–Muller radius from 24-bit uniforms: |z| <= 5.768, on a coarse
+    lattice in the tail. Noise capped there leaks (a shift m_t pushes a coordinate past the cap with
+    probability P(5.768 − m_t/σ < Z <= 5.768); about 1e-6 per participation at σ = 1), so a float32
+    stream must be the float64 stream (53-bit uniforms, cap 8.57) rounded, not torch's float32 draw.
+    (numel >= 16: torch draws fewer than 16 normals in double precision either way.)"""
+    numel = 64
+    def rows(dtype):
+        generator = torch.Generator().manual_seed(7)
+        return torch.stack(list(noise_stream(mechanism, params, STEPS, numel, generator=generator, dtype=dtype)))
+
+    rows32, rows64 = rows(torch.float32), rows(torch.float64)
+    assert rows32.dtype == torch.float32
+    np.testing.assert_allclose(rows32.numpy(), rows64.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_identity_stream_is_standard_normal():

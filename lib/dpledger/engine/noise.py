@@ -4,11 +4,13 @@ Identity noise on the CPU in float32 (the common case) comes from ``philox_norma
 counter-based bits and a vectorized float32 Box–Muller, a pure function of (seed, step, position),
 drawn on disjoint blocks by numba's thread pool; about 3× cheaper than torch's ``normal_`` on the
 same threads and 5× cheaper than one ``normal_`` call (whose uniforms come from a serial Mersenne
-Twister), with tails to 9.5σ instead of 5.9σ. Other devices and dtypes cut the vector into fixed
-chunks of ``NOISE_CHUNK`` entries, chunk k drawn by torch from its own generator seeded with
-(seed, t, k). Either way a resumed run draws the same noise for the same step without replaying
-earlier ones, and the noise does not depend on the thread count. Correlated noise comes from
-``dpledger.mechanisms.noise_stream`` (a stateful stream: resuming replays it up to the step).
+Twister), with tails to 9.5σ instead of 5.8σ. Other devices and dtypes cut the vector into fixed
+chunks of ``NOISE_CHUNK`` entries, chunk k drawn by torch in float64 from its own generator seeded with
+(seed, t, k), then rounded: torch's float32 draws cap |z| at 5.8σ (CPU) or 6.8σ (CUDA), and noise with a
+cap leaks a δ no accountant counts (``dpledger.mechanisms.noise``). Either way a resumed run draws the
+same noise for the same step without replaying earlier ones, and the noise does not depend on the thread
+count. Correlated noise is ``dpledger.mechanisms.noise_stream`` applied to these same rows z_t (a
+stateful stream: resuming replays it up to the step).
 ``secure=True`` draws from the operating system's CSPRNG (``os.urandom``) instead, for identity
 only; it cannot be replayed, which is harmless because an interrupted step was never released.
 """
@@ -111,7 +113,12 @@ class NoiseSource:
         def fill(indices: range) -> None:
             for k in indices:
                 generator = torch.Generator(device=out.device).manual_seed(seeds[k])
-                out[k * NOISE_CHUNK:(k + 1) * NOISE_CHUNK].normal_(0.0, scale, generator=generator)
+                chunk = out[k * NOISE_CHUNK:(k + 1) * NOISE_CHUNK]
+                if chunk.dtype == torch.float64:
+                    chunk.normal_(0.0, scale, generator=generator)
+                else:
+                    wide = torch.empty(chunk.shape, device=out.device, dtype=torch.float64)
+                    chunk.copy_(wide.normal_(0.0, scale, generator=generator))
 
         workers = min(chunks, torch.get_num_threads()) if out.device.type == "cpu" else 1
         if workers == 1:
@@ -148,15 +155,21 @@ class NoiseSource:
             self._pool_owner = (os.getpid(), workers)
         return self._pool
 
+    def independent(self, step: int) -> torch.Tensor:
+        """A fresh tensor of i.i.d. N(0, 1) for step ``step``: the rows z_t that correlated noise transforms."""
+        out = torch.empty(self.numel, device=self.device, dtype=self.dtype)
+        if out.device.type == "cpu" and out.dtype == torch.float32:
+            return self._philox_into(out, step, 1.0)
+        return self._torch_chunks_into(out, step, 1.0)
+
     def _correlated(self, step: int) -> torch.Tensor:
         if self._stream is None or step < self._stream_position:
             from dpledger.mechanisms import noise_stream
 
-            generator = torch.Generator(device=self.device or "cpu").manual_seed(self.seed)
             self._stream = iter(
                 noise_stream(
                     self.mechanism, self.mechanism_params, self.num_steps, self.numel,
-                    generator=generator, device=self.device, dtype=self.dtype,
+                    normals=self.independent, device=self.device, dtype=self.dtype,
                 )
             )
             self._stream_position = 0
