@@ -123,3 +123,14 @@ def test_gpu_backend_runs_the_shuffle_audit():
     assert backend.device == "cuda"
     scores = simulate_scores(SlotModel(1.0, 1, (1.0,) * 100, 2.0, 1.0), 100_000, seed=0, backend=backend, progress=False)
     assert np.all(np.isfinite(scores.present))
+
+
+def test_default_poisson_claim_uses_the_samplers_own_sample_rate():
+    """A correct Poisson mechanism at q = 0.05 ≠ B/n must be judged against the ε of q = 0.05, not of B/n."""
+    common = dict(dataset_size=100, batch_size=1, epochs=1, noise_multiplier=1.0, observations=40_000, delta=1e-5,
+                  progress=False, backend="numpy")
+    result, _ = audit_bgm("poisson", options={"sample_rate": 0.05}, **common)
+    assert result.epsilon_claimed == pytest.approx(pld_epsilon(1.0, "poisson", 1, 0.05, 100, 1, 100, 1e-5))
+    # the B/n claim would be "contradicted"
+    assert result.epsilon_emp > pld_epsilon(1.0, "poisson", 1, 0.01, 100, 1, 100, 1e-5)
+    assert result.verdict != "contradicted" and "0.05" in result.claim_basis

@@ -130,6 +130,21 @@ def test_training_past_the_accounted_budget_is_a_warning(tmp_path):
     assert "Training spent ε = 3.2, more than the claimed ε = 3.001; took 240 steps but the accountant covered 225" in markdown
 
 
+def test_audit_above_the_claim_without_a_valid_bound_is_not_a_contradiction(tmp_path):
+    """The uncorrected ``max`` threshold's ε_emp is no lower bound: the audit's inconclusive verdict stands."""
+    root = fabricate_project(tmp_path)
+    audit = json.loads((root / "metrics/audit.json").read_text())
+    invalid = {**audit, "epsilon_emp": 9.0, "threshold_method": "max", "threshold_valid": False,
+               "verdict": "inconclusive"}
+    (root / "metrics/audit.json").write_text(json.dumps(invalid))
+    assert "audit-contradicted" not in render(root)[0]["warning_kinds"]
+    older = {key: value for key, value in invalid.items() if key != "verdict"}
+    (root / "metrics/audit.json").write_text(json.dumps(older))
+    assert "audit-contradicted" not in render(root)[0]["warning_kinds"]
+    (root / "metrics/audit.json").write_text(json.dumps({**older, "threshold_valid": True}))
+    assert "audit-contradicted" in render(root)[0]["warning_kinds"]
+
+
 def test_sections_come_in_the_order_of_the_issue(tmp_path):
     _, markdown, html = render(fabricate_project(tmp_path, ALL_PROBLEMS))
     positions = [markdown.index(f"\n{heading}\n") for heading in SECTIONS_IN_ORDER]

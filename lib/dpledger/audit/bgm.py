@@ -17,17 +17,34 @@ CLAIM_ACCOUNTANTS = ("poisson", "fixed")
 
 
 def accounted_epsilon(
-    claim_sampler: str, *, noise_multiplier: float, dataset_size: int, batch_size: int, steps: int, delta: float
+    claim_sampler: str,
+    *,
+    noise_multiplier: float,
+    dataset_size: int,
+    batch_size: int,
+    steps: int,
+    delta: float,
+    sample_rate: float | None = None,
 ) -> float:
-    """ε a ledger would claim: the PLD accountant (pessimistic) for ``claim_sampler`` at q = B/n."""
+    """ε a ledger would claim: the PLD accountant (pessimistic) for ``claim_sampler`` at q = ``sample_rate``
+    (default B/n)."""
     if claim_sampler not in CLAIM_ACCOUNTANTS:
         raise ParamsError(
             f"audit: claim sampler = {claim_sampler!r} is invalid: allowed values are {', '.join(CLAIM_ACCOUNTANTS)} "
             f"(or give the claimed epsilon explicitly)"
         )
-    return pld_epsilon(
-        noise_multiplier, claim_sampler, 1, batch_size / dataset_size, dataset_size, batch_size, steps, delta
-    )
+    rate = batch_size / dataset_size if sample_rate is None else sample_rate
+    return pld_epsilon(noise_multiplier, claim_sampler, 1, rate, dataset_size, batch_size, steps, delta)
+
+
+def claim_sample_rate(
+    claim_sampler: str, sampler: str, options: dict[str, Any] | None, dataset_size: int, batch_size: int
+) -> float:
+    """q of the default claim: a Poisson sampler's own ``sample_rate`` when the claim is Poisson too, else B/n."""
+    rate = (options or {}).get("sample_rate")
+    if claim_sampler == "poisson" and sampler == "poisson" and rate is not None:
+        return float(rate)
+    return batch_size / dataset_size
 
 
 def bgm_assumptions(audited: AuditedSampler) -> list[str]:
@@ -81,11 +98,13 @@ def audit_bgm(
     )
     steps = audited.steps_per_epoch * epochs
     if epsilon_claimed is None:
+        rate = claim_sample_rate(claim_sampler, sampler, options, dataset_size, batch_size)
         epsilon_claimed = accounted_epsilon(
             claim_sampler, noise_multiplier=noise_multiplier, dataset_size=dataset_size,
-            batch_size=batch_size, steps=steps, delta=delta,
+            batch_size=batch_size, steps=steps, delta=delta, sample_rate=rate,
         )
-        claim_basis = f"PLD accountant assuming '{claim_sampler}' sampling, q = B/n, {steps} steps"
+        q = "B/n" if rate == batch_size / dataset_size else f"{rate:g} (the sampler's sample_rate)"
+        claim_basis = f"PLD accountant assuming '{claim_sampler}' sampling, q = {q}, {steps} steps"
     started = time.perf_counter()
     scores, timing = simulate_bgm(audited, observations, seed=seed, backend=backend, progress=progress)
     setting = {

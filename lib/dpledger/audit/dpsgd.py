@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from dpledger.audit.backend import select_backend
-from dpledger.audit.bgm import accounted_epsilon, audit_bgm
+from dpledger.audit.bgm import accounted_epsilon, audit_bgm, claim_sample_rate
 from dpledger.audit.models import BgmModel, SlotModel
 from dpledger.audit.result import AuditResult, conclude
 from dpledger.audit.samplers import TARGET_INDEX, audited_sampler
@@ -176,10 +176,13 @@ def audit_dpsgd(
     ))
     steps = len(outputs[True][0])
     if epsilon_claimed is None:
+        rate = claim_sample_rate("poisson", sampler, sampler_options, n, batch_size)
         epsilon_claimed = accounted_epsilon(
-            "poisson", noise_multiplier=noise_multiplier, dataset_size=n, batch_size=batch_size, steps=steps, delta=delta
+            "poisson", noise_multiplier=noise_multiplier, dataset_size=n, batch_size=batch_size, steps=steps,
+            delta=delta, sample_rate=rate,
         )
-        claim_basis = f"PLD accountant assuming 'poisson' sampling, q = B/n, {steps} steps"
+        q = "B/n" if rate == batch_size / n else f"{rate:g} (the sampler's sample_rate)"
+        claim_basis = f"PLD accountant assuming 'poisson' sampling, q = {q}, {steps} steps"
     setting = {
         "threat_model": threat_model, "dataset": "digits", "dataset_size": n, "batch_size": batch_size,
         "epochs": epochs, "steps": steps, "noise_multiplier": noise_multiplier, "clip_norm": clip_norm, "lr": lr,

@@ -64,10 +64,15 @@ def _exceeds(value: Any, limit: Any) -> bool:
 
 
 def _audit_contradicted(metrics: dict[str, dict[str, Any]]) -> Finding | None:
+    """The audit's own verdict decides: ε_emp above the claim from an invalid threshold (``max``) is no bound."""
     audit = metrics.get("audit", {})
     claimed = audit.get("epsilon_claimed", metrics.get("calibrate", {}).get("epsilon"))
     empirical = audit.get("epsilon_emp")
-    if audit.get("verdict") != "contradicted" and not _exceeds(empirical, claimed):
+    if "verdict" in audit:
+        contradicted = audit["verdict"] == "contradicted"
+    else:  # metrics of an older audit: compare, unless its threshold gave no valid bound
+        contradicted = audit.get("threshold_valid") is not False and _exceeds(empirical, claimed)
+    if not contradicted:
         return None
     confidence = audit.get("confidence")
     at = f" at {format_percent(confidence)} confidence" if confidence is not None else ""
