@@ -109,3 +109,17 @@ def test_batch_larger_than_dataset_writes_nothing(tmp_path):
     with pytest.raises(ParamsError, match="batch_size"):
         stage.run(parse_params(raw), tmp_path)
     assert _outputs(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "update,message",
+    [({"accountant": "montecarlo"}, "supports samplers"), ({"epsilon": float("inf")}, "finite")],
+)
+def test_calibrate_params_refused_when_sampler_is_left_at_its_default(update, message):
+    """An omitted calibrate.sampler defaulted to poisson without validation, so accountant montecarlo was
+    accepted by parse_params (and refused only at stage time); an infinite target ε was accepted too."""
+    raw = copy.deepcopy(yaml.safe_load((REPO / "params.yaml").read_text()))
+    raw["calibrate"].pop("sampler")
+    raw["calibrate"].update(update)
+    with pytest.raises(ParamsError, match=message):
+        parse_params(raw)

@@ -173,3 +173,42 @@ def test_cli_group_size_uses_the_binomial_mixture():
     mog = dp_event.MixtureOfGaussiansDpEvent(1.5, [0.0, 1.0, 2.0], probs)
     expected = _dp_accounting_epsilon(mog, 20, 1e-5, interval=1e-3)
     assert json.loads(out.output)["epsilon"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_group_conversion_for_fixed_batches_covers_the_smaller_datasets():
+    """Fixed batch, remove up to k: the chain D ⊃ D − x₁ ⊃ … hops out of datasets of N, N − 1, …,
+    N − k + 1 examples, so each hop needs the example-level ε at q = B/(N − k + 1), not B/N (that gave
+    15.25 < 15.59)."""
+    n, b, sigma, steps, k, delta = 200, 50, 4.0, 12, 4, 1e-5
+    description = describe(sampler="fixed", noise_multiplier=sigma, dataset_size=n, batch_size=b, steps=steps)
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    # Sensitivity 2 with probability B/m at std σ is the subsampled Gaussian at std σ/2.
+    accountant.compose(dp_event.PoissonSampledDpEvent(b / (n - k + 1), dp_event.GaussianDpEvent(sigma / 2)), steps)
+    by_hand = math.inf
+    for log_delta_1 in np.linspace(math.log(delta), math.log(delta) - 40, 801):
+        eps_1 = accountant.get_epsilon(math.exp(log_delta_1))
+        if math.exp(log_delta_1) * (math.exp(k * eps_1) - 1) / (math.exp(eps_1) - 1) <= delta:
+            by_hand = min(by_hand, k * eps_1)
+    row = group_table(description, delta, [k], discretization=1e-3)[0]
+    assert math.isfinite(by_hand)
+    assert row.conversion >= by_hand * (1 - 2e-3)
+    assert row.mog <= row.conversion
+
+
+@pytest.mark.parametrize("delta", ["0", "1", "1.5", "-1e-5"])
+def test_cli_epsilon_refuses_delta_outside_zero_one(delta):
+    """δ >= 1 printed ε = 0 and δ <= 0 printed ε = ∞, with exit code 0."""
+    out = runner.invoke(app, ["epsilon", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "100",
+                              "--delta", delta])
+    assert isinstance(out.exception, ParamsError) and "--delta" in str(out.exception)
+
+
+def test_steps_contradicting_epochs_are_refused():
+    """--epochs 10 --steps 100 with 100 batches per epoch accounted 100 steps and silently dropped the epochs."""
+    with pytest.raises(ParamsError, match="contradicts epochs"):
+        describe(sampler="poisson", dataset_size=1000, batch_size=10, epochs=10, steps=100)
+    out = runner.invoke(app, ["epsilon", "--noise-multiplier", "1", "--dataset-size", "1000", "--batch-size", "10",
+                              "--epochs", "10", "--steps", "100", "--delta", "1e-5"])
+    assert isinstance(out.exception, ParamsError)
+    stopped_mid_epoch = describe(sampler="poisson", dataset_size=1000, batch_size=10, epochs=10, steps=950)
+    assert stopped_mid_epoch.steps == 950 and stopped_mid_epoch.epochs == 10

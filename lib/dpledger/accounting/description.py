@@ -95,6 +95,11 @@ def describe(
     batches_per_epoch = batches_per_epoch or max(1, math.ceil(1.0 / sample_rate - 1e-9))
     if steps is None:
         steps = (epochs or 1) * batches_per_epoch
+    elif epochs is not None and epochs != math.ceil(steps / batches_per_epoch):
+        raise ParamsError(
+            f"steps = {steps} contradicts epochs = {epochs} of {batches_per_epoch} batches: {epochs} epochs take "
+            f"{(epochs - 1) * batches_per_epoch + 1} to {epochs * batches_per_epoch} steps (give one of the two)"
+        )
     epochs = epochs or max(1, math.ceil(steps / batches_per_epoch))
     if sampler.startswith("balls-in-bins") and steps != epochs * batches_per_epoch:
         raise ParamsError(

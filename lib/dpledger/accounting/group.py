@@ -4,6 +4,8 @@
 - ``conversion``: the group-privacy lemma (Vadhan 2017, Lemma 2.2) in its telescoped form
   δ_k = δ₁ (e^{kε₁} − 1)/(e^{ε₁} − 1), ε_k = k ε₁(δ₁), minimised over δ₁ on a log grid (001 §3.4). It
   returns ∞ where the PLD cannot resolve the tiny δ₁ it needs (tail truncation), which is reported.
+  For fixed-size sampling ε₁ is taken at N − k + 1 examples (q = B/(N − k + 1)): removing the group one
+  example at a time leaves datasets down to that size, and each hop must be covered.
 - ``linear``: the reference line k·ε₁(δ) at the same δ (001 §3.5); not a guarantee for the group.
 """
 
@@ -38,8 +40,17 @@ def group_conversion_epsilon(description: MechanismDescription, delta: float, gr
     δ_k(δ₁) <= δ; ∞ if no grid point is feasible. Any feasible δ₁ gives a valid bound."""
     if group_size == 1:
         return _example_epsilon(description, delta, discretization)
-    pld = composed_pld(description.noise_multiplier, description.sampler, 1, description.sample_rate,
-                        description.dataset_size, description.batch_size, description.steps, discretization)
+    dataset_size, sample_rate = description.dataset_size, description.sample_rate
+    if description.sampler == "fixed":
+        # Removing the group one example at a time, the i-th removal is out of a dataset of N − i + 1
+        # examples, where the removed one is sampled with probability B/(N − i + 1): every hop is
+        # covered only by the example-level ε at the smallest of them, N − k + 1 (adding is covered at N).
+        dataset_size = description.dataset_size - group_size + 1
+        if dataset_size < description.batch_size:
+            return math.inf
+        sample_rate = description.batch_size / dataset_size
+    pld = composed_pld(description.noise_multiplier, description.sampler, 1, sample_rate,
+                        dataset_size, description.batch_size, description.steps, discretization)
     def bound(log_delta_1: float) -> float:
         eps_1 = float(pld.get_epsilon_for_delta(math.exp(log_delta_1)))
         feasible = math.isfinite(eps_1) and log_delta_1 + _log_growth(group_size, eps_1) <= math.log(delta)

@@ -45,6 +45,11 @@ def _accountant(name: str, samples: int, verify_samples: int, seed: int, evr_del
                           evr_delta_ratio=evr_delta_ratio, discretization=discretization)
 
 
+def _check_delta(delta: float) -> None:
+    if not 0.0 < delta < 1.0:
+        raise ParamsError(f"--delta = {delta} is invalid: it must lie in (0, 1)")
+
+
 def _emit(payload: dict[str, Any], as_json: bool, headline: str) -> None:
     if as_json:
         typer.echo(json.dumps(_jsonable(payload), indent=2))
@@ -114,6 +119,7 @@ def register(app: typer.Typer) -> None:
         as_json: AsJson = False,
     ) -> None:
         """Print ε at δ for DP-SGD / DP-FTRL with the given noise, sampling and sizes."""
+        _check_delta(delta)
         description = _description(sampler, noise_multiplier, sample_rate, steps, dataset_size, batch_size,
                                    batches_per_epoch, epochs, group_size, mechanism, bands, mechanism_params)
         result = _accountant(accountant, samples, verify_samples, seed, evr_delta_ratio, discretization).epsilon(description, delta)

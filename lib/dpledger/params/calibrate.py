@@ -20,10 +20,10 @@ NO_ACCOUNTANT_REASON = (
 class CalibrateParams(Section):
     """Target (epsilon, delta); the noise multiplier is calibrated to meet it."""
 
-    epsilon: float = Field(gt=0.0, description="target epsilon")
+    epsilon: float = Field(gt=0.0, allow_inf_nan=False, description="target epsilon")
     delta: float = Field(gt=0.0, lt=1.0, description="target delta")
     accountant: Literal["pld", "rdp", "montecarlo"] = "pld"
-    sampler: str = Field(default="poisson", description="sampling the accountant assumes")
+    sampler: str = Field(default="poisson", validate_default=True, description="sampling the accountant assumes")
     mechanism: Literal["identity", "banded", "toeplitz", "blt"] = "identity"
     bands: int = Field(default=1, ge=1, le=4096, description="w for a w-banded correlation matrix")
     group_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1)
