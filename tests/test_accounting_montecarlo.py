@@ -158,3 +158,17 @@ def test_evr_retries_add_their_failure_probability_to_delta():
     assert retried["evr_attempts"] > 1 and certified > 0.8 * epsilon
     assert retried["unconditional_delta"] == pytest.approx(min(1.0, delta + retried["mc_failure_probability"]))
     assert retried["unconditional_delta"] > max(delta, retried["mc_failure_probability"])
+
+
+def test_samples_are_full_precision_gaussians_rounded_to_float32():
+    """torch's float32 randn caps a pair's Box–Muller radius at √(2·24·ln 2) = 5.77 (24-bit uniforms), a
+    total-variation gap of 2⁻²⁴ a pair that biases δ̂; the samples are float64 ziggurat draws, rounded."""
+    pair = mc.redrawn_bins_pair(bins=4, steps=12)
+    pieces = list(mc.draws(pair, 100, seed=5, chunk=64))
+    rng = np.random.Generator(np.random.SFC64(5))
+    for piece in pieces:
+        for draw in piece:
+            size = draw.bins.shape[0]
+            np.testing.assert_array_equal(draw.bins.numpy(), rng.integers(0, 4, size))
+            np.testing.assert_array_equal(draw.normals.numpy(), rng.standard_normal((size, 4)).astype(np.float32))
+    assert sum(p[0].bins.shape[0] for p in pieces) == 100 and len(pieces[0]) == 3  # one draw per redrawn epoch
