@@ -361,3 +361,117 @@ def test_batchnorm_with_batch_statistics_is_refused_even_when_frozen():
     engine.detach()
     model.train()
     model(x)  # the hooks are gone with detach
+
+
+def test_embedding_max_norm_is_refused_because_it_renormalises_rows_from_the_data():
+    """max_norm rescales, in place and without noise, exactly the rows of the tokens in the batch (row norms
+    7.21 and 2.73 became 0.5, the others unchanged after one step): the released weights show which tokens
+    the private batch held."""
+    with pytest.raises(UnsupportedLayerError, match=r"layer 0 \(Embedding\).*max_norm"):
+        BKEngine(nn.Sequential(nn.Embedding(6, 4, max_norm=0.5)), None, clip_norm=1.0, noise_multiplier=1.0,
+                 normalizer=1.0)
+    frozen = nn.Sequential(nn.Embedding(6, 4, max_norm=0.5), nn.Flatten(), nn.Linear(8, 2))
+    frozen[0].requires_grad_(False)
+    BKEngine(frozen, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0)
+    with torch.no_grad():
+        frozen[0].weight.mul_(10)
+    before = frozen[0].weight.clone()
+    with pytest.raises(UnsupportedLayerError, match=r"layer 0 \(Embedding\).*max_norm"):
+        frozen(torch.tensor([[1, 3]]))  # a frozen one would leak the same way
+    assert torch.equal(frozen[0].weight, before)
+
+
+def test_instance_norm_that_tracks_running_statistics_is_refused():
+    """InstanceNorm normalises each example by its own statistics (per-example, exact), but with
+    track_running_stats=True it also updates running_mean/var from the private batch without noise
+    (running_mean went 0 -> (-0.03, 0.59) in one step); refused while training, allowed without tracking."""
+    torch.manual_seed(10)
+    x, y = torch.randn(5, 1, 6, 6, dtype=torch.float64) + 5, torch.randint(0, 2, (5,))
+
+    def build(track):
+        return nn.Sequential(nn.Conv2d(1, 2, 3), nn.InstanceNorm2d(2, track_running_stats=track), nn.Flatten(),
+                             nn.Linear(2 * 4 * 4, 2)).double()
+
+    model = build(True)
+    BKEngine(model, None, clip_norm=0.1, noise_multiplier=0.0, normalizer=1.0)
+    with pytest.raises(UnsupportedLayerError, match=r"layer 1 \(InstanceNorm2d\).*running statistics"):
+        model(x)
+    assert float(model[1].running_mean.abs().max()) == 0.0
+    model = build(False)
+    expected = naive_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.1)
+    got, _ = bk_clipped_sum(model, cross_entropy, x, y, 0.1)
+    assert relative_error(got, expected) < 1e-10
+
+
+class _InPlaceResidual(nn.Module):
+    """``h += mix(h)`` changes mix's input after mix saw it; torch's own backward of a Linear whose weight
+    does not need a gradient never reads that input, so nothing else notices."""
+
+    def __init__(self, in_place: bool) -> None:
+        super().__init__()
+        self.in_place = in_place
+        self.first, self.mix, self.head = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.first(x)
+        if self.in_place:
+            h += self.mix(h)
+        else:
+            h = h + self.mix(h)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("ghost", ["always", "never"])
+def test_a_layer_input_changed_in_place_after_the_layer_is_refused(ghost):
+    """The in-place residual was computed from the changed input: relative error 0.26 against the naive loop
+    (mix.weight off by 0.20 in norm). It is now refused, naming the layer; the out-of-place one is exact."""
+    torch.manual_seed(0)
+    model = _InPlaceResidual(False).double()
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.randint(0, 2, (5,))
+    expected = naive_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.3)
+    got, _ = bk_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.3, ghost=ghost)
+    assert relative_error(got, expected) < 1e-10
+    model.in_place = True
+    engine = BKEngine(model, None, clip_norm=0.3, noise_multiplier=0.0, normalizer=1.0, ghost=ghost)
+    with pytest.raises(UnsupportedLayerError, match=r"layer mix .*changed in place"):
+        engine.backward(cross_entropy(model(x), y))
+
+
+class _FunctionalHead(nn.Module):
+    """A head tied to the embedding by using its weight directly (F.linear or a matmul), not by a module."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.form = form
+        self.embed, self.mix = nn.Embedding(7, 4), nn.Linear(4, 4)
+
+    def forward(self, tokens):
+        h = torch.tanh(self.mix(self.embed(tokens)))
+        if self.form == "linear":
+            return torch.nn.functional.linear(h, self.embed.weight).sum(1)
+        if self.form == "matmul":
+            return (h @ self.embed.weight.T).sum(1)
+        with torch.no_grad():  # a use that takes no gradient is fine
+            scale = self.embed.weight.norm()
+        return (h * scale.detach() + h.to(self.embed.weight.dtype) * 0 + self.mix.weight.shape[0]).sum(1)
+
+
+@pytest.mark.parametrize("form", ["linear", "matmul"])
+def test_a_parameter_used_outside_its_layer_is_refused(form):
+    """Ghost differentiation turns requires_grad off, so a use of embed.weight outside embed's forward got no
+    gradient at all: the clipped sum was off by 1.12 (relative) from the naive loop, silently. Refused at the
+    first training forward pass; tie modules instead (head.weight = embed.weight, exact above)."""
+    model = _FunctionalHead(form)
+    BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
+    tokens = torch.randint(0, 7, (3, 5))
+    with pytest.raises(UnsupportedLayerError, match=r"embed\.weight .*outside"):
+        model(tokens)
+
+
+def test_gradient_free_uses_of_a_parameter_outside_its_layer_are_allowed():
+    torch.manual_seed(11)
+    model = _FunctionalHead("free").double()
+    tokens, targets = torch.randint(0, 7, (4, 5)), torch.randint(0, 4, (4,))
+    expected = naive_clipped_sum(copy.deepcopy(model), cross_entropy, tokens, targets, 0.2)
+    got, _ = bk_clipped_sum(model, cross_entropy, tokens, targets, 0.2)
+    assert relative_error(got, expected) < 1e-10

@@ -206,3 +206,33 @@ def test_in_place_activation_after_a_layer_keeps_the_layer_output_gradient():
     model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(inplace=True), nn.Linear(6, 6), nn.ReLU(inplace=True), nn.Linear(6, 3))
     error, _ = compare(model, cross_entropy, torch.randn(7, 5), torch.randint(0, 3, (7,)))
     assert error < TOL
+
+
+class _ScaledInput(nn.Linear):
+    def forward(self, x):
+        return nn.functional.linear(2 * x, self.weight, self.bias)
+
+
+class _FlippedConv(nn.Conv2d):
+    def _conv_forward(self, x, weight, bias):
+        return super()._conv_forward(x.flip(-1), weight, bias)
+
+
+class _PlainSubclass(nn.Linear):
+    """Inherits Linear's forward: Linear's rule applies."""
+
+
+@pytest.mark.parametrize("layer", [lambda: _ScaledInput(3, 4), lambda: _FlippedConv(1, 2, 3)], ids=["linear", "conv"])
+def test_a_subclass_that_changes_how_the_output_is_computed_is_refused(layer):
+    """The base class's rule assumes the base class's forward: F.linear(2·x) gave relative error 0.39 against
+    the naive loop and a flipped-input Conv2d 1.13, silently. Refused, naming the layer; a subclass that keeps
+    the forward (like torch's NonDynamicallyQuantizableLinear) stays exact."""
+    from dpledger.engine import BKEngine, UnsupportedLayerError
+
+    with pytest.raises(UnsupportedLayerError, match=r"layer 0 \((_ScaledInput|_FlippedConv)\).*overrides"):
+        BKEngine(nn.Sequential(layer(), nn.Tanh()), None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
+    torch.manual_seed(6)
+    model = nn.Sequential(_PlainSubclass(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    inputs = torch.randn(5, 3)
+    error, _ = compare(model, sum_loss, inputs, _targets(model, inputs))
+    assert error < TOL

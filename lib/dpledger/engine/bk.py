@@ -19,9 +19,13 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
 
 from dpledger.engine.clipping import check_clipping, clip_factors, group_threshold
-from dpledger.engine.layers import LayerRule, add_weighted_sum, rule_for
+from dpledger.engine.layers import LayerRule, add_weighted_sum, registered_base, rule_for
+from dpledger.engine.layers.embedding import MAX_NORM_REASON
 from dpledger.engine.noise import NoiseSource
 from dpledger.errors import DpledgerError, ParamsError
 
@@ -43,12 +47,14 @@ class _Call:
     params: dict[str, nn.Parameter]
     activations: Tensor | None
     backprops: Tensor | None = None
+    version: int = 0
 
 
 @dataclass
 class _Pass:
     """What one backward pass collects: squared norms and instantiated gradients per parameter (by id),
-    the ghost-norm calls kept for book-keeping, and the first call whose batch dimension is wrong."""
+    the ghost-norm calls kept for book-keeping, the first call whose batch dimension is wrong and the first
+    call whose input was changed in place after the layer saw it."""
 
     batch: int
     use_count: Counter
@@ -56,6 +62,7 @@ class _Pass:
     per_example: dict[int, Tensor]
     ghost_calls: list[_Call]
     mismatch: _Call | None = None
+    modified: _Call | None = None
 
 
 @dataclass
@@ -66,6 +73,35 @@ class _Owner:
     group: int
     numel: int
     offset: int
+
+
+_GRADIENT_FREE = {Tensor.detach, Tensor.detach_, Tensor.data.__get__, Tensor.grad.__get__}
+
+
+class _OutsideUses(TorchFunctionMode):
+    """Active during the first recorded forward pass: finds the first trainable parameter that a differentiable
+    operation uses outside the forward of a layer owning it (e.g. a head tied by ``F.linear(h, embed.weight)``).
+    Ghost differentiation turns requires_grad off, so such a use would get no gradient at all, silently; only
+    the layers' own uses reach the per-example rules."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        super().__init__()
+        self.names = names
+        self.running: list[frozenset[int]] = []  # parameter ids of the hooked layers whose forward is running
+        self.found: str | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's protocol)
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if self.found is None and torch.is_grad_enabled() and func not in _GRADIENT_FREE and any(
+            isinstance(r, Tensor) and (r.is_floating_point() or r.is_complex()) for r in tree_flatten(result)[0]
+        ):
+            allowed = self.running[-1] if self.running else frozenset()
+            for value in tree_flatten((args, kwargs))[0]:
+                if isinstance(value, Tensor) and id(value) in self.names and id(value) not in allowed:
+                    self.found = self.names[id(value)]
+                    break
+        return result
 
 
 def _norm_precision(tensor: Tensor) -> Tensor:
@@ -153,9 +189,20 @@ class BKEngine:
         self._pending = False
         self._handles = [module.register_forward_hook(self._forward_hook) for module in self._hooked_modules()]
         self._handles += [
-            module.register_forward_pre_hook(self._batch_statistics_hook)
-            for module in model.modules() if isinstance(module, _BatchNorm)
+            module.register_forward_pre_hook(self._data_dependent_state_hook)
+            for module in model.modules() if isinstance(module, (_BatchNorm, _InstanceNorm, nn.Embedding))
         ]
+        self._check: _OutsideUses | None = None
+        self._check_handles = [
+            model.register_forward_pre_hook(self._begin_check),
+            model.register_forward_hook(self._end_check, always_call=True),
+        ]
+        for module in self._hooked_modules():
+            own = frozenset(id(p) for p in module.parameters(recurse=False))
+            self._check_handles += [
+                module.register_forward_pre_hook(lambda m, i, own=own: self._enter_layer(own)),
+                module.register_forward_hook(lambda m, i, o: self._leave_layer(), always_call=True),
+            ]
         for param in self.params:
             param.requires_grad_(False)
 
@@ -182,8 +229,12 @@ class BKEngine:
             label = f"{layer_name or '<model>'} ({type(module).__name__})"
             if rule is None:
                 names = ", ".join(f"{layer_name}.{attr}".lstrip(".") for attr, _ in own)
+                base = registered_base(module)
+                why = "has no per-example rule" if base is None else (
+                    f"overrides how its base class {base.__name__} computes its output, so that class's "
+                    "per-example rule does not apply")
                 raise UnsupportedLayerError(
-                    f"engine: trainable parameter {names} is in layer {label}, which has no per-example rule; "
+                    f"engine: trainable parameter {names} is in layer {label}, which {why}; "
                     "freeze it (requires_grad=False) or use a supported layer"
                 )
             reason = rule.validate(module) if rule.validate else None
@@ -210,18 +261,63 @@ class BKEngine:
             self._origins[key] = torch.zeros((), device=like.device, dtype=like.dtype, requires_grad=True)
         return self._origins[key]
 
-    def _batch_statistics_hook(self, module: nn.Module, inputs: tuple[Any, ...]) -> None:
-        """Refuse a BatchNorm that normalises with (and updates running stats from) the batch while the model
-        trains, even with frozen parameters: every example's gradient then depends on the other examples and
-        the padding rows, so clipping no longer bounds one example's contribution (and the running stats
-        in the released model are computed from the data without noise)."""
-        if self.model.training and (module.training or module.running_mean is None):
+    def _data_dependent_state_hook(self, module: nn.Module, inputs: tuple[Any, ...]) -> None:
+        """Refuse, while the model trains and even with frozen parameters, a layer whose forward pass changes
+        the model from the data without noise or mixes examples:
+
+        - a BatchNorm that normalises with (and updates running stats from) the batch: every example's
+          gradient then depends on the other examples and the padding rows, so clipping no longer bounds one
+          example's contribution (and the running stats in the released model come from the data);
+        - an InstanceNorm that tracks running statistics (its normalisation is per example, but the running
+          stats in the released model are computed from the data without noise);
+        - an Embedding with ``max_norm``, which renormalises the looked-up rows in place."""
+        if not self.model.training:
+            return
+        if isinstance(module, _BatchNorm):
+            reason = None if not module.training and module.running_mean is not None else (
+                "normalises with batch statistics, which mix examples (and padding rows) into every per-example "
+                "gradient; put it in eval mode with running statistics or use GroupNorm/LayerNorm")
+        elif isinstance(module, _InstanceNorm):
+            reason = None if not (module.training and module.track_running_stats) else (
+                "updates its running statistics from the private batch without noise; use "
+                "track_running_stats=False or put it in eval mode")
+        else:
+            reason = None if module.max_norm is None else f"{MAX_NORM_REASON}; use max_norm=None"
+        if reason:
             name = next((n for n, m in self.model.named_modules() if m is module), "?") or "<model>"
+            raise UnsupportedLayerError(f"engine: layer {name} ({type(module).__name__}) {reason}")
+
+    def _begin_check(self, model: nn.Module, inputs: tuple[Any, ...]) -> None:
+        """First training forward pass of the model: watch for parameters used outside their layers."""
+        if self._check is None and torch.is_grad_enabled() and self.model.training:
+            self._check = _OutsideUses({id(p): o.name for p, o in zip(self.params, self._owner_list())})
+            self._check.__enter__()
+
+    def _enter_layer(self, own: frozenset[int]) -> None:
+        if self._check is not None:
+            self._check.running.append(own)
+
+    def _leave_layer(self) -> None:
+        if self._check is not None and self._check.running:
+            self._check.running.pop()
+
+    def _end_check(self, model: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
+        check, self._check = self._check, None
+        if check is None:
+            return
+        check.__exit__(None, None, None)
+        if output is None:  # the forward pass raised (torch then calls this hook with no output): check the next one
+            return
+        if check.found is not None:
+            self._calls = []
             raise UnsupportedLayerError(
-                f"engine: layer {name} ({type(module).__name__}) normalises with batch statistics, which mix "
-                "examples (and padding rows) into every per-example gradient; put it in eval mode with running "
-                "statistics or use GroupNorm/LayerNorm"
+                f"engine: trainable parameter {check.found} is used outside the forward of its layer (e.g. a head "
+                "tied by F.linear(h, embed.weight)), where it would get no gradient; tie modules instead "
+                "(head.weight = embed.weight), or use it under torch.no_grad() or detached"
             )
+        for handle in self._check_handles:
+            handle.remove()
+        self._check_handles = []
 
     def _forward_hook(self, module: nn.Module, inputs: tuple[Any, ...], output: Tensor) -> Tensor | None:
         # The model's mode, not the layer's: a layer put in eval mode inside a training model still trains
@@ -231,7 +327,8 @@ class BKEngine:
         if not output.requires_grad:
             output = output + self._origin(output)
         params = {attr: p for attr, p in module.named_parameters(recurse=False) if id(p) in self._owners}
-        call = _Call(self._module_names[id(module)], module, rule_for(module), params, inputs[0].detach())
+        call = _Call(self._module_names[id(module)], module, rule_for(module), params, inputs[0].detach(),
+                     version=inputs[0]._version)
         self._calls.append(call)
         output.register_hook(lambda grad: self._take_backprops(call, grad))
         return output
@@ -244,6 +341,12 @@ class BKEngine:
             return
         if call.activations.shape[0] != state.batch:
             state.mismatch = state.mismatch or call
+            return
+        if call.activations._version != call.version:
+            # The saved input was changed in place after the layer used it (e.g. ``h += layer(h)``). With the
+            # parameters not requiring gradients torch's own backward of a Linear never reads that input, so
+            # only this check stops the per-example gradients being formed from the changed values.
+            state.modified = state.modified or call
             return
         call.activations, call.backprops = _norm_precision(call.activations), _norm_precision(call.backprops)
         shared = any(state.use_count[id(p)] > 1 for p in call.params.values())
@@ -293,6 +396,13 @@ class BKEngine:
             raise ParamsError(
                 f"engine: layer {state.mismatch.name} saw batch dimension {state.mismatch.activations.shape[0]} but "
                 f"there are {batch} losses; inputs must be batch-first"
+            )
+        if state.modified is not None:
+            call = state.modified
+            raise UnsupportedLayerError(
+                f"engine: layer {call.name} ({type(call.module).__name__}): its input was changed in place after the "
+                "layer used it (e.g. h += layer(h)), so its per-example gradients cannot be formed; use an "
+                "out-of-place operation (h = h + layer(h))"
             )
         norm_sq = state.norm_sq
         for key, grads in state.per_example.items():
@@ -424,8 +534,8 @@ class BKEngine:
 
     def detach(self) -> None:
         """Remove the hooks and make the parameters require gradients again."""
-        for handle in self._handles:
+        for handle in self._handles + self._check_handles:
             handle.remove()
-        self._handles = []
+        self._handles = self._check_handles = []
         for param in self.params:
             param.requires_grad_(True)

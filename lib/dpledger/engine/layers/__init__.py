@@ -60,12 +60,23 @@ def register(*layer_types: type[nn.Module], rule: LayerRule) -> LayerRule:
     return rule
 
 
+FORWARD_METHODS = ("forward", "_conv_forward")
+"""The methods that compute a layer's output: a subclass that overrides one (e.g. ``F.linear(2 * x, ...)``,
+torch's QAT layers) no longer computes what its registered base class's rule assumes."""
+
+
+def registered_base(layer: nn.Module) -> type[nn.Module] | None:
+    """The nearest registered class in ``layer``'s MRO, or None."""
+    return next((cls for cls in type(layer).__mro__ if cls in RULES), None)
+
+
 def rule_for(layer: nn.Module) -> LayerRule | None:
-    """The rule of the nearest registered class in ``layer``'s MRO, or None."""
-    for cls in type(layer).__mro__:
-        if cls in RULES:
-            return RULES[cls]
-    return None
+    """The rule of the nearest registered class in ``layer``'s MRO, or None — also None when ``layer``'s class
+    overrides how that class computes its output (the rule would then be silently wrong)."""
+    base = registered_base(layer)
+    if base is None or any(getattr(type(layer), m, None) is not getattr(base, m, None) for m in FORWARD_METHODS):
+        return None
+    return RULES[base]
 
 
 def add_weighted_sum(out: Tensor, factors: Tensor, per_example: Tensor) -> None:
@@ -87,4 +98,4 @@ def add_scaled_product(out: Tensor, factors: Tensor, b: Tensor, a: Tensor) -> No
 
 from dpledger.engine.layers import conv, embedding, linear, normalization  # noqa: E402,F401  (registers rules)
 
-__all__ = ["LayerRule", "RULES", "add_scaled_product", "add_weighted_sum", "register", "rule_for"]
+__all__ = ["LayerRule", "RULES", "add_scaled_product", "add_weighted_sum", "register", "registered_base", "rule_for"]

@@ -54,9 +54,17 @@ def ghost_cost(layer: nn.Embedding, a: Tensor) -> tuple[int, int]:
     return a[0].numel() * layer.embedding_dim, layer.num_embeddings * layer.embedding_dim
 
 
+MAX_NORM_REASON = (
+    "max_norm renormalises, in place and without noise, the rows of the tokens each forward pass looks up, "
+    "so the weights show which tokens the private batch held"
+)
+
+
 def validate(layer: nn.Embedding) -> str | None:
     if layer.sparse:
         return "sparse=True gradients are not supported"
+    if layer.max_norm is not None:
+        return MAX_NORM_REASON
     if layer.scale_grad_by_freq:
         return "scale_grad_by_freq=True makes one example's gradient depend on the batch"
     return None
