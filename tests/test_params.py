@@ -113,3 +113,55 @@ def test_stage_with_bad_params_prints_one_line_and_writes_nothing(raw, tmp_path)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == ["error: params: calibrate.epsilon = -2.0 is invalid: Input should be greater than 0"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("batching.epochs", True),  # YAML `epochs: yes` would otherwise silently train one epoch
+        ("batching.batch_size", True),
+        ("seed", False),
+        ("calibrate.epsilon", True),
+        ("calibrate.group_sizes", [1, True]),
+        ("train.physical_batch_size", True),
+        ("audit.observations", True),
+    ],
+)
+def test_boolean_where_a_number_is_expected_is_refused(raw, key, value):
+    with pytest.raises(ParamsError) as excinfo:
+        parse_params(_with(raw, key, value))
+    message = str(excinfo.value)
+    assert message.startswith(f"params: {key} = {value!r} is invalid: a boolean")
+    assert "\n" not in message
+
+
+def test_boolean_keys_still_take_booleans(raw):
+    params = parse_params(_with(_with(raw, "train.secure_noise", True), "verify.fail_pipeline", False))
+    assert params.train.secure_noise is True and params.verify.fail_pipeline is False
+
+
+@pytest.mark.parametrize("key", ["train.clip_norm", "train.lr", "train.automatic_gamma"])
+def test_infinite_training_floats_are_refused_up_front(raw, key):
+    # inf passed validation and only failed (clip_norm) or silently produced NaN weights (lr) in the train stage
+    with pytest.raises(ParamsError, match=rf"^params: {key} = inf is invalid: Input should be a finite number$"):
+        parse_params(_with(raw, key, float("inf")))
+
+
+def test_seed_beyond_64_bits_is_refused_not_a_traceback_in_train(raw):
+    assert parse_params(_with(raw, "seed", 2**32 - 1)).seed == 2**32 - 1
+    with pytest.raises(ParamsError, match=r"^params: seed = 18446744073709551616 is invalid: .*less than or equal"):
+        parse_params(_with(raw, "seed", 2**64))
+
+
+def test_duplicate_key_is_refused_not_silently_overridden(raw, tmp_path):
+    text = yaml.safe_dump(raw, sort_keys=False).replace("  epsilon: 3.0\n", "  epsilon: 3.0\n  epsilon: 8.0\n", 1)
+    assert text.count("epsilon: ") >= 2
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(ParamsError, match=r"key 'epsilon' is given twice \(line \d+\)"):
+        load_params(path)
+
+
+def test_params_path_that_is_a_folder_is_one_line(tmp_path):
+    with pytest.raises(ParamsError, match=r"is not a file"):
+        load_params(tmp_path)

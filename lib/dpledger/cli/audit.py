@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Optional
 
 import typer
@@ -13,9 +14,20 @@ from dpledger.errors import ParamsError
 audit_app = typer.Typer(no_args_is_help=True, help="Canary audits: an empirical lower bound on ε beside the claim.")
 
 
+def _strict(value: Any) -> Any:
+    """Strict JSON: a non-finite float becomes the string "inf"/"nan" (JSON has no Infinity or NaN)."""
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
 def _print(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps(summary, indent=2, default=float))
+        typer.echo(json.dumps(_strict(json.loads(json.dumps(summary, default=float))), indent=2, allow_nan=False))
         return
     for key, value in summary.items():
         typer.echo(f"{key}: {value}")
@@ -26,6 +38,18 @@ def _check_threshold(threshold: str) -> None:
         raise ParamsError(f"--threshold = {threshold!r} is invalid: allowed values are {', '.join(THRESHOLD_METHODS)}")
 
 
+def _sampler_options(sampler: str, buffer_size: Optional[int]) -> dict[str, Any]:
+    if sampler == "partial-shuffle" and buffer_size is None:
+        raise ParamsError(
+            "--buffer-size is missing: --sampler partial-shuffle needs the shuffle buffer K (an integer >= 1)"
+        )
+    return {} if buffer_size is None else {"buffer_size": buffer_size}
+
+
+# torch.manual_seed takes at most 64 bits and numpy refuses negative seeds: one range for every audit command.
+SEED_RANGE = {"min": 0, "max": 2**32 - 1}
+
+
 @audit_app.command("bgm")
 def bgm(
     sampler: str = typer.Option(..., help="sampler to audit (a built-in name or module:callable)"),
@@ -34,7 +58,7 @@ def bgm(
     noise_multiplier: float = typer.Option(..., help="σ: noise std over the clip norm"),
     observations: int = typer.Option(..., help="games run, half on D and half on D'"),
     batch_size: int = typer.Option(1, help="B: batch size"),
-    seed: int = typer.Option(0, help="random seed"),
+    seed: int = typer.Option(0, **SEED_RANGE, help="random seed"),
     threshold: str = typer.Option("bonferroni", help="bonferroni | split (valid) | max (uncorrected, not valid)"),
     confidence: float = typer.Option(0.95, help="confidence of the lower bound"),
     delta: float = typer.Option(1e-5, help="δ of the claim and of ε_emp"),
@@ -52,9 +76,11 @@ def bgm(
     _check_threshold(threshold)
     if steps < 1 or batch_size < 1:
         raise ParamsError(f"--steps = {steps}, --batch-size = {batch_size}: both must be >= 1")
+    if epsilon_claimed is not None and not (math.isfinite(epsilon_claimed) and epsilon_claimed > 0):
+        raise ParamsError(f"--epsilon-claimed = {epsilon_claimed} is invalid: it must be a finite number > 0")
     own = sampler_class(sampler).accounted_as
     claim = claim_sampler or (own if own in CLAIM_ACCOUNTANTS else "poisson")
-    options = {} if buffer_size is None else {"buffer_size": buffer_size}
+    options = _sampler_options(sampler, buffer_size)
     result, _ = audit_bgm(
         sampler, dataset_size=steps * batch_size, batch_size=batch_size, epochs=epochs,
         noise_multiplier=noise_multiplier, observations=observations, delta=delta, confidence=confidence,
@@ -75,7 +101,7 @@ def selfcheck(
     noise_multiplier: float = typer.Option(1.0, help="σ of the Poisson BGM"),
     delta: float = typer.Option(1e-5, help="δ"),
     confidence: float = typer.Option(0.95, help="confidence of each audit"),
-    seed: int = typer.Option(0, help="random seed"),
+    seed: int = typer.Option(0, **SEED_RANGE, help="random seed"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Audit a mechanism with known ε many times; report how often ε_emp exceeded it (the false-alarm rate)."""
@@ -105,7 +131,7 @@ def dpsgd(
     threshold: str = typer.Option("bonferroni", help="bonferroni | split | max"),
     delta: float = typer.Option(1e-5, help="δ"),
     confidence: float = typer.Option(0.95, help="confidence"),
-    seed: int = typer.Option(0, help="random seed"),
+    seed: int = typer.Option(0, **SEED_RANGE, help="random seed"),
     buffer_size: Optional[int] = typer.Option(None, help="K for --sampler partial-shuffle"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
@@ -117,7 +143,7 @@ def dpsgd(
         threat_model=threat_model, sampler=sampler, observations=observations, epochs=epochs,
         batch_size=batch_size, noise_multiplier=noise_multiplier, clip_norm=clip_norm, lr=lr,
         dataset_size=dataset_size, method=threshold, delta=delta, confidence=confidence, seed=seed,
-        progress=not as_json, sampler_options={} if buffer_size is None else {"buffer_size": buffer_size},
+        progress=not as_json, sampler_options=_sampler_options(sampler, buffer_size),
     )
     _print({**result.summary(), "claim_basis": result.claim_basis}, as_json)
 

@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
             None, help="external command template with {init} {data} {out} {clip_norm} {noise_multiplier} "
                        "{batch_size} {steps} {lr} {seed}; replaces --trainer"),
         optimizer: str = typer.Option("sgd", help="sgd | adam (Adam: warm-up steps, small σ; SGD-only tests skipped)"),
-        seed: int = typer.Option(0, min=0, help="seed of the synthetic task and of the trainer's noise"),
+        seed: int = typer.Option(0, min=0, max=2**32 - 1, help="seed of the synthetic task and of the trainer's noise"),
         significance: float = typer.Option(0.01, help="family-wise significance (Holm over the stochastic tests)"),
         plots: Optional[Path] = typer.Option(None, help="folder to write one CSV + PNG per test"),
         self_check: bool = typer.Option(False, "--self-check", help="run the battery on correct and zoo trainers"),

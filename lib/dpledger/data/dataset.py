@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpledger.errors import ParamsError
+from dpledger.errors import DpledgerError, ParamsError
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,7 @@ class Dataset:
 
 def split_dataset(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, name: str) -> Dataset:
     """Split (x, y) into train and test by a seeded permutation; labels must be 0..K-1."""
-    if x.shape[0] != y.shape[0]:
-        raise ValueError(f"{name}: {x.shape[0]} inputs but {y.shape[0]} labels")
+    y = _class_labels(x, y, name)
     n = x.shape[0]
     n_test = max(1, int(round(test_fraction * n)))
     if n_test >= n:
@@ -51,6 +50,31 @@ def split_dataset(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int,
     )
 
 
+def _class_labels(x: np.ndarray, y: np.ndarray, what: str) -> np.ndarray:
+    """``y`` as int64 class indices, refusing what would fail (or train wrongly) deep inside a stage."""
+    y = np.asarray(y)
+    if x.ndim < 2 or y.ndim != 1 or x.shape[0] != y.shape[0] or y.shape[0] == 0:
+        raise DpledgerError(
+            f"{what}: inputs of shape {x.shape} and labels of shape {y.shape}: expected (N, ...) inputs and N labels "
+            "as a 1-D array of class indices 0..K-1 (not one-hot)"
+        )
+    if y.dtype != np.bool_ and not np.issubdtype(y.dtype, np.number):
+        raise DpledgerError(f"{what}: labels have dtype {y.dtype}; expected integer class indices 0..K-1")
+    if y.dtype != np.bool_ and (not np.all(np.isfinite(y)) or np.any(y != np.round(y)) or y.min() < 0):
+        raise DpledgerError(
+            f"{what}: labels must be integer class indices 0..K-1; found values in [{y.min()}, {y.max()}]"
+        )
+    return y.astype(np.int64)
+
+
+def _npz_inputs(x: np.ndarray) -> np.ndarray:
+    """npz inputs as the other loaders give them: uint8 pixels scaled to [0, 1], (N, H, W) images given a
+    channel axis."""
+    if x.dtype == np.uint8:
+        x = x.astype(np.float32) / 255.0
+    return x[:, None, :, :] if x.ndim == 3 else x
+
+
 def load_dataset(name: str, path: str | None, test_fraction: float, seed: int) -> Dataset:
     """Build the dataset named in params (``data`` section); file formats need ``data.path``."""
     from dpledger.data import loaders
@@ -66,18 +90,23 @@ def load_dataset(name: str, path: str | None, test_fraction: float, seed: int) -
     if name == "npz":
         arrays = loaders.load_npz(source)
         if "x_test" in arrays:
-            x_train, y_train = arrays["x_train"], arrays["y_train"]
-            x_test, y_test = arrays["x_test"], arrays["y_test"]
-            y_all = np.concatenate([y_train, y_test]).astype(np.int64)
+            x_train, x_test = _npz_inputs(arrays["x_train"]), _npz_inputs(arrays["x_test"])
+            y_train = _class_labels(x_train, arrays["y_train"], f"{path}: x_train, y_train")
+            y_test = _class_labels(x_test, arrays["y_test"], f"{path}: x_test, y_test")
+            if x_train.shape[1:] != x_test.shape[1:]:
+                raise DpledgerError(
+                    f"{path}: x_train has examples of shape {x_train.shape[1:]} but x_test {x_test.shape[1:]}"
+                )
             return Dataset(
                 x_train=np.ascontiguousarray(x_train, dtype=np.float32),
-                y_train=y_train.astype(np.int64),
+                y_train=y_train,
                 x_test=np.ascontiguousarray(x_test, dtype=np.float32),
-                y_test=y_test.astype(np.int64),
-                num_classes=int(y_all.max()) + 1,
+                y_test=y_test,
+                num_classes=int(max(y_train.max(), y_test.max())) + 1,
                 name=name,
             )
-        return split_dataset(arrays["x"], arrays["y"], test_fraction, seed, name)
+        x = _npz_inputs(arrays["x"])
+        return split_dataset(x, _class_labels(x, arrays["y"], f"{path}: x, y"), test_fraction, seed, name)
     if name == "cifar10":
         x_train, y_train, x_test, y_test = loaders.load_cifar10_batches(source)
     elif name == "mnist":

@@ -7,6 +7,7 @@ allowed range.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ STAGES = ("calibrate", "schedule", "train", "verify", "audit", "report")
 class Params(Section):
     """The whole params.yaml. Every key is required, so a deleted key is reported, not defaulted."""
 
-    seed: int = Field(ge=0)
+    seed: int = Field(ge=0, le=2**32 - 1)  # torch.manual_seed and numpy take at most 64 bits; 32 for safety
     data: DataParams
     batching: BatchingParams
     calibrate: CalibrateParams
@@ -64,15 +65,36 @@ def parse_params(raw: Any) -> Params:
         raise validation_error_to_params_error(error) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML would silently keep the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may be overridden by design
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # SafeLoader reports the unhashable key itself
+            if key in seen:
+                raise ParamsError(f"params: key {key!r} is given twice (line {key_node.start_mark.line + 1}); keep one")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
     """Read and validate params.yaml."""
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"params: {path} does not exist")
+    if not path.is_file():
+        raise ParamsError(f"params: {path} is not a file")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as error:
         raise ParamsError(f"params: {path} is not valid YAML: {error}".splitlines()[0]) from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ParamsError(f"params: {path} cannot be read: {error}") from None
     return parse_params(raw)
 
 

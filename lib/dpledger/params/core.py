@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import types
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from dpledger.errors import ParamsError
+
+
+def _bool_where_number(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` holds a boolean where ``annotation`` wants an int or a float (YAML's yes/no/on/off)."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in (Union, types.UnionType):
+        return bool not in args and any(_bool_where_number(value, arg) for arg in args)
+    if origin is list and isinstance(value, list) and args:
+        return any(_bool_where_number(item, args[0]) for item in value)
+    return isinstance(value, bool) and annotation in (int, float)
 
 
 class Section(BaseModel):
     """A params.yaml section: unknown (typo'd) keys are refused, values are immutable."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads true as 1, so `epochs: yes` would silently train for one epoch.
+        if info.field_name is not None and _bool_where_number(value, cls.model_fields[info.field_name].annotation):
+            raise PydanticCustomError("bool_not_number", "a boolean (true/false, yes/no, on/off) is not a number", {})
+        return value
 
 
 class DataParams(Section):

@@ -14,10 +14,12 @@ class TrainParams(Section):
 
     model: Literal["mlp", "cnn", "transformer"] = "mlp"
     model_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the model class")
-    clip_norm: float = Field(default=1.0, gt=0.0, description="per-example clipping threshold R")
+    clip_norm: float = Field(default=1.0, gt=0.0, allow_inf_nan=False, description="per-example clipping threshold R")
     clipping: Literal["flat", "per-layer", "automatic"] = Field(default="flat", description="clipping style")
-    automatic_gamma: float = Field(default=0.01, gt=0.0, description="γ of automatic clipping R/(‖g‖+γ)")
-    lr: float = Field(default=0.5, gt=0.0)
+    automatic_gamma: float = Field(
+        default=0.01, gt=0.0, allow_inf_nan=False, description="γ of automatic clipping R/(‖g‖+γ)"
+    )
+    lr: float = Field(default=0.5, gt=0.0, allow_inf_nan=False)
     optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
     momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="for optimizer: momentum")
     physical_batch_size: int | None = Field(
