@@ -212,3 +212,12 @@ def test_steps_contradicting_epochs_are_refused():
     assert isinstance(out.exception, ParamsError)
     stopped_mid_epoch = describe(sampler="poisson", dataset_size=1000, batch_size=10, epochs=10, steps=950)
     assert stopped_mid_epoch.steps == 950 and stopped_mid_epoch.epochs == 10
+
+
+def test_batches_per_epoch_contradicting_dataset_and_batch_size_is_refused():
+    """--dataset-size 1000 --batch-size 10 --epochs 2 --batches-per-epoch 7 accounted 14 steps (ε = 0.41)
+    where 2 epochs of 100 batches take 200 (ε = 0.91)."""
+    with pytest.raises(ParamsError, match="batches_per_epoch = 7 contradicts"):
+        describe(sampler="poisson", dataset_size=1000, batch_size=10, epochs=2, batches_per_epoch=7)
+    consistent = describe(sampler="poisson", dataset_size=1000, batch_size=10, epochs=2, batches_per_epoch=100)
+    assert consistent.steps == 200

@@ -85,7 +85,13 @@ def describe(
         if sample_rate is not None and not math.isclose(sample_rate, rate, rel_tol=1e-9):
             raise ParamsError(f"sample_rate = {sample_rate} contradicts batch_size / dataset_size = {rate}")
         sample_rate = rate
-        batches_per_epoch = batches_per_epoch or math.ceil(dataset_size / batch_size)
+        if batches_per_epoch is not None and batches_per_epoch != math.ceil(dataset_size / batch_size):
+            raise ParamsError(
+                f"batches_per_epoch = {batches_per_epoch} contradicts dataset_size / batch_size: "
+                f"{dataset_size} examples in batches of {batch_size} take {math.ceil(dataset_size / batch_size)} "
+                "per epoch (give one of the two)"
+            )
+        batches_per_epoch = math.ceil(dataset_size / batch_size)
     if sample_rate is None and batches_per_epoch is not None:
         sample_rate = 1.0 / batches_per_epoch
     if sample_rate is None:
