@@ -89,7 +89,7 @@ def test_out_of_range_seeds_are_usage_errors_not_tracebacks(args):
 
 
 def test_audit_json_is_strict_json():
-    from dpledger.cli.audit import _strict
+    from dpledger.cli.strict_json import jsonable
 
-    strict = _strict({"a": float("inf"), "b": [float("nan"), 1.0], "c": None})
+    strict = jsonable({"a": float("inf"), "b": [float("nan"), 1.0], "c": None})
     assert strict == {"a": "inf", "b": ["nan", 1.0], "c": None}

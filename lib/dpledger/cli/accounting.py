@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Annotated, Any, Optional
 
 import typer
 
+from dpledger.cli import strict_json
 from dpledger.errors import ParamsError
 
 
@@ -52,22 +52,11 @@ def _check_delta(delta: float) -> None:
 
 def _emit(payload: dict[str, Any], as_json: bool, headline: str) -> None:
     if as_json:
-        typer.echo(json.dumps(_jsonable(payload), indent=2))
+        typer.echo(strict_json.dumps(payload))
         return
     typer.echo(headline)
     for sentence in payload["assumptions"]:
         typer.echo(f"  - {sentence}")
-
-
-def _jsonable(value: Any) -> Any:
-    """Strict JSON: ∞ becomes the string "inf" (JSON has no Infinity), containers recursively."""
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
 
 
 SAMPLER_HELP = "poisson | fixed | balls-in-bins (bins fixed across epochs) | balls-in-bins-redrawn"

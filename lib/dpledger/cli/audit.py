@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Optional
 
 import typer
 
 from dpledger.audit.estimate import THRESHOLD_METHODS
+from dpledger.cli import strict_json
 from dpledger.errors import ParamsError
 
 audit_app = typer.Typer(no_args_is_help=True, help="Canary audits: an empirical lower bound on ε beside the claim.")
 
 
-def _strict(value: Any) -> Any:
-    """Strict JSON: a non-finite float becomes the string "inf"/"nan" (JSON has no Infinity or NaN)."""
-    if isinstance(value, dict):
-        return {key: _strict(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(item) for item in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
-
-
 def _print(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps(_strict(json.loads(json.dumps(summary, default=float))), indent=2, allow_nan=False))
+        typer.echo(strict_json.dumps(summary))
         return
     for key, value in summary.items():
         typer.echo(f"{key}: {value}")
