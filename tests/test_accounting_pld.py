@@ -221,3 +221,9 @@ def test_batches_per_epoch_contradicting_dataset_and_batch_size_is_refused():
         describe(sampler="poisson", dataset_size=1000, batch_size=10, epochs=2, batches_per_epoch=7)
     consistent = describe(sampler="poisson", dataset_size=1000, batch_size=10, epochs=2, batches_per_epoch=100)
     assert consistent.steps == 200
+
+
+def test_fixed_batch_group_larger_than_the_slack_says_why_the_conversion_is_infinite():
+    description = describe(sampler="fixed", noise_multiplier=4.0, dataset_size=20, batch_size=18, steps=3)
+    row = group_table(description, 1e-5, [4], discretization=1e-2)[0]
+    assert row.conversion == math.inf and "leaves fewer than B = 18" in row.note

@@ -100,8 +100,10 @@ def group_table(description: MechanismDescription, delta: float, group_sizes: li
             description.noise_multiplier, description.sampler, k, description.sample_rate,
             description.dataset_size, description.batch_size, description.steps, delta, discretization)
         conversion = group_conversion_epsilon(description, delta, k)
+        too_small = description.sampler == "fixed" and description.dataset_size - k + 1 < description.batch_size
         note = "" if math.isfinite(conversion) else (
-            "conversion returned ∞: the example-level δ₁ it needs is below the PLD's tail truncation"
+            f"conversion returned ∞: removing {k} examples leaves fewer than B = {description.batch_size}"
+            if too_small else "conversion returned ∞: the example-level δ₁ it needs is below the PLD's tail truncation"
         )
         rows.append(GroupEpsilon(k, mog, conversion, k * example, note))
     return rows
