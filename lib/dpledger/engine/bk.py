@@ -220,6 +220,7 @@ class BKEngine:
             owners[id(p)] = _Owner(full_names[id(p)], group=-1, numel=p.numel(), offset=offset)
             offset += p.numel()
         self._module_names: dict[int, str] = {}
+        self._rules: dict[int, LayerRule] = {}
         group_of_layer: dict[int, int] = {}
         for layer_name, module in self.model.named_modules():
             own = [(attr, p) for attr, p in module.named_parameters(recurse=False) if id(p) in trainable]
@@ -243,6 +244,7 @@ class BKEngine:
                 why = reason or f"the rule knows only {', '.join(rule.parameters)}, not {', '.join(unknown)}"
                 raise UnsupportedLayerError(f"engine: layer {label} cannot be trained privately: {why}")
             self._module_names[id(module)] = layer_name
+            self._rules[id(module)] = rule
             fresh = [p for _, p in own if owners[id(p)].group < 0]
             if fresh:  # a module whose parameters are all tied to earlier ones is no clipping group of its own
                 group_of_layer[id(module)] = len(group_of_layer)
@@ -327,7 +329,7 @@ class BKEngine:
         if not output.requires_grad:
             output = output + self._origin(output)
         params = {attr: p for attr, p in module.named_parameters(recurse=False) if id(p) in self._owners}
-        call = _Call(self._module_names[id(module)], module, rule_for(module), params, inputs[0].detach(),
+        call = _Call(self._module_names[id(module)], module, self._rules[id(module)], params, inputs[0].detach(),
                      version=inputs[0]._version)
         self._calls.append(call)
         output.register_hook(lambda grad: self._take_backprops(call, grad))
