@@ -101,6 +101,14 @@ class NoiseSource:
         """Overwrite the flat tensor ``out`` with scale·z_step (the engine's σ·R·z_t, with no extra pass)."""
         if self.secure or self.mechanism != "identity":
             return torch.mul(self.draw(step), scale, out=out)
+        return self._independent_into(out, step, scale)
+
+    def independent(self, step: int) -> torch.Tensor:
+        """A fresh tensor of i.i.d. N(0, 1) for step ``step``: the rows z_t that correlated noise transforms."""
+        return self._independent_into(torch.empty(self.numel, device=self.device, dtype=self.dtype), step, 1.0)
+
+    def _independent_into(self, out: torch.Tensor, step: int, scale: float) -> torch.Tensor:
+        """scale·z_step into ``out``: Philox on CPU float32, torch's float64 draws on fixed chunks otherwise."""
         if out.device.type == "cpu" and out.dtype == torch.float32 and out.is_contiguous():
             return self._philox_into(out, step, scale)
         return self._torch_chunks_into(out, step, scale)
@@ -154,13 +162,6 @@ class NoiseSource:
             self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dpledger-noise")
             self._pool_owner = (os.getpid(), workers)
         return self._pool
-
-    def independent(self, step: int) -> torch.Tensor:
-        """A fresh tensor of i.i.d. N(0, 1) for step ``step``: the rows z_t that correlated noise transforms."""
-        out = torch.empty(self.numel, device=self.device, dtype=self.dtype)
-        if out.device.type == "cpu" and out.dtype == torch.float32:
-            return self._philox_into(out, step, 1.0)
-        return self._torch_chunks_into(out, step, 1.0)
 
     def _correlated(self, step: int) -> torch.Tensor:
         if self._stream is None or step < self._stream_position:
