@@ -106,16 +106,7 @@ def make_step(method: str, workload: str, device: str = "cpu", precision: str = 
 def _method_step(method: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, cast) -> Callable[[], None]:
     batch = x.shape[0]
     if method == "non-private":
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-
-        def step() -> None:
-            optimizer.zero_grad(set_to_none=True)
-            with cast:
-                loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            optimizer.step()
-
-        return step
+        return _plain_step(model, torch.optim.SGD(model.parameters(), lr=0.01), x, y, cast)
     if method == "bk":
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         engine = BKEngine(model, optimizer, clip_norm=1.0, noise_multiplier=1.0, normalizer=batch, seed=0)
@@ -157,11 +148,17 @@ def _opacus_hooks_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cast)
     wrapped = GradSampleModule(model, batch_first=True, loss_reduction="mean")
     optimizer = DPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.01), noise_multiplier=1.0, max_grad_norm=1.0,
                             expected_batch_size=x.shape[0], loss_reduction="mean")
+    return _plain_step(wrapped, optimizer, x, y, cast)
+
+
+def _plain_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                cast) -> Callable[[], None]:
+    """The standard loop: zero the gradients, mean loss, one backward pass, optimizer step."""
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         with cast:
-            loss = F.cross_entropy(wrapped(x), y)
+            loss = F.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
 
