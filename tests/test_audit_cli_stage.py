@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from dpledger.accounting.record import CalibrationRecord
+from dpledger.pipeline.inputs_check import seal_record
+from test_train_helpers import genuine_record
 from dpledger.audit.dpsgd import audit_dpsgd, canary_outputs
 from dpledger.cli import app
 from dpledger.errors import DpledgerError
@@ -45,10 +46,10 @@ def test_selfcheck_command_reports_the_false_alarm_rate():
 
 
 def write_inputs(root, sampler, record_sampler="poisson"):
-    CalibrationRecord(
-        noise_multiplier=1.2, epsilon=2.0, delta=1e-5, accountant="pld", sampler=record_sampler, assumptions=[],
-        steps=40, batch_size=16, dataset_size=160, epochs=4,
-    ).save(root / "artifacts" / "calibration" / "calibration.json")
+    folder = root / "artifacts" / "calibration"
+    folder.mkdir(parents=True, exist_ok=True)
+    seal_record(folder, genuine_record(noise_multiplier=1.2, sampler=record_sampler, steps=40, batch_size=16,
+                                       dataset_size=160, epochs=4))
     build_schedule(sampler, dataset_size=160, batch_size=16, epochs=4, seed=0).save(root / "artifacts" / "schedule")
 
 
@@ -61,7 +62,8 @@ def test_stage_audits_the_sampler_actually_used_and_writes_flat_metrics(tmp_path
     write_inputs(tmp_path, "shuffle")
     metrics = audit_stage.run(stage_params(repo_root), tmp_path)
     assert metrics["sampler"] == "shuffle" and metrics["sampler_mismatch"] is True
-    assert metrics["epsilon_claimed"] == 2.0
+    claimed = json.loads((tmp_path / "artifacts/calibration/calibration.json").read_text())["epsilon"]
+    assert metrics["epsilon_claimed"] == claimed
     assert all(isinstance(v, (int, float, str, bool)) for v in metrics.values())
     details = json.loads((tmp_path / "artifacts" / "audit" / "audit.json").read_text())
     assert details["sampler_warning"] and details["epsilon_vs_observations"]
@@ -72,7 +74,7 @@ def test_stage_audits_the_sampler_actually_used_and_writes_flat_metrics(tmp_path
 
 
 def test_stage_without_inputs_fails_with_one_line_and_writes_nothing(tmp_path, repo_root):
-    with pytest.raises(DpledgerError, match="calibrate and schedule"):
+    with pytest.raises(DpledgerError, match="run the calibrate stage"):
         audit_stage.run(stage_params(repo_root), tmp_path)
     assert not (tmp_path / "metrics").exists()
 
@@ -142,10 +144,10 @@ def test_dpsgd_audit_trains_with_the_sampler_options_and_the_claim_it_is_given()
 
 
 def test_stage_dpsgd_audit_uses_the_schedule_options_and_the_ledger_claim(tmp_path, repo_root):
-    CalibrationRecord(
-        noise_multiplier=1.2, epsilon=2.0, delta=1e-5, accountant="pld", sampler="poisson", assumptions=[],
-        steps=10, batch_size=16, dataset_size=90, epochs=2,
-    ).save(tmp_path / "artifacts" / "calibration" / "calibration.json")
+    folder = tmp_path / "artifacts" / "calibration"
+    folder.mkdir(parents=True, exist_ok=True)
+    seal_record(folder, genuine_record(noise_multiplier=1.2, sampler="poisson", steps=10, batch_size=16,
+                                       dataset_size=90, epochs=2))
     build_schedule("shuffle", dataset_size=90, batch_size=16, epochs=2, seed=0, last_batch="drop").save(
         tmp_path / "artifacts" / "schedule"
     )
@@ -154,4 +156,5 @@ def test_stage_dpsgd_audit_uses_the_schedule_options_and_the_ledger_claim(tmp_pa
     audit_stage.run(params, tmp_path)
     dpsgd = json.loads((tmp_path / "artifacts" / "audit" / "audit.json").read_text())["dpsgd"]
     assert dpsgd["setting"]["sampler_options"] == {"last_batch": "drop"} and dpsgd["setting"]["steps"] == 10
-    assert dpsgd["epsilon_claimed"] == 2.0 and dpsgd["claim_basis"].startswith("ledger: pld")
+    claimed = json.loads((tmp_path / "artifacts/calibration/calibration.json").read_text())["epsilon"]
+    assert dpsgd["epsilon_claimed"] == claimed and dpsgd["claim_basis"].startswith("ledger: pld")

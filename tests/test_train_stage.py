@@ -19,7 +19,8 @@ from dpledger.errors import DpledgerError, SamplerMismatchError
 from dpledger.pipeline import run_stage
 from dpledger.pipeline.train import epsilon_spent
 from dpledger.sampling.schedule import Schedule
-from test_train_helpers import TRAIN_SIZE, make_project, poisson_schedule
+from dpledger.pipeline.inputs_check import seal_record
+from test_train_helpers import TRAIN_SIZE, genuine_record, make_project, poisson_schedule
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +39,8 @@ def test_stage_trains_and_writes_metrics_plots_and_ledger(tmp_path):
         assert key in flat
     assert all(not isinstance(v, (dict, list)) for v in flat.values())
     assert metrics["test_accuracy"] > 0.8
-    assert metrics["steps_done"] == 66 and metrics["epsilon_spent"] == pytest.approx(3.0)
+    claimed = json.loads((tmp_path / "artifacts/calibration/calibration.json").read_text())["epsilon"]
+    assert metrics["steps_done"] == 66 and metrics["epsilon_spent"] == pytest.approx(claimed)
     assert metrics["sampler_mismatch"] is False
     ledger, _ = _state(tmp_path)
     assert ledger["steps_done"] == ledger["schedule_position"] == 66
@@ -70,8 +72,9 @@ def test_sampler_mismatch_stops_before_writing_unless_allowed(tmp_path):
 def test_schedule_longer_than_the_accounted_steps_is_refused(tmp_path):
     params = make_project(tmp_path, epochs=1)
     record = CalibrationRecord.load(tmp_path / "artifacts/calibration/calibration.json")
-    CalibrationRecord(**{**record.to_dict(), "accountants": [], "steps": record.steps - 1}).save(
-        tmp_path / "artifacts/calibration/calibration.json")
+    shorter = genuine_record(noise_multiplier=record.noise_multiplier, sampler="poisson", steps=record.steps - 1,
+                             batch_size=record.batch_size, dataset_size=record.dataset_size, epochs=record.epochs)
+    seal_record(tmp_path / "artifacts/calibration", shorter)
     with pytest.raises(DpledgerError, match="accounted for"):
         run_stage("train", params, tmp_path)
 
@@ -137,17 +140,17 @@ def test_kill_9_mid_epoch_then_rerun_ends_like_an_uninterrupted_run(tmp_path):
         root.mkdir()
         make_project(root, epochs=1, train=settings)
     command = [sys.executable, "-m", "stages.train", "--params", "params.yaml", "--root", "."]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'lib'}{os.pathsep}{REPO}"}
     process = subprocess.Popen(command, cwd=killed, env=env, stderr=subprocess.DEVNULL)
-    checkpoint = killed / "artifacts/train/checkpoint.pt"
+    ledger_file = killed / "artifacts/train/checkpoint.json"
     deadline = time.time() + 50
     while time.time() < deadline and process.poll() is None:
-        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["ledger"]["steps_done"] >= 3:
+        if ledger_file.exists() and json.loads(ledger_file.read_text())["steps_done"] >= 3:
             break
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    partial = torch.load(checkpoint, weights_only=False)["ledger"]["steps_done"]
+    partial = json.loads(ledger_file.read_text())["steps_done"]
     assert 0 < partial < 22, partial  # mid-epoch (one epoch = 22 steps)
     subprocess.run(command, cwd=killed, env=env, check=True, stderr=subprocess.DEVNULL)
     run_stage("train", clean / "params.yaml", clean)

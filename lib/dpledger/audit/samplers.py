@@ -12,6 +12,7 @@ game, so those audits are slower.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from dpledger.audit.models import BgmModel, PatternModel, SlotModel, StepMixtureModel
 from dpledger.errors import ParamsError
+from dpledger.sampling.plugin import PluginSampler
 from dpledger.sampling.registry import build_sampler
 
 TARGET_INDEX = 0
@@ -78,7 +80,14 @@ def audited_sampler(
     if analytic is None:
         model = _pattern_model(sampler, dataset_size, batch_size, epochs, noise_multiplier, options, seed)
         analytic = (model, PAIR_ZERO, "memberships drawn by running the sampler itself (one run per game)")
-    return AuditedSampler(sampler, dataset_size, batch_size, epochs, built.steps_per_epoch, *analytic)
+    return AuditedSampler(sampler, dataset_size, batch_size, epochs, _steps_per_epoch(built, analytic[0]), *analytic)
+
+
+def _steps_per_epoch(built: Any, model: BgmModel) -> int:
+    """The sampler's steps per epoch; a plugin knows its length only once run: its pilot runs' length per epoch."""
+    if isinstance(built, PluginSampler):
+        return math.ceil(model.score_patterns.shape[1] / built.epochs)
+    return built.steps_per_epoch
 
 
 def _analytic_model(name: str, built: Any, sigma: float) -> tuple[BgmModel, str, str] | None:

@@ -23,7 +23,7 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from dpledger.engine.clipping import check_clipping, clip_factors, group_threshold
+from dpledger.engine.clipping import check_clipping, clip_factors, group_threshold, nonfinite_rows
 from dpledger.engine.layers import LayerRule, add_weighted_sum, registered_base, rule_for
 from dpledger.engine.layers.embedding import MAX_NORM_REASON
 from dpledger.engine.noise import NoiseSource
@@ -118,7 +118,8 @@ class BKEngine:
     batch — it adds Σ_i C_i·w_i·g_i to the step's sum, which starts as the noise σ·R·z_t — then
     ``engine.step()`` once per logical batch: it adds the canary (if any), keeps the noisy sum in
     ``last_noisy_sum``, sets each ``p.grad`` to noisy sum / ``normalizer`` (views of one reused buffer) and steps the optimizer.
-    ``steps_taken`` counts logical steps (the privacy ledger).
+    ``steps_taken`` counts logical steps (the privacy ledger); ``nonfinite_examples`` counts the real examples
+    whose per-example norm was NaN or inf: they get clip factor 0 and contribute exactly zero.
 
     Constructing the engine sets ``requires_grad=False`` on the trainable parameters (ghost
     differentiation; :meth:`detach` restores them); build the optimizer before. A trainable parameter
@@ -177,6 +178,7 @@ class BKEngine:
             secure=secure_noise, device=reference.device, dtype=reference.dtype,
         )
         self.steps_taken = 0
+        self.nonfinite_examples = 0
         self.last_norms: Tensor | None = None
         self.layer_methods: dict[str, str] = {}
         self.last_workspace_elements = 0
@@ -409,9 +411,12 @@ class BKEngine:
         norm_sq = state.norm_sq
         for key, grads in state.per_example.items():
             norm_sq[key] = grads.reshape(batch, -1).square().sum(1)
-        factors = self._factors(norm_sq, weights)
-        self._add_clipped(factors, state.per_example, state.ghost_calls)
         flat = sum(norm_sq.values()) if norm_sq else losses.new_zeros(batch)
+        dropped = nonfinite_rows(flat)
+        if dropped.any():
+            self._drop_rows(dropped, weights, state)
+        factors = self._factors(norm_sq, weights, dropped)
+        self._add_clipped(factors, state.per_example, state.ghost_calls)
         self.last_norms = flat.sqrt()
         return self.last_norms
 
@@ -432,17 +437,28 @@ class BKEngine:
         self.last_workspace_elements += batch * (ghost_elements if use else instantiated_elements)
         return use
 
-    def _factors(self, norm_sq: dict[int, Tensor], weights: Tensor | None) -> dict[int, Tensor]:
-        """Clipping factor of every parameter's group, per example (zero for weight-0 rows)."""
+    def _drop_rows(self, dropped: Tensor, weights: Tensor | None, state: _Pass) -> None:
+        """Zero every row an example with a non-finite norm left in this pass (its factor is 0, but 0·NaN = NaN
+        in the clipped sum), out of place (an activation may be the caller's tensor), and count the real ones."""
+        real = dropped if weights is None else dropped & (weights != 0)
+        self.nonfinite_examples += int(real.sum())
+        for key, grads in state.per_example.items():
+            state.per_example[key] = grads.masked_fill(dropped.view(-1, *[1] * (grads.dim() - 1)), 0)
+        for call in state.ghost_calls:
+            call.activations, call.backprops = (
+                t.masked_fill(dropped.view(-1, *[1] * (t.dim() - 1)), 0) for t in (call.activations, call.backprops))
+
+    def _factors(self, norm_sq: dict[int, Tensor], weights: Tensor | None, dropped: Tensor) -> dict[int, Tensor]:
+        """Clipping factor of every parameter's group, per example (zero for weight-0 rows and for examples
+        whose flat norm is not finite, in every group)."""
         group_sq: dict[int, Tensor] = {}
         for key, value in norm_sq.items():
             group = self._owners[key].group if self.clipping == "per-layer" else 0
             group_sq[group] = group_sq[group] + value if group in group_sq else value
         threshold = group_threshold(self.clipping, self.clip_norm, self._groups)
         group_factors = {g: clip_factors(v, threshold, self.clipping, self.automatic_gamma) for g, v in group_sq.items()}
-        if weights is not None:
-            keep = (weights != 0)
-            group_factors = {g: f * keep.to(f.dtype) for g, f in group_factors.items()}
+        keep = ~dropped if weights is None else (weights != 0) & ~dropped
+        group_factors = {g: f * keep.to(f.dtype) for g, f in group_factors.items()}
         return {
             key: group_factors[self._owners[key].group if self.clipping == "per-layer" else 0] for key in norm_sq
         }
@@ -527,11 +543,12 @@ class BKEngine:
 
     def state_dict(self) -> dict[str, Any]:
         """The ledger part of a checkpoint: logical steps taken (the noise of step t depends only on t)."""
-        return {"steps_taken": self.steps_taken}
+        return {"steps_taken": self.steps_taken, "nonfinite_examples": self.nonfinite_examples}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the ledger; a step in progress (its noise drawn for the old position) is dropped."""
         self.steps_taken = int(state["steps_taken"])
+        self.nonfinite_examples = int(state.get("nonfinite_examples", 0))
         self._pending = False
 
     def detach(self) -> None:

@@ -37,8 +37,20 @@ def group_threshold(mode: str, clip_norm: float, groups: int) -> float:
 
 
 def clip_factors(norm_sq: Tensor, threshold: float, mode: str, gamma: float = 0.01) -> Tensor:
-    """Factors C_i from squared per-example norms; an all-zero gradient gets factor 1 (it stays zero)."""
+    """Factors C_i from squared per-example norms; an all-zero gradient gets factor 1 (it stays zero).
+
+    A norm that is not finite (NaN or inf: a non-finite input or loss) gets factor 0: min(1, R/‖g‖) would
+    be NaN or 1·inf there, i.e. not bounded by R. The caller must also zero that example's rows (0·NaN = NaN).
+    """
     norm = norm_sq.clamp_min(0).sqrt()
     if mode == "automatic":
-        return threshold / (norm + gamma)
-    return torch.where(norm > threshold, threshold / norm.clamp_min(torch.finfo(norm.dtype).tiny), torch.ones_like(norm))
+        factors = threshold / (norm + gamma)
+    else:
+        factors = torch.where(norm > threshold, threshold / norm.clamp_min(torch.finfo(norm.dtype).tiny),
+                              torch.ones_like(norm))
+    return torch.where(torch.isfinite(norm), factors, torch.zeros_like(factors))
+
+
+def nonfinite_rows(norm_sq: Tensor) -> Tensor:
+    """Boolean mask of the examples whose squared norm is NaN or inf (they are dropped: factor 0, rows zeroed)."""
+    return ~torch.isfinite(norm_sq)

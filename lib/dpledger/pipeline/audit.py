@@ -12,20 +12,17 @@ from dpledger.audit import plots
 from dpledger.audit.bgm import audit_bgm
 from dpledger.audit.result import epsilon_versus_observations, tradeoff_points
 from dpledger.audit.samplers import audited_sampler
-from dpledger.errors import DpledgerError
 from dpledger.params import Params
+from dpledger.pipeline.inputs_check import verified_record, verified_schedule
 from dpledger.sampling.guard import check_schedule, check_schedule_sizes
 from dpledger.sampling.registry import options_for
 from dpledger.sampling.schedule import Schedule
 
 
 def _inputs(root: Path) -> tuple[CalibrationRecord, Schedule]:
-    calibration = root / "artifacts" / "calibration" / "calibration.json"
-    schedule = root / "artifacts" / "schedule"
-    for path in (calibration, schedule / "schedule.json"):
-        if not path.exists():
-            raise DpledgerError(f"audit: {path} is missing; run the calibrate and schedule stages first")
-    return CalibrationRecord.load(calibration), Schedule.load(schedule)
+    """The calibration record and the schedule, each verified (see ``pipeline.inputs_check``)."""
+    record = verified_record(root / "artifacts" / "calibration" / "calibration.json", "audit")
+    return record, verified_schedule(root / "artifacts" / "schedule", "audit")
 
 
 def run(params: Params, root: Path) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from dpledger.mechanisms import banded_params, coefficients
 from dpledger.mechanisms.optimize import amplified_rmse, optimize_matrix
 from dpledger.mechanisms.rmse import prefix_rmse
 from dpledger.params import CalibrateParams, Params, check_dataset_size
+from dpledger.pipeline.inputs_check import seal_record
 
 
 def describe_run(params: Params, dataset_size: int) -> MechanismDescription:
@@ -146,7 +147,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     )
     metrics = _metrics(record, described, result, others, groups, poisson_same_noise)
     with io.atomic_dir(root / "artifacts" / "calibration") as folder:
-        record.save(folder / "calibration.json")
+        seal_record(folder, record)
     io.write_json(root / "metrics" / "calibrate.json", metrics)
     _write_plots(root / "plots" / "calibrate", record, groups, rows)
     return metrics

@@ -5,10 +5,16 @@ Reads ``artifacts/calibration/calibration.json`` (σ, mechanism, ε curve) and `
 ``train.allow_sampler_mismatch``) or that is longer than the accounted number of steps, and trains.
 A checkpoint with the ledger is written every ``train.checkpoint_every`` steps and at each epoch's end
 into ``artifacts/train/`` (``persist: true`` in dvc.yaml), so a killed run resumes at the step it reached.
+
+Nothing read is trusted (``inputs_check``): the record's ε is recomputed at its σ (deterministic
+accountants) or checked against calibrate's seal (Monte Carlo), and the schedule's arrays against their
+digest. The training data's content is part of the checkpoint fingerprint. The ledger and metrics record
+the σ the engine used, the examples dropped for a non-finite gradient norm and whether the loss diverged.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import asdict, replace
@@ -24,11 +30,18 @@ from dpledger import io
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.data import Dataset, load_dataset
 from dpledger.engine import BKEngine, make_optimizer, retain_freed_memory
-from dpledger.engine.checkpoint import Ledger, fingerprint, load_checkpoint, save_checkpoint
+from dpledger.engine.checkpoint import (
+    Ledger,
+    fingerprint,
+    load_checkpoint,
+    remove_stale_temporaries,
+    save_checkpoint,
+)
 from dpledger.engine.device import autocast, select_device
 from dpledger.errors import DpledgerError
 from dpledger.models import build_model
 from dpledger.params import Params
+from dpledger.pipeline.inputs_check import verified_record, verified_schedule
 from dpledger.sampling.guard import check_schedule, check_schedule_sizes
 from dpledger.sampling.schedule import Schedule
 
@@ -49,11 +62,8 @@ def epsilon_spent(record: CalibrationRecord, steps_done: int) -> float:
 
 
 def _load_inputs(params: Params, root: Path) -> tuple[CalibrationRecord, Schedule, Dataset]:
-    for needed, stage in ((root / CALIBRATION, "calibrate"), (root / SCHEDULE / "schedule.json", "schedule")):
-        if not needed.exists():
-            raise DpledgerError(f"train: {needed} is missing; run the {stage} stage first")
-    record = CalibrationRecord.load(root / CALIBRATION)
-    schedule = Schedule.load(root / SCHEDULE)
+    record = verified_record(root / CALIBRATION, "train")
+    schedule = verified_schedule(root / SCHEDULE, "train")
     data = load_dataset(params.data.name, params.data.path, params.data.test_fraction, params.seed)
     if schedule.dataset_size != data.train_size:
         raise DpledgerError(
@@ -76,10 +86,12 @@ def _training_code() -> list[Path]:
     return [Path(__file__).resolve(), *sorted(f for name in folders for f in (package / name).rglob("*.py"))]
 
 
-def _input_fingerprint(params: Params, root: Path) -> str:
+def _input_fingerprint(params: Params, root: Path, data: Dataset) -> str:
+    """Everything a step depends on, the training data's content included (a changed file restarts at 0)."""
     train = params.train.model_dump(exclude={"checkpoint_every"})
     return fingerprint(params.seed, params.data.model_dump(), train, root / CALIBRATION,
-                       root / SCHEDULE / "schedule.json", root / SCHEDULE / "schedule.npz", *_training_code())
+                       root / SCHEDULE / "schedule.json", root / SCHEDULE / "schedule.npz",
+                       data.x_train, data.y_train, data.x_test, data.y_test, *_training_code())
 
 
 def _noise_seed(seed: int) -> int:
@@ -97,6 +109,7 @@ def _evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple
 
 def run(params: Params, root: Path) -> dict[str, Any]:
     """Train (or resume), then write artifacts/train, metrics/train.json and plots/train."""
+    remove_stale_temporaries(root / OUT)
     record, schedule, data = _load_inputs(params, root)
     check = check_schedule(record.sampler, schedule, allow_mismatch=params.train.allow_sampler_mismatch)
     device = select_device(params.train.device)
@@ -113,7 +126,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         mechanism=record.mechanism, mechanism_params=record.mechanism_params, num_steps=schedule.num_steps,
         secure_noise=tp.secure_noise,
     )
-    key = _input_fingerprint(params, root)
+    key = _input_fingerprint(params, root, data)
     checkpoint_path = root / OUT / "checkpoint.pt"
     ledger = Ledger(0, schedule.num_steps, 0.0, record.delta, record.noise_multiplier, key,
                     history={"loss": [], "epsilon": [], "eval_step": [], "train_accuracy": [], "test_accuracy": [],
@@ -123,7 +136,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         ledger = saved["ledger"]
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
-        engine.load_state_dict({"steps_taken": ledger.steps_done})
+        engine.load_state_dict({"steps_taken": ledger.steps_done, "nonfinite_examples": ledger.nonfinite_examples})
     resumed_from = ledger.steps_done
 
     x_train = torch.from_numpy(data.x_train).to(device)
@@ -164,7 +177,8 @@ def run(params: Params, root: Path) -> dict[str, Any]:
             history["elapsed_s"] = [history["elapsed_s"][0] + time.perf_counter() - started]
             history["examples"] = [history["examples"][0] + examples]
             started, examples = time.perf_counter(), 0
-            ledger = replace(ledger, steps_done=done, epsilon_spent=epsilon_spent(record, done), history=history)
+            ledger = replace(ledger, steps_done=done, epsilon_spent=epsilon_spent(record, done), history=history,
+                             nonfinite_examples=engine.nonfinite_examples)
             save_checkpoint(checkpoint_path, ledger, model, optimizer)
         bar.update(1)
     bar.close()
@@ -184,7 +198,9 @@ def _write_outputs(root, ledger, record, check, model, x_train, y_train, x_test,
         "epsilon_spent": ledger.epsilon_spent,
         "epsilon_claimed": float(record.epsilon),
         "delta": float(record.delta),
-        "noise_multiplier": float(record.noise_multiplier),
+        "noise_multiplier": float(engine.noise_multiplier),
+        "nonfinite_examples": ledger.nonfinite_examples,
+        "loss_diverged": not all(math.isfinite(v) for v in (train_loss, test_loss, *history["loss"])),
         "steps_done": ledger.steps_done,
         "steps_total": ledger.total_steps,
         "resumed_from_step": resumed_from,

@@ -6,6 +6,7 @@ sentence), so the same checks run on an old revision's metrics in ``dpledger rep
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,16 +33,21 @@ def find_findings(
     mc_failure_warning: float,
     details: dict[str, Any] | None = None,
     status: dict[str, str] | None = None,
+    train_files: dict[str, Any] | None = None,
 ) -> list[Finding]:
     """All findings, warnings first (most serious first), then notices."""
     details = details or {}
+    train_files = train_files or {}
     status = status or {stage: ("ok" if metrics.get(stage) else "not run") for stage in UPSTREAM_STAGES}
     warnings = [
         _audit_contradicted(metrics),
+        _sigma_disagrees(metrics, details, train_files),
         _sampler_mismatch(metrics, details),
         _budget_exceeded(metrics),
         _verify_failed(metrics, details),
         _mc_failure(metrics, mc_failure_warning),
+        _nonfinite_examples(metrics, train_files),
+        _loss_diverged(metrics),
     ]
     notices = [
         _stages_missing(status),
@@ -115,6 +121,64 @@ def _sampler_mismatch(metrics: dict[str, dict[str, Any]], details: dict[str, Any
         severity="warning",
         title="Sampler used ≠ sampler accounted",
         message=sentence or "Training flagged a sampler mismatch: the claimed epsilon does not describe this run.",
+    )
+
+
+def sigma_sources(metrics: dict[str, dict[str, Any]], details: dict[str, Any],
+                  train_files: dict[str, Any]) -> dict[str, float]:
+    """The noise multiplier as each output states it: the σ training used (its ledger and metrics), the
+    calibration record's and calibrate's metrics'."""
+    record = details.get("calibrate") if isinstance(details.get("calibrate"), dict) else {}
+    ledger = train_files.get("ledger.json") if isinstance(train_files.get("ledger.json"), dict) else {}
+    found = {
+        "training ledger": ledger.get("noise_multiplier"),
+        "train metrics": metrics.get("train", {}).get("noise_multiplier"),
+        "calibration record": record.get("noise_multiplier"),
+        "calibrate metrics": metrics.get("calibrate", {}).get("noise_multiplier"),
+    }
+    return {source: float(value) for source, value in found.items() if _real(value) is not None}
+
+
+def _sigma_disagrees(metrics: dict[str, dict[str, Any]], details: dict[str, Any],
+                     train_files: dict[str, Any]) -> Finding | None:
+    sources = sigma_sources(metrics, details, train_files)
+    if len(set(sources.values())) <= 1:
+        return None
+    stated = ", ".join(f"{source} σ = {format_value(value)}" for source, value in sources.items())
+    return Finding(
+        kind="sigma-mismatch",
+        severity="warning",
+        title="σ used ≠ σ claimed",
+        message=(f"The outputs disagree on the noise multiplier ({stated}): the claimed ε was proven for one σ and "
+                 "training may have used another. Re-run the pipeline from calibrate."),
+    )
+
+
+def _nonfinite_examples(metrics: dict[str, dict[str, Any]], train_files: dict[str, Any]) -> Finding | None:
+    ledger = train_files.get("ledger.json") if isinstance(train_files.get("ledger.json"), dict) else {}
+    count = _real(metrics.get("train", {}).get("nonfinite_examples", ledger.get("nonfinite_examples")))
+    if not count:
+        return None
+    return Finding(
+        kind="nonfinite-examples",
+        severity="warning",
+        title="Examples dropped for a non-finite gradient",
+        message=(f"{format_value(int(count))} example-step(s) had a NaN or infinite gradient norm and contributed "
+                 "nothing (clip factor 0; the privacy claim still holds). Check the data for NaN/inf values."),
+    )
+
+
+def _loss_diverged(metrics: dict[str, dict[str, Any]]) -> Finding | None:
+    train = metrics.get("train", {})
+    losses = [train.get(key) for key in ("final_train_loss", "test_loss")]
+    if train.get("loss_diverged") is not True and all(v is None or _real(v) is None or math.isfinite(v) for v in losses):
+        return None
+    return Finding(
+        kind="loss-diverged",
+        severity="warning",
+        title="Training loss is not finite",
+        message=("A training or test loss is NaN or infinite: the model diverged or the data holds non-finite "
+                 "values. Its accuracy numbers mean little."),
     )
 
 

@@ -37,14 +37,14 @@ def _claim_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
         ("accountant", m.get("accountant")),
         ("sampler", m.get("sampler")),
         ("mechanism", m.get("mechanism")),
-        ("σ", m.get("noise_multiplier")),
+        ("σ used", inputs.metrics["train"].get("noise_multiplier", m.get("noise_multiplier"))),
         ("steps", m.get("steps")),
         ("Monte Carlo samples", m.get("mc_samples")),
         ("Monte Carlo failure probability", m.get("mc_failure_probability")),
     )
     if "audit-contradicted" in kinds:
         verdict = Badge("contradicted", "bad")
-    elif kinds & {"sampler-mismatch", "budget-exceeded", "mc-failure"}:
+    elif kinds & {"sampler-mismatch", "budget-exceeded", "mc-failure", "sigma-mismatch"}:
         verdict = Badge("does not hold as stated", "bad")
     else:
         verdict = Badge("proven", "good")

@@ -51,6 +51,7 @@ def render_report(params: Params, root: str | Path) -> RenderedReport:
         mc_failure_warning=params.report.mc_failure_warning,
         details=inputs.details,
         status=inputs.status,
+        train_files=inputs.train_files,
     )
     provenance = Provenance(
         params=params.model_dump(mode="json"), versions=package_versions(), commit=git_commit(root)

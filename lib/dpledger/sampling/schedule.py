@@ -6,6 +6,7 @@ fixed-size variants, and the sampler's name, parameters and seed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,14 @@ class Schedule:
         )
         io.write_json(folder / "schedule.json", self.header())
 
+    def arrays_digest(self) -> str:
+        """SHA-256 of the index, offset and padding arrays as saved: the header records it so a reader can
+        refuse an edited ``schedule.npz``."""
+        digest = hashlib.sha256()
+        for array, dtype in ((self.indices, np.int64), (self.offsets, np.int64), (self.padding, bool)):
+            digest.update(np.ascontiguousarray(array, dtype=dtype).tobytes())
+        return digest.hexdigest()
+
     def header(self) -> dict[str, Any]:
         """Everything but the index arrays: what produced the schedule."""
         return {
@@ -76,7 +85,7 @@ class Schedule:
             "steps_per_epoch": self.steps_per_epoch,
             "num_steps": self.num_steps,
             "normalizer": self.normalizer,
-            "metadata": self.metadata,
+            "metadata": {**self.metadata, "arrays_sha256": self.arrays_digest()},
         }
 
     @classmethod

@@ -1,0 +1,120 @@
+"""Verify, don't trust, what train and audit read: the calibration record and the schedule.
+
+- The claim is recomputed for the σ, sampler, sizes and mechanism the record names with the record's own
+  accountant (and its settings, from the record's result details) wherever that accountant is
+  deterministic — every accountant but Monte Carlo, so a new deterministic one is checked without change
+  here — and a record whose ε does not follow from its σ is refused (e.g. σ hand-edited from 1.244 to 0.3).
+- A Monte Carlo claim cannot be recomputed cheaply (its Estimate-Verify-Release draws millions of
+  samples), so calibrate seals the record: ``seal.json`` holds the SHA-256 of the record as verified, and
+  a record that no longer matches it (σ, mechanism, or anything else edited) is refused.
+- The schedule's header carries the SHA-256 of its index arrays (``Schedule.save``); an edited
+  ``schedule.npz`` (e.g. example 0 put in every batch) no longer matches and is refused.
+
+Threat model: an honest but mistaken user, or artifacts pulled from a shared DVC remote — a deliberate
+forger can recompute a digest; the recomputation of a deterministic claim cannot be fooled that way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from dpledger import io
+from dpledger.accounting import MonteCarloAccountant, describe, get_accountant
+from dpledger.accounting.record import CalibrationRecord
+from dpledger.errors import DpledgerError
+from dpledger.sampling.schedule import Schedule
+
+SEAL = "seal.json"
+RELATIVE_TOLERANCE = 1e-6
+
+
+def record_digest(record: CalibrationRecord) -> str:
+    """SHA-256 of the record's canonical JSON (keys sorted): any edited field changes it."""
+    return hashlib.sha256(json.dumps(record.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def seal_record(folder: Path, record: CalibrationRecord) -> None:
+    """Write ``calibration.json`` and its seal into ``folder`` (the calibrate stage's output)."""
+    record.save(folder / "calibration.json")
+    io.write_json(folder / SEAL, {"record_sha256": record_digest(record)})
+
+
+def load_record(path: Path, stage: str) -> CalibrationRecord:
+    """The record at ``path``, or one line naming the file when it is missing or malformed."""
+    if not path.exists():
+        raise DpledgerError(f"{stage}: {path} is missing; run the calibrate stage first")
+    try:
+        return CalibrationRecord.from_dict(io.read_json(path))
+    except (OSError, ValueError, TypeError) as error:
+        reason = (str(error).splitlines() or [type(error).__name__])[0][:160]
+        raise DpledgerError(f"{stage}: {path} cannot be read ({reason}); re-run the calibrate stage") from None
+
+
+def verified_record(path: Path, stage: str) -> CalibrationRecord:
+    """The record at ``path``, refused with one line unless its seal matches and (deterministic accountant)
+    its claimed ε is what its accountant gives at its σ."""
+    record = load_record(path, stage)
+    check_seal(path.parent / SEAL, record, stage)
+    reproduce_claim(record, stage)
+    return record
+
+
+def check_seal(seal: Path, record: CalibrationRecord, stage: str) -> None:
+    """Refuse a record that differs from the one calibrate verified and sealed."""
+    try:
+        expected = io.read_json(seal)["record_sha256"]
+    except (OSError, ValueError, TypeError, KeyError):
+        raise DpledgerError(f"{stage}: {seal} is missing or unreadable, so the calibration record cannot be "
+                            "checked; re-run the calibrate stage") from None
+    if expected != record_digest(record):
+        raise DpledgerError(f"{stage}: {seal.parent / 'calibration.json'} differs from the record calibrate "
+                            "verified (edited σ, mechanism or claim?); re-run the calibrate stage")
+
+
+def reproduce_claim(record: CalibrationRecord, stage: str) -> float | None:
+    """ε of the record's accountant at the record's σ and sampler description, or None for Monte Carlo
+    (checked by the seal); refuses, with one line, a record whose claimed ε differs."""
+    chosen = next((r for r in record.accountants if r.accountant == record.accountant), None)
+    accountant = get_accountant(record.accountant, **(chosen.details if chosen else {}))
+    if isinstance(accountant, MonteCarloAccountant):
+        return None
+    description = describe(sampler=record.sampler, dataset_size=record.dataset_size, batch_size=record.batch_size,
+                           epochs=record.epochs)
+    description = description.with_steps(record.steps).with_noise(record.noise_multiplier)
+    description = replace(description, mechanism=record.mechanism, mechanism_params=record.mechanism_params)
+    try:
+        epsilon = accountant.epsilon(description, record.delta).epsilon
+    except DpledgerError as error:
+        raise DpledgerError(f"{stage}: the calibration record cannot be re-accounted ({error}); "
+                            "re-run the calibrate stage") from None
+    if not math.isclose(epsilon, record.epsilon, rel_tol=RELATIVE_TOLERANCE):
+        raise DpledgerError(
+            f"{stage}: calibration.json claims ε = {record.epsilon:.6g} at σ = {record.noise_multiplier:.6g}, but the "
+            f"{record.accountant} accountant gives ε = {epsilon:.6g} for that σ and sampler; the record was edited "
+            "or comes from other code — re-run the calibrate stage"
+        )
+    return epsilon
+
+
+def verified_schedule(folder: Path, stage: str) -> Schedule:
+    """The schedule in ``folder``, refused with one line when unreadable or when its arrays do not match
+    the digest its header recorded."""
+    if not (folder / "schedule.json").exists():
+        raise DpledgerError(f"{stage}: {folder / 'schedule.json'} is missing; run the schedule stage first")
+    try:
+        schedule = Schedule.load(folder)
+    except (OSError, ValueError, TypeError, KeyError, EOFError) as error:
+        reason = (str(error).splitlines() or [type(error).__name__])[0][:160]
+        raise DpledgerError(f"{stage}: the schedule in {folder} cannot be read ({reason}); "
+                            "re-run the schedule stage") from None
+    recorded = schedule.metadata.get("arrays_sha256")
+    if recorded != schedule.arrays_digest():
+        raise DpledgerError(
+            f"{stage}: {folder / 'schedule.npz'} does not match the digest in schedule.json (edited batches?); "
+            "re-run the schedule stage"
+        )
+    return schedule
