@@ -136,3 +136,55 @@ def test_unknown_model_name_is_refused_by_the_schema(tmp_path):
     params = make_project(tmp_path, epochs=1, train={"model": "resnet"})
     with pytest.raises(ParamsError, match=r"train.model = 'resnet' is invalid: allowed values are mlp, cnn, transformer, hf"):
         load_params(params)
+
+
+@pytest.mark.slow
+def test_kill_9_lm_run_then_rerun_ends_with_the_same_ledger(tmp_path, lm):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from byo_helpers import REPO
+
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    for root in (killed, clean):
+        root.mkdir()
+        _lm_project(root, lm)
+    command = [sys.executable, "-m", "stages.train", "--params", "params.yaml", "--root", "."]
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'lib'}:{REPO}"}
+    process = subprocess.Popen(command, cwd=killed, env=env, stderr=subprocess.DEVNULL)
+    checkpoint = killed / "artifacts/train/checkpoint.pt"
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["ledger"]["steps_done"] >= 2:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    partial = torch.load(checkpoint, weights_only=False)["ledger"]["steps_done"]
+    subprocess.run(command, cwd=killed, env=env, check=True, stderr=subprocess.DEVNULL)
+    run_stage("train", clean / "params.yaml", clean)
+    ledgers = [json.loads((root / "artifacts/train/ledger.json").read_text()) for root in (killed, clean)]
+    assert {k: v for k, v in ledgers[0].items() if k != "fingerprint"} == {k: v for k, v in ledgers[1].items() if k != "fingerprint"}
+    models = [torch.load(root / "artifacts/train/model.pt") for root in (killed, clean)]
+    for name in models[1]:
+        assert torch.equal(models[0][name], models[1][name]), name
+    assert 0 < partial < ledgers[1]["steps_done"]
+    assert json.loads((killed / "metrics/train.json").read_text())["resumed_from_step"] == partial
+
+
+def test_makefile_overrides_and_the_example_params_file_agree():
+    import re
+
+    import yaml
+
+    from byo_helpers import REPO
+
+    base = yaml.safe_load((REPO / "params.yaml").read_text())
+    example = yaml.safe_load((REPO / "examples/lm-params.yaml").read_text())
+    for key, value in re.findall(r"-S '?([\w.]+)=([^' \\\n]+)'?", (REPO / "Makefile").read_text()):
+        section, name = key.split(".")
+        base[section][name] = yaml.safe_load(value.replace(":", ": "))
+    assert base == example
