@@ -12,7 +12,11 @@ from dpledger.errors import DpledgerError, ParamsError
 
 @dataclass(frozen=True)
 class Dataset:
-    """Train/test arrays. ``x`` keeps its image shape (N, C, H, W) or is flat (N, D); ``y`` is int64."""
+    """Train/test arrays. ``x`` keeps its image shape (N, C, H, W) or is flat (N, D); ``y`` is int64.
+
+    Text (``name == "text"``): ``x`` holds int64 token ids (N, T) with :data:`dpledger.data.text.PAD` after
+    each text's end, ``vocab_size`` is the tokenizer's, and ``has_labels`` is False for unlabelled text.
+    """
 
     x_train: np.ndarray
     y_train: np.ndarray
@@ -20,6 +24,8 @@ class Dataset:
     y_test: np.ndarray
     num_classes: int
     name: str
+    vocab_size: int | None = None
+    has_labels: bool = True
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -40,10 +46,11 @@ def split_dataset(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int,
     order = np.random.default_rng(seed).permutation(n)
     test, train = order[:n_test], order[n_test:]
     y = y.astype(np.int64)
+    dtype = np.int64 if name == "text" else np.float32  # token ids stay integers
     return Dataset(
-        x_train=np.ascontiguousarray(x[train], dtype=np.float32),
+        x_train=np.ascontiguousarray(x[train], dtype=dtype),
         y_train=y[train],
-        x_test=np.ascontiguousarray(x[test], dtype=np.float32),
+        x_test=np.ascontiguousarray(x[test], dtype=dtype),
         y_test=y[test],
         num_classes=int(y.max()) + 1,
         name=name,

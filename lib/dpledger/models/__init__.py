@@ -1,31 +1,12 @@
-"""Model zoo for the train stage: MLP, CNN with GroupNorm, small transformer (all BK-engine compatible).
+"""Models the train stage trains: the zoo (MLP, CNN with GroupNorm, small transformer), ``hf`` transformers
+models from a local folder or a config, and plugin ``module:callable`` factories, each with its task
+(per-example loss and metric)."""
 
-``build_model(name, input_shape, num_classes, **opts)`` builds one; unknown names or options raise
-:class:`dpledger.errors.ParamsError`.
-"""
-
-from __future__ import annotations
-
-from typing import Any
-
-from torch import nn
-
-from dpledger.errors import ParamsError
 from dpledger.models.cnn import CNN
 from dpledger.models.mlp import MLP
+from dpledger.models.select import build_task_model, task_for
+from dpledger.models.tasks import TASKS, Task
 from dpledger.models.transformer import Transformer
+from dpledger.models.zoo import MODELS, build_model
 
-MODELS: dict[str, type[nn.Module]] = {"mlp": MLP, "cnn": CNN, "transformer": Transformer}
-
-
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opts: Any) -> nn.Module:
-    """An initialised model (seed torch beforehand for reproducible weights)."""
-    if name not in MODELS:
-        raise ParamsError(f"params: train.model = {name!r} is invalid: allowed values are {', '.join(MODELS)}")
-    try:
-        return MODELS[name](tuple(input_shape), num_classes, **opts)
-    except TypeError as error:
-        raise ParamsError(f"params: train.model_options {sorted(opts)} are invalid for model {name!r}: {error}") from None
-
-
-__all__ = ["MODELS", "build_model", "MLP", "CNN", "Transformer"]
+__all__ = ["MODELS", "TASKS", "Task", "build_model", "build_task_model", "task_for", "MLP", "CNN", "Transformer"]

@@ -36,11 +36,16 @@ class Section(BaseModel):
 
 
 class DataParams(Section):
-    """Which dataset to train on. ``digits`` ships inside scikit-learn, so it needs no download."""
+    """Which dataset to train on. ``digits`` ships inside scikit-learn, so it needs no download; ``text`` is a
+    JSONL or CSV file tokenized by a local transformers tokenizer (lib/dpledger/data/text.py)."""
 
-    name: Literal["digits", "npz", "cifar10", "mnist"] = "digits"
-    path: str | None = Field(default=None, description="file or folder for npz / cifar10 / mnist")
+    name: Literal["digits", "npz", "cifar10", "mnist", "text"] = "digits"
+    path: str | None = Field(default=None, description="file or folder for npz / cifar10 / mnist / text")
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+    tokenizer: str | None = Field(default=None, description="text: folder of the model's own tokenizer (local files only)")
+    max_length: int = Field(default=128, gt=0, description="text: tokens kept per example (longer texts are truncated)")
+    text_field: str = Field(default="text", min_length=1, description="text: the column/key holding the text")
+    label_field: str = Field(default="label", min_length=1, description="text: the column/key holding class labels")
 
 
 class BatchingParams(Section):

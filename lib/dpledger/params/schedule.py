@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from typing import Literal, get_args
 
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from dpledger.params.core import Section
+from dpledger.plugins import PLUGIN_PATTERN
 
 # The built-in samplers of dpledger.sampling (a test keeps the two lists equal).
 BuiltSampler = Literal[
@@ -23,7 +23,6 @@ BuiltSampler = Literal[
 ]
 BUILT_SAMPLERS: tuple[str, ...] = get_args(BuiltSampler)
 PAD_TRUNCATE_SAMPLERS = ("balls-in-bins", "balls-in-bins-redrawn")
-PLUGIN_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 class ScheduleParams(Section):

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from dpledger.params.core import Section
+from dpledger.plugins import PLUGIN_PATTERN
+
+ZOO_MODELS = ("mlp", "cnn", "transformer")
 
 
 class TrainParams(Section):
     """DP-SGD training settings; the noise multiplier and correlated-noise mechanism come from calibrate."""
 
-    model: Literal["mlp", "cnn", "transformer"] = "mlp"
-    model_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the model class")
+    model: str = Field(default="mlp", description="a zoo model (mlp, cnn, transformer), hf, or a plugin module:callable")
+    model_options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the model (hf: path, init, config, dtype)"
+    )
+    task: Literal["classification", "causal-lm", "sequence-classification"] = Field(
+        default="classification", description="what the model predicts, hence its per-example loss and metric"
+    )
     clip_norm: float = Field(default=1.0, gt=0.0, allow_inf_nan=False, description="per-example clipping threshold R")
     clipping: Literal["flat", "per-layer", "automatic"] = Field(default="flat", description="clipping style")
     automatic_gamma: float = Field(
@@ -31,3 +40,12 @@ class TrainParams(Section):
     precision: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", description="CUDA autocast dtype; norms stay fp32")
     checkpoint_every: int = Field(default=20, ge=1, description="steps between checkpoints (and at each epoch end)")
     allow_sampler_mismatch: bool = False
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in (*ZOO_MODELS, "hf") and not PLUGIN_PATTERN.match(value):
+            raise PydanticCustomError(
+                "model", "allowed values are {allowed}, hf or a plugin module:callable", {"allowed": ", ".join(ZOO_MODELS)}
+            )
+        return value

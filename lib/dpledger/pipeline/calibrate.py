@@ -32,7 +32,7 @@ from dpledger.accounting import (
 )
 from dpledger.accounting.accountants import poisson_at_same_noise
 from dpledger.accounting.group import GroupEpsilon
-from dpledger.data import load_dataset
+from dpledger.data import load_data
 from dpledger.mechanisms import banded_params, coefficients
 from dpledger.mechanisms.optimize import amplified_rmse, optimize_matrix
 from dpledger.mechanisms.rmse import prefix_rmse
@@ -123,7 +123,7 @@ def rmse_rows(params: Params, description: MechanismDescription, mechanism_param
 def run(params: Params, root: Path) -> dict[str, Any]:
     """Calibrate σ (and C), compute every applicable ε, the group table and the curves; write the outputs."""
     cal = params.calibrate
-    dataset = load_dataset(params.data.name, params.data.path, params.data.test_fraction, params.seed)
+    dataset = load_data(params.data, params.seed)
     description = describe_run(params, dataset.train_size)
     accountant = get_accountant(cal.accountant, **accountant_settings(params))
     matrix = choose_matrix(cal, description, params.seed)

@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from dpledger import io
-from dpledger.data import load_dataset
+from dpledger.data import load_data
 from dpledger.params import Params, check_dataset_size
 from dpledger.sampling import Schedule, build_schedule, options_for
 from dpledger.sampling.stats import batch_size_histogram, schedule_stats
@@ -57,7 +57,7 @@ def _plot_histogram(path: Path, sizes: np.ndarray, counts: np.ndarray, schedule:
 def run(params: Params, root: Path) -> dict[str, Any]:
     """Build, check and save the schedule; returns the flat metrics."""
     data = params.data
-    dataset = load_dataset(data.name, data.path, data.test_fraction, params.seed)
+    dataset = load_data(data, params.seed)
     schedule = schedule_from_params(params, dataset.train_size, progress=True)
     metrics = schedule_stats(schedule)
     sizes, counts = batch_size_histogram(schedule)

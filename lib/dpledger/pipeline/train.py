@@ -1,7 +1,8 @@
 """train stage: DP-SGD with the BK engine on the schedule's batches, with a resumable privacy ledger.
 
 Reads ``artifacts/calibration/calibration.json`` (σ, mechanism, ε curve) and ``artifacts/schedule/``
-(the batches), refuses a schedule whose sampler differs from the accounted one (unless
+(the batches), builds the model and its task (:mod:`dpledger.models`: zoo, ``hf`` or plugin; per-example
+loss and metric), refuses a schedule whose sampler differs from the accounted one (unless
 ``train.allow_sampler_mismatch``) or that is longer than the accounted number of steps, and trains.
 A checkpoint with the ledger is written every ``train.checkpoint_every`` steps and at each epoch's end
 into ``artifacts/train/`` (``persist: true`` in dvc.yaml), so a killed run resumes at the step it reached.
@@ -23,12 +24,11 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from dpledger import io
 from dpledger.accounting.record import CalibrationRecord
-from dpledger.data import Dataset, load_dataset
+from dpledger.data import Dataset, load_data
 from dpledger.engine import BKEngine, make_optimizer, retain_freed_memory
 from dpledger.engine.checkpoint import (
     Ledger,
@@ -39,7 +39,7 @@ from dpledger.engine.checkpoint import (
 )
 from dpledger.engine.device import autocast, select_device
 from dpledger.errors import DpledgerError
-from dpledger.models import build_model
+from dpledger.models import Task, build_task_model, task_for
 from dpledger.params import Params
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
 from dpledger.sampling.guard import check_schedule, check_schedule_sizes
@@ -64,7 +64,7 @@ def epsilon_spent(record: CalibrationRecord, steps_done: int) -> float:
 def _load_inputs(params: Params, root: Path) -> tuple[CalibrationRecord, Schedule, Dataset]:
     record = verified_record(root / CALIBRATION, "train")
     schedule = verified_schedule(root / SCHEDULE, "train")
-    data = load_dataset(params.data.name, params.data.path, params.data.test_fraction, params.seed)
+    data = load_data(params.data, params.seed)
     if schedule.dataset_size != data.train_size:
         raise DpledgerError(
             f"train: the schedule indexes {schedule.dataset_size} examples but the training set has {data.train_size}; "
@@ -86,25 +86,74 @@ def _training_code() -> list[Path]:
     return [Path(__file__).resolve(), *sorted(f for name in folders for f in (package / name).rglob("*.py"))]
 
 
+def _user_files(params: Params) -> list[Path]:
+    """The user's tokenizer and model checkpoint: new weights start over, too."""
+    folders = [params.data.tokenizer, params.train.model_options.get("path") if params.train.model == "hf" else None]
+    files: list[Path] = []
+    for folder in (Path(f) for f in folders if isinstance(f, str) and Path(f).is_dir()):
+        files += sorted(f for f in folder.rglob("*") if f.is_file())
+    return files
+
+
 def _input_fingerprint(params: Params, root: Path, data: Dataset) -> str:
     """Everything a step depends on, the training data's content included (a changed file restarts at 0)."""
     train = params.train.model_dump(exclude={"checkpoint_every"})
     return fingerprint(params.seed, params.data.model_dump(), train, root / CALIBRATION,
                        root / SCHEDULE / "schedule.json", root / SCHEDULE / "schedule.npz",
-                       data.x_train, data.y_train, data.x_test, data.y_test, *_training_code())
+                       data.x_train, data.y_train, data.x_test, data.y_test, *_training_code(), *_user_files(params))
 
 
 def _noise_seed(seed: int) -> int:
     return int(np.random.SeedSequence([seed, 1]).generate_state(1)[0])
 
 
-@torch.no_grad()
-def _evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """(accuracy, mean loss) in eval mode."""
-    model.eval()
-    outputs = torch.cat([model(chunk) for chunk in x.split(1024)])
-    model.train()
-    return float((outputs.argmax(1) == y).float().mean()), float(F.cross_entropy(outputs, y))
+def _build(params: Params, record: CalibrationRecord, schedule: Schedule, data: Dataset,
+           device: torch.device) -> tuple[torch.nn.Module, Task, torch.optim.Optimizer, BKEngine]:
+    """Model (seeded), its task, optimizer and engine."""
+    tp = params.train
+    task = task_for(tp.model, tp.task, data)
+    torch.manual_seed(params.seed)
+    model = build_task_model(tp.model, tp.model_options, task, data).to(device)
+    optimizer = make_optimizer(tp.optimizer, [p for p in model.parameters() if p.requires_grad], tp.lr, tp.momentum)
+    engine = BKEngine(
+        model, optimizer, clip_norm=tp.clip_norm, noise_multiplier=record.noise_multiplier,
+        normalizer=schedule.normalizer or record.batch_size, seed=_noise_seed(params.seed), clipping=tp.clipping,
+        automatic_gamma=tp.automatic_gamma, ghost=tp.ghost, mechanism=record.mechanism,
+        mechanism_params=record.mechanism_params, num_steps=schedule.num_steps, secure_noise=tp.secure_noise,
+    )
+    return model, task, optimizer, engine
+
+
+def _resume(key: str, path: Path, record: CalibrationRecord, schedule: Schedule, task: Task,
+            model: torch.nn.Module, optimizer: torch.optim.Optimizer, engine: BKEngine) -> Ledger:
+    """The saved ledger (model, optimizer and engine restored) when a checkpoint of the same inputs exists,
+    else a fresh one."""
+    history: dict[str, list[float]] = {"loss": [], "epsilon": [], "eval_step": [], f"train_{task.metric}": [],
+                                       f"test_{task.metric}": [], "elapsed_s": [0.0], "examples": [0.0]}
+    saved = load_checkpoint(path, key)
+    if saved is None:
+        return Ledger(0, schedule.num_steps, 0.0, record.delta, record.noise_multiplier, key, history=history)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    engine.load_state_dict({"steps_taken": saved["ledger"].steps_done,
+                            "nonfinite_examples": saved["ledger"].nonfinite_examples})
+    return saved["ledger"]
+
+
+def _private_step(engine: BKEngine, task: Task, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                  rows: torch.Tensor, weights: torch.Tensor, physical: int | None, device: torch.device,
+                  precision: str) -> float:
+    """One DP-SGD step over the batch ``rows`` (in physical chunks); returns the batch's summed loss."""
+    loss_sum = 0.0
+    chunk = physical or max(len(rows), 1)
+    for lo in range(0, len(rows), chunk):
+        part, part_weights = rows[lo:lo + chunk], weights[lo:lo + chunk]
+        with autocast(device, precision):
+            losses = task.losses(model, x[part], y[part])
+        engine.backward(losses, part_weights)
+        loss_sum += float((losses.detach() * part_weights).sum())
+    engine.step()
+    return loss_sum
 
 
 def run(params: Params, root: Path) -> dict[str, Any]:
@@ -116,63 +165,35 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     if device.type == "cpu":
         retain_freed_memory()
     tp = params.train
-    torch.manual_seed(params.seed)
-    model = build_model(tp.model, data.input_shape, data.num_classes, **tp.model_options).to(device)
-    optimizer = make_optimizer(tp.optimizer, model.parameters(), tp.lr, tp.momentum)
-    normalizer = schedule.normalizer or record.batch_size
-    engine = BKEngine(
-        model, optimizer, clip_norm=tp.clip_norm, noise_multiplier=record.noise_multiplier, normalizer=normalizer,
-        seed=_noise_seed(params.seed), clipping=tp.clipping, automatic_gamma=tp.automatic_gamma, ghost=tp.ghost,
-        mechanism=record.mechanism, mechanism_params=record.mechanism_params, num_steps=schedule.num_steps,
-        secure_noise=tp.secure_noise,
-    )
-    key = _input_fingerprint(params, root, data)
+    model, task, optimizer, engine = _build(params, record, schedule, data, device)
     checkpoint_path = root / OUT / "checkpoint.pt"
-    ledger = Ledger(0, schedule.num_steps, 0.0, record.delta, record.noise_multiplier, key,
-                    history={"loss": [], "epsilon": [], "eval_step": [], "train_accuracy": [], "test_accuracy": [],
-                             "elapsed_s": [0.0], "examples": [0.0]})
-    saved = load_checkpoint(checkpoint_path, key)
-    if saved is not None:
-        ledger = saved["ledger"]
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        engine.load_state_dict({"steps_taken": ledger.steps_done, "nonfinite_examples": ledger.nonfinite_examples})
+    key = _input_fingerprint(params, root, data)
+    ledger = _resume(key, checkpoint_path, record, schedule, task, model, optimizer, engine)
     resumed_from = ledger.steps_done
 
-    x_train = torch.from_numpy(data.x_train).to(device)
-    y_train = torch.from_numpy(data.y_train).to(device)
+    x_train, y_train = torch.from_numpy(data.x_train).to(device), torch.from_numpy(data.y_train).to(device)
     x_test, y_test = torch.from_numpy(data.x_test).to(device), torch.from_numpy(data.y_test).to(device)
     history = {k: list(v) for k, v in ledger.history.items()}
     started = time.perf_counter()
     examples = 0
-    physical = tp.physical_batch_size
     bar = tqdm(total=schedule.num_steps, initial=ledger.steps_done, desc="train", unit="step",
                disable=not sys.stderr.isatty())
     for step in range(ledger.steps_done, schedule.num_steps):
         indices, padding = schedule.batch(step)
         rows = torch.from_numpy(indices.astype(np.int64)).to(device)
-        weights = torch.from_numpy(~padding).to(device=device, dtype=x_train.dtype)
-        loss_sum, real = 0.0, float(weights.sum())
-        chunk = physical or max(len(indices), 1)
-        for lo in range(0, len(indices), chunk):
-            part, part_weights = rows[lo:lo + chunk], weights[lo:lo + chunk]
-            with autocast(device, tp.precision):
-                outputs = model(x_train[part])
-            losses = F.cross_entropy(outputs.float(), y_train[part], reduction="none")
-            engine.backward(losses, part_weights)
-            loss_sum += float((losses.detach() * part_weights).sum())
-        engine.step()
+        weights = torch.from_numpy(~padding).to(device=device, dtype=torch.float32)
+        real = float(weights.sum())
+        loss_sum = _private_step(engine, task, model, x_train, y_train, rows, weights, tp.physical_batch_size,
+                                 device, tp.precision)
         examples += int(real)
         history["loss"].append(loss_sum / real if real else float("nan"))
         history["epsilon"].append(epsilon_spent(record, step + 1))
         done = step + 1
         epoch_end = done % schedule.steps_per_epoch == 0 or done == schedule.num_steps
         if epoch_end:
-            train_acc, _ = _evaluate(model, x_train, y_train)
-            test_acc, _ = _evaluate(model, x_test, y_test)
             history["eval_step"].append(done)
-            history["train_accuracy"].append(train_acc)
-            history["test_accuracy"].append(test_acc)
+            for split, xs, ys in (("train", x_train, y_train), ("test", x_test, y_test)):
+                history[f"{split}_{task.metric}"].append(task.evaluate(model, xs, ys)[task.metric])
         if epoch_end or done % tp.checkpoint_every == 0:
             history["elapsed_s"] = [history["elapsed_s"][0] + time.perf_counter() - started]
             history["examples"] = [history["examples"][0] + examples]
@@ -182,25 +203,26 @@ def run(params: Params, root: Path) -> dict[str, Any]:
             save_checkpoint(checkpoint_path, ledger, model, optimizer)
         bar.update(1)
     bar.close()
-    return _write_outputs(root, ledger, record, check, model, x_train, y_train, x_test, y_test, engine, resumed_from)
+    return _write_outputs(root, ledger, record, check, model, task, (x_train, y_train, x_test, y_test), engine,
+                          resumed_from)
 
 
-def _write_outputs(root, ledger, record, check, model, x_train, y_train, x_test, y_test, engine, resumed_from) -> dict[str, Any]:
+def _write_outputs(root, ledger, record, check, model, task, tensors, engine, resumed_from) -> dict[str, Any]:
+    x_train, y_train, x_test, y_test = tensors
     history = ledger.history
-    test_acc, test_loss = _evaluate(model, x_test, y_test)
-    train_acc, train_loss = _evaluate(model, x_train, y_train)
+    test, train = task.evaluate(model, x_test, y_test), task.evaluate(model, x_train, y_train)
     elapsed, examples = history["elapsed_s"][0], history["examples"][0]
     metrics = {
-        "test_accuracy": test_acc,
-        "train_accuracy": train_acc,
-        "final_train_loss": train_loss,
-        "test_loss": test_loss,
+        f"test_{task.metric}": test[task.metric],
+        f"train_{task.metric}": train[task.metric],
+        "final_train_loss": train["loss"],
+        "test_loss": test["loss"],
         "epsilon_spent": ledger.epsilon_spent,
         "epsilon_claimed": float(record.epsilon),
         "delta": float(record.delta),
         "noise_multiplier": float(engine.noise_multiplier),
         "nonfinite_examples": ledger.nonfinite_examples,
-        "loss_diverged": not all(math.isfinite(v) for v in (train_loss, test_loss, *history["loss"])),
+        "loss_diverged": not all(math.isfinite(v) for v in (train["loss"], test["loss"], *history["loss"])),
         "steps_done": ledger.steps_done,
         "steps_total": ledger.total_steps,
         "resumed_from_step": resumed_from,
@@ -214,14 +236,14 @@ def _write_outputs(root, ledger, record, check, model, x_train, y_train, x_test,
         torch.save(model.state_dict(), tmp)
     summary = {k: v for k, v in asdict(ledger).items() if k != "history"}
     assumptions = [s for s in (check.warning(), check.assumption()) if s]
-    io.write_json(out / "ledger.json", {**summary, "schedule_position": ledger.schedule_position,
+    io.write_json(out / "ledger.json", {**summary, "schedule_position": ledger.schedule_position, "task": task.name,
                                          "layer_methods": engine.layer_methods, "assumptions": assumptions})
-    _write_plots(root / "plots/train", history)
+    _write_plots(root / "plots/train", history, task.metric)
     io.write_json(root / "metrics/train.json", metrics)
     return metrics
 
 
-def _write_plots(folder: Path, history: dict[str, list[float]]) -> None:
+def _write_plots(folder: Path, history: dict[str, list[float]], metric: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,11 +252,12 @@ def _write_plots(folder: Path, history: dict[str, list[float]]) -> None:
     steps = list(range(1, len(history["loss"]) + 1))
     io.write_csv(folder / "loss.csv", ["step", "loss", "epsilon_spent"],
                  [[s, l, e] for s, l, e in zip(steps, history["loss"], history["epsilon"])])
-    io.write_csv(folder / "accuracy.csv", ["step", "train_accuracy", "test_accuracy"],
-                 [list(r) for r in zip(history["eval_step"], history["train_accuracy"], history["test_accuracy"])])
+    train, test = history[f"train_{metric}"], history[f"test_{metric}"]
+    io.write_csv(folder / f"{metric}.csv", ["step", f"train_{metric}", f"test_{metric}"],
+                 [list(r) for r in zip(history["eval_step"], train, test)])
     for name, series, label in (("loss", [("loss", history["loss"], steps)], "training loss (mean per batch)"),
-                                ("accuracy", [("train", history["train_accuracy"], history["eval_step"]),
-                                              ("test", history["test_accuracy"], history["eval_step"])], "accuracy")):
+                                (metric, [("train", train, history["eval_step"]),
+                                          ("test", test, history["eval_step"])], metric)):
         figure, axis = plt.subplots(figsize=(5, 3.2))
         for legend, values, xs in series:
             axis.plot(xs, values, label=legend)

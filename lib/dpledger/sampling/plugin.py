@@ -9,40 +9,22 @@ that name, and the report states that the equivalence is declared, not proven.
 
 from __future__ import annotations
 
-import importlib
-import re
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
 from dpledger.errors import ParamsError
+from dpledger.plugins import is_plugin_name, load_callable
 from dpledger.sampling.base import Batch, BatchSampler, real_batch, require_int
 from dpledger.sampling.guard import ACCOUNTED_SAMPLERS
 
-PLUGIN_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-
-
-def is_plugin_name(name: str) -> bool:
-    """True for a ``module:callable`` reference."""
-    return bool(PLUGIN_PATTERN.match(name))
+__all__ = ["PluginSampler", "checked_batch", "is_plugin_name", "load_plugin"]
 
 
 def load_plugin(name: str) -> Callable[..., Iterable[Any]]:
     """Import the callable ``module:attr``; a missing module or attribute is a one-line ParamsError."""
-    if not is_plugin_name(name):
-        raise ParamsError(f"sampler = {name!r} is invalid: a plugin sampler is written module:callable")
-    module_name, attribute = name.split(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ParamsError(f"sampler = {name!r} is invalid: cannot import module {module_name!r} ({error})") from None
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ParamsError(f"sampler = {name!r} is invalid: module {module_name!r} has no attribute {attribute!r}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise ParamsError(f"sampler = {name!r} is invalid: {attribute!r} is not callable")
+    target = load_callable(name, "sampler", "a plugin sampler")
     declared = getattr(target, "accounted_as", None)
     if declared is not None and declared not in ACCOUNTED_SAMPLERS:
         raise ParamsError(

@@ -1,0 +1,77 @@
+"""The language-model example's data, built on any machine with nothing downloaded: a text corpus cut
+from CPython's own ``pydoc_data.topics`` (the help texts that ship with Python), a byte-level BPE
+tokenizer trained on it with the ``tokenizers`` library and saved as a transformers tokenizer, and a
+tiny random-init causal LM saved with ``save_pretrained`` beside it. Deterministic for a given Python.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dpledger import io
+
+ARCHITECTURES = {  # a tiny causal LM of each architecture: 2 layers, width 64, 4 heads
+    "gpt2": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4},
+    "gpt-neox": {"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                 "intermediate_size": 256},
+}
+
+
+def corpus_texts(max_chars: int = 120_000, chunk_chars: int = 240) -> list[str]:
+    """Paragraphs of the pydoc topics (sorted by topic), whitespace-normalised, cut into pieces of at most
+    ``chunk_chars`` characters at word boundaries, until ``max_chars`` characters."""
+    from pydoc_data.topics import topics
+
+    texts: list[str] = []
+    total = 0
+    for name in sorted(topics):
+        for paragraph in topics[name].split("\n\n"):
+            words = paragraph.split()
+            piece: list[str] = []
+            for word in words:
+                if piece and len(" ".join([*piece, word])) > chunk_chars:
+                    texts.append(" ".join(piece))
+                    piece = []
+                piece.append(word)
+            if len(" ".join(piece)) > 20:
+                texts.append(" ".join(piece))
+            total = sum(len(t) for t in texts)
+            if total >= max_chars:
+                return texts
+    return texts
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer trained on ``texts``, wrapped as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                                   unk_token="<|endoftext|>")
+
+
+def write_example(folder: Path, *, architecture: str = "gpt-neox", max_chars: int = 120_000, vocab_size: int = 512,
+                  max_positions: int = 128, seed: int = 0) -> None:
+    """Write ``folder/corpus.jsonl`` (one ``{"text": ...}`` a line) and ``folder/model/`` (tokenizer, config
+    and random-init weights, all with ``save_pretrained``)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    texts = corpus_texts(max_chars)
+    tokenizer = train_tokenizer(texts, vocab_size)
+    spec = {**ARCHITECTURES[architecture], "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id}
+    spec["n_positions" if architecture == "gpt2" else "max_position_embeddings"] = max_positions
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**spec))
+    with io.atomic_dir(folder) as tmp:
+        (tmp / "corpus.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+        tokenizer.save_pretrained(tmp / "model")
+        model.save_pretrained(tmp / "model")

@@ -1,0 +1,114 @@
+"""Text datasets: a JSONL or CSV file with a text field (and, for classification, integer labels), tokenized
+by the model's own tokenizer loaded from a local folder (``AutoTokenizer.from_pretrained(path,
+local_files_only=True)``: nothing is downloaded).
+
+Every text is truncated to ``max_length`` tokens; shorter ones are right-padded with :data:`PAD`, so the
+padding is explicit in the ids and the models and losses mask it (``attention_mask = ids != PAD``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpledger.data.dataset import Dataset, split_dataset
+from dpledger.errors import DpledgerError, ParamsError
+
+PAD = -1
+"""Token id marking padding in a text dataset's ``x`` (never a real id)."""
+FORMATS = (".jsonl", ".csv")
+
+
+def load_tokenizer(path: str | None, key: str = "data.tokenizer") -> Any:
+    """A transformers tokenizer saved with ``save_pretrained`` in the local folder ``path`` (no hub access)."""
+    if path is None:
+        raise ParamsError(f"params: {key} is missing: data.name = 'text' is tokenized by the model's own tokenizer folder")
+    if not Path(path).is_dir():
+        raise ParamsError(f"params: {key} = {path!r} is invalid: no such folder (a tokenizer saved with save_pretrained)")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ParamsError(
+            f"params: {key} = {path!r} is invalid: it is not a transformers tokenizer folder ({first})"
+        ) from None
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``.jsonl`` (one JSON object a line) or ``.csv`` (a header row) file."""
+    if path.suffix not in FORMATS:
+        raise ParamsError(f"params: data.path = {str(path)!r} is invalid: a text dataset is a {' or '.join(FORMATS)} file")
+    try:
+        content = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise DpledgerError(f"{path}: cannot be read as UTF-8 text ({error})") from None
+    if path.suffix == ".csv":
+        return list(csv.DictReader(content.splitlines()))
+    records = []
+    for number, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DpledgerError(f"{path}: line {number} is not JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise DpledgerError(f"{path}: line {number} is not a JSON object")
+        records.append(record)
+    return records
+
+
+def _column(records: list[dict[str, Any]], field: str, key: str, path: Path) -> list[Any]:
+    for number, record in enumerate(records, start=1):
+        if field not in record:
+            raise ParamsError(
+                f"params: {key} = {field!r} is invalid: record {number} of {path} has no such field "
+                f"(it has {', '.join(map(str, record)) or 'none'})"
+            )
+    return [record[field] for record in records]
+
+
+def _labels(values: list[Any], path: Path, field: str) -> np.ndarray:
+    try:
+        labels = np.asarray([int(value) for value in values], dtype=np.int64)
+    except (TypeError, ValueError):
+        raise DpledgerError(f"{path}: field {field!r} must hold integer class labels 0..K-1") from None
+    if labels.min() < 0:
+        raise DpledgerError(f"{path}: field {field!r} holds {labels.min()}; class labels are 0..K-1")
+    return labels
+
+
+def token_ids(tokenizer: Any, texts: list[str], max_length: int) -> np.ndarray:
+    """(N, T) int64 ids, T the longest tokenized text (at most ``max_length``), right-padded with PAD."""
+    encoded = tokenizer([str(text) for text in texts], truncation=True, max_length=max_length)["input_ids"]
+    width = max(1, max(len(ids) for ids in encoded))
+    ids = np.full((len(encoded), width), PAD, dtype=np.int64)
+    for row, tokens in enumerate(encoded):
+        ids[row, : len(tokens)] = tokens
+    return ids
+
+
+def load_text(
+    path: str, *, tokenizer: str | None, max_length: int, text_field: str, label_field: str, test_fraction: float, seed: int
+) -> Dataset:
+    """The tokenized dataset of ``path``; labelled when the first record has ``label_field``."""
+    source = Path(path)
+    records = read_records(source)
+    if not records:
+        raise DpledgerError(f"{source}: holds no records")
+    tok = load_tokenizer(tokenizer)
+    texts = _column(records, text_field, "data.text_field", source)
+    has_labels = label_field in records[0]
+    labels = (
+        _labels(_column(records, label_field, "data.label_field", source), source, label_field)
+        if has_labels else np.zeros(len(records), dtype=np.int64)
+    )
+    split = split_dataset(token_ids(tok, texts, max_length), labels, test_fraction, seed, "text")
+    return Dataset(split.x_train, split.y_train, split.x_test, split.y_test, split.num_classes, "text",
+                   vocab_size=len(tok), has_labels=has_labels)

@@ -1,0 +1,105 @@
+"""``train.model: hf``: a transformers model from a local folder (``from_pretrained``, local files only:
+no hub access) or built from a config for random initialisation.
+
+``train.model_options``: ``path`` (a folder saved with ``save_pretrained``), ``init`` (``pretrained``: its
+weights, the default; ``random``: its config.json with fresh weights), or ``config`` (a dict for
+``AutoConfig.for_model``, e.g. ``{model_type: gpt2, n_layer: 2}``, random weights) instead of ``path``.
+The head comes from ``train.task``; a model type transformers has no such head for is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpledger.errors import ParamsError
+
+OPTIONS = ("path", "init", "config")
+HEADS = {  # task -> (transformers auto class, mapping that lists the configs it supports)
+    "causal-lm": ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING"),
+    "sequence-classification": ("AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING"),
+    "image-classification": ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING"),
+}
+
+
+def head_for(task: str, text: bool) -> str:
+    """The transformers head of ``task``: ``classification`` is sequence or image classification by the data."""
+    if task == "classification":
+        return "sequence-classification" if text else "image-classification"
+    return task
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def _config(options: dict[str, Any], num_labels: int | None) -> Any:
+    from transformers import AutoConfig
+
+    if "config" in options:
+        spec = dict(options["config"]) if isinstance(options["config"], dict) else None
+        if not spec or "model_type" not in spec:
+            raise ParamsError("params: train.model_options.config is invalid: a mapping with model_type (e.g. gpt2)")
+        if num_labels is not None:
+            spec.setdefault("num_labels", num_labels)
+        try:
+            return AutoConfig.for_model(**spec)
+        except (ValueError, TypeError, KeyError) as error:
+            raise ParamsError(f"params: train.model_options.config is invalid: {_first_line(error)}") from None
+    path = options["path"]
+    if not Path(path).is_dir():
+        raise ParamsError(f"params: train.model_options.path = {path!r} is invalid: no such folder "
+                          "(a transformers checkpoint saved with save_pretrained)")
+    if not (Path(path) / "config.json").is_file():
+        raise ParamsError(f"params: train.model_options.path = {path!r} is invalid: not a transformers checkpoint "
+                          "(no config.json; save the model with save_pretrained)")
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise ParamsError(f"params: train.model_options.path = {path!r} is invalid: not a transformers checkpoint "
+                          f"({_first_line(error)})") from None
+
+
+def _supported_tasks(config: Any) -> list[str]:
+    import transformers.models.auto.modeling_auto as auto
+
+    return [task for task, (_, mapping) in HEADS.items() if type(config) in getattr(auto, mapping)]
+
+
+def load_hf_model(options: dict[str, Any], task: str, *, text: bool, num_labels: int | None) -> nn.Module:
+    """The model for ``task`` in float32 and train mode; every bad option is one line naming its key."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ParamsError(f"params: train.model_options {unknown} are invalid for model 'hf': allowed keys are "
+                          f"{', '.join(OPTIONS)}")
+    if ("path" in options) == ("config" in options):
+        raise ParamsError("params: train.model_options is invalid for model 'hf': give path (a local folder) or config")
+    init = options.get("init", "pretrained")
+    if init not in ("pretrained", "random") or (init == "pretrained" and "config" in options):
+        raise ParamsError(f"params: train.model_options.init = {init!r} is invalid: allowed values are pretrained "
+                          "(with path), random")
+    config = _config(options, num_labels)
+    head = head_for(task, text)
+    supported = _supported_tasks(config)
+    if head not in supported:
+        where = options.get("path") or f"config model_type {config.model_type!r}"
+        raise ParamsError(
+            f"params: train.task = {task!r} is invalid for the {type(config).__name__} model in {where}: transformers "
+            f"has no {head} head for it (it has: {', '.join(supported) or 'none of ' + ', '.join(HEADS)})"
+        )
+    import transformers
+
+    auto_class = getattr(transformers, HEADS[head][0])
+    try:
+        if init == "random":
+            model = auto_class.from_config(config, dtype=torch.float32)
+        else:
+            model = auto_class.from_pretrained(options["path"], local_files_only=True, dtype=torch.float32)
+    except (OSError, ValueError) as error:
+        raise ParamsError(f"params: train.model_options.path = {options.get('path')!r} is invalid: not a transformers "
+                          f"checkpoint ({_first_line(error)})") from None
+    return model.train()

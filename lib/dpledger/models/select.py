@@ -1,0 +1,71 @@
+"""The train stage's model: a zoo name, ``hf`` or a plugin ``module:callable``, with the task it is trained
+for, checked on one batch before training so that a mismatch is one line, not an error deep in a step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpledger.data import Dataset
+from dpledger.errors import ParamsError
+from dpledger.models.hf import load_hf_model
+from dpledger.models.plugin import load_plugin_model
+from dpledger.models.tasks import Task
+from dpledger.models.zoo import MODELS, build_model
+
+TEXT_TASKS = ("causal-lm", "sequence-classification")
+
+
+def task_for(model: str, task: str, data: Dataset) -> Task:
+    """The task, refused where the data cannot feed it (text tasks need text, zoo models take images)."""
+    text = data.name == "text"
+    if task in TEXT_TASKS and not text:
+        raise ParamsError(f"params: train.task = {task!r} is invalid with data.name = {data.name!r}: it needs data.name: text")
+    if model in MODELS and text:
+        raise ParamsError(f"params: train.model = {model!r} is invalid with data.name = 'text': zoo models take images; "
+                          "use hf or a plugin module:callable")
+    if task != "causal-lm" and text and not data.has_labels:
+        raise ParamsError(f"params: data.label_field is invalid: train.task = {task!r} needs class labels, and "
+                          f"{data.name} file has no such field")
+    return Task(task, keyword_images=model == "hf" and not text)
+
+
+def build_task_model(model: str, options: dict[str, Any], task: Task, data: Dataset) -> nn.Module:
+    """An initialised model for ``task`` on ``data`` (seed torch beforehand for reproducible weights)."""
+    text = data.name == "text"
+    classes = data.vocab_size if task.name == "causal-lm" else data.num_classes
+    if model == "hf":
+        built = load_hf_model(options, task.name, text=text, num_labels=None if task.name == "causal-lm" else classes)
+    elif model in MODELS:
+        built = build_model(model, data.input_shape, data.num_classes, **options)
+    else:
+        built = load_plugin_model(model, data.input_shape, int(classes), options)
+    check_outputs(built, task, data, model)
+    return built
+
+
+@torch.no_grad()
+def check_outputs(model: nn.Module, task: Task, data: Dataset, name: str) -> None:
+    """Refuse a model whose outputs cannot score the data: fewer classes than the labels, or a vocabulary
+    smaller than the tokenizer's."""
+    x = torch.from_numpy(data.x_train[:2])
+    try:
+        logits = task.logits(model, x)
+    except (TypeError, IndexError, RuntimeError) as error:
+        raise ParamsError(f"params: train.model = {name!r} is invalid for this data: calling it on a batch of shape "
+                          f"{tuple(x.shape)} failed ({str(error).strip().splitlines()[0]})") from None
+    if not isinstance(logits, torch.Tensor):
+        raise ParamsError(f"params: train.model = {name!r} is invalid: it returned {type(logits).__name__}, not logits")
+    if task.name == "causal-lm":
+        if logits.ndim != 3 or logits.shape[-1] < int(data.vocab_size or 0):
+            raise ParamsError(f"params: train.model = {name!r} is invalid for data.tokenizer: it scores "
+                              f"{logits.shape[-1]} tokens (logits of shape {tuple(logits.shape)}) but the tokenizer "
+                              f"has {data.vocab_size}")
+        return
+    top = int(max(data.y_train.max(), data.y_test.max()))
+    if logits.ndim != 2 or logits.shape[1] <= top:
+        raise ParamsError(f"params: data.path labels reach {top} but train.model = {name!r} has "
+                          f"{logits.shape[-1]} classes (logits of shape {tuple(logits.shape)}): labels must be "
+                          f"0..{logits.shape[-1] - 1}")

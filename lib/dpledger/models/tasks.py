@@ -1,0 +1,93 @@
+"""Tasks: how a model is called on a batch, its per-example loss (what the engine clips), and its metric.
+
+Calling convention (the same for ``hf`` and plugin models): text batches (int64 token ids, padding
+:data:`dpledger.data.text.PAD`) are passed as ``model(input_ids=..., attention_mask=...)``; images as
+``model(pixel_values=x)`` for ``hf`` models and ``model(x)`` otherwise. An output with ``.logits`` (as
+transformers returns) is read through it.
+
+Per-example losses:
+
+- ``classification`` / ``sequence-classification``: cross-entropy of the example's logits.
+- ``causal-lm``: the **mean** next-token cross-entropy over the sequence's real (unpadded) targets.
+  Clipping bounds each example's gradient, so a per-sequence sum would grow with the sequence's length
+  and be clipped more for long texts; the mean keeps the gradient scale, hence the effect of a
+  given clip norm, independent of length, and matches what the perplexity averages.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dpledger.data.text import PAD
+
+TASKS = ("classification", "causal-lm", "sequence-classification")
+EVAL_CHUNK = 64
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task bound to a calling convention (``keyword_images``: hf image models take ``pixel_values=``)."""
+
+    name: str
+    keyword_images: bool = False
+
+    def logits(self, model: nn.Module, x: Tensor) -> Tensor:
+        """The model's logits on batch ``x`` (see the module docstring for how it is called)."""
+        if x.dtype == torch.int64:
+            output = model(input_ids=x.clamp_min(0), attention_mask=(x != PAD).long())
+        elif self.keyword_images:
+            output = model(pixel_values=x)
+        else:
+            output = model(x)
+        return output.logits if hasattr(output, "logits") else output
+
+    def losses(self, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+        """Per-example losses (float32), one per row of ``x``."""
+        return self.losses_from_logits(self.logits(model, x), x, y)
+
+    def losses_from_logits(self, logits: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        if self.name == "causal-lm":
+            tokens, counts = _token_losses(logits, x)
+            return tokens.sum(1) / counts.clamp_min(1)
+        return F.cross_entropy(logits.float(), y, reduction="none")
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, x: Tensor, y: Tensor) -> dict[str, float]:
+        """In eval mode: ``accuracy`` and mean ``loss`` (classification), or the token-weighted mean ``loss``
+        and its ``perplexity`` exp(loss) (causal LM)."""
+        model.eval()
+        try:
+            if self.name == "causal-lm":
+                total, count = 0.0, 0.0
+                for xs in x.split(EVAL_CHUNK):
+                    tokens, counts = _token_losses(self.logits(model, xs), xs)
+                    total, count = total + float(tokens.sum()), count + float(counts.sum())
+                loss = total / max(count, 1.0)
+                return {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
+            correct, loss = 0.0, 0.0
+            for xs, ys in zip(x.split(EVAL_CHUNK), y.split(EVAL_CHUNK)):
+                logits = self.logits(model, xs).float()
+                correct += float((logits.argmax(1) == ys).sum())
+                loss += float(F.cross_entropy(logits, ys, reduction="sum"))
+            return {"accuracy": correct / len(y), "loss": loss / len(y)}
+        finally:
+            model.train()
+
+    @property
+    def metric(self) -> str:
+        """The headline evaluation metric."""
+        return "perplexity" if self.name == "causal-lm" else "accuracy"
+
+
+def _token_losses(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Next-token cross-entropy at every position whose target is a real token (0 at padding), and the
+    number of real targets per sequence."""
+    targets = ids[:, 1:]
+    real = (targets != PAD).float()
+    losses = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), targets.clamp_min(0), reduction="none")
+    return losses * real, real.sum(1)

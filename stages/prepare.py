@@ -1,0 +1,23 @@
+"""DVC stage `prepare`: the language-model example's corpus, tokenizer and tiny causal LM into data/lm
+(see dpledger.data.example_lm). Needs no params and downloads nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from dpledger.data.example_lm import ARCHITECTURES, write_example
+
+
+def main(
+    out: Path = typer.Option(Path("data/lm"), help="folder to write (replaced atomically)"),
+    architecture: str = typer.Option("gpt-neox", help=f"one of {', '.join(ARCHITECTURES)}"),
+) -> None:
+    if architecture not in ARCHITECTURES:
+        raise typer.BadParameter(f"allowed values are {', '.join(ARCHITECTURES)}", param_hint="--architecture")
+    write_example(out, architecture=architecture)
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,47 @@
+"""Fixtures for the bring-your-own-model tests (no tests here): a tiny causal LM with its tokenizer saved into a
+temporary ``data/`` folder, and a project with a calibration record and schedule sized for its text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from dpledger.data.example_lm import write_example
+from dpledger.pipeline.inputs_check import seal_record
+from test_train_helpers import genuine_record, poisson_schedule
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_lm(root: Path) -> Path:
+    """``root/data/lm``: a small pydoc corpus, a 300-token BPE tokenizer and a 2-layer width-64 GPT-NeoX."""
+    folder = root / "data" / "lm"
+    write_example(folder, architecture="gpt-neox", max_chars=12000, vocab_size=300, max_positions=32)
+    return folder
+
+
+def write_labelled(path: Path, labels: list[int], field: str = "text") -> Path:
+    """A JSONL file of short texts with the given labels."""
+    words = ["alpha beta", "gamma delta", "print the value", "raise an error", "import a module", "define a class"]
+    path.write_text("".join(json.dumps({field: words[i % len(words)] + f" {i}", "label": y}) + "\n"
+                            for i, y in enumerate(labels)))
+    return path
+
+
+def text_project(root: Path, *, train_size: int, data: dict, train: dict, epochs: int = 1, batch_size: int = 8) -> Path:
+    """params.yaml (the repo's, with ``data`` and ``train`` merged in), calibration.json and a Poisson schedule."""
+    schedule = poisson_schedule(train_size, batch_size, epochs, seed=3)
+    record = genuine_record(noise_multiplier=1.0, sampler="poisson", steps=schedule.num_steps, batch_size=batch_size,
+                            dataset_size=train_size, epochs=epochs)
+    folder = root / "artifacts/calibration"
+    folder.mkdir(parents=True, exist_ok=True)
+    seal_record(folder, record)
+    schedule.save(root / "artifacts/schedule")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["batching"] = {"batch_size": batch_size, "epochs": epochs}
+    params["data"] = {**params["data"], **data}
+    params["train"] = {**params["train"], **train}
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    return root / "params.yaml"
