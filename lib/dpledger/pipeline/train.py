@@ -29,6 +29,7 @@ from dpledger.engine.device import autocast, select_device
 from dpledger.errors import DpledgerError
 from dpledger.models import build_model
 from dpledger.params import Params
+from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.sampling.guard import check_schedule, check_schedule_sizes
 from dpledger.sampling.schedule import Schedule
 
@@ -77,7 +78,7 @@ def _training_code() -> list[Path]:
 
 
 def _input_fingerprint(params: Params, root: Path) -> str:
-    train = params.train.model_dump(exclude={"checkpoint_every"})
+    train = params.train.model_dump(exclude={"checkpoint_every", "processes"})
     return fingerprint(params.seed, params.data.model_dump(), train, root / CALIBRATION,
                        root / SCHEDULE / "schedule.json", root / SCHEDULE / "schedule.npz", *_training_code())
 
@@ -96,10 +97,15 @@ def _evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple
 
 
 def run(params: Params, root: Path) -> dict[str, Any]:
-    """Train (or resume), then write artifacts/train, metrics/train.json and plots/train."""
+    """Train (or resume) in ``train.processes`` ranks (see pipeline/distributed.py), then write the outputs."""
+    return run_ranks(train, params, root, params.train.processes, select_device(params.train.device))
+
+
+def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
+    """Train (or resume) as rank ``ranks.rank``; rank 0 writes artifacts/train, metrics/train.json and plots/train."""
     record, schedule, data = _load_inputs(params, root)
     check = check_schedule(record.sampler, schedule, allow_mismatch=params.train.allow_sampler_mismatch)
-    device = select_device(params.train.device)
+    device = ranks.device(select_device(params.train.device))
     if device.type == "cpu":
         retain_freed_memory()
     tp = params.train
@@ -111,7 +117,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         model, optimizer, clip_norm=tp.clip_norm, noise_multiplier=record.noise_multiplier, normalizer=normalizer,
         seed=_noise_seed(params.seed), clipping=tp.clipping, automatic_gamma=tp.automatic_gamma, ghost=tp.ghost,
         mechanism=record.mechanism, mechanism_params=record.mechanism_params, num_steps=schedule.num_steps,
-        secure_noise=tp.secure_noise,
+        secure_noise=tp.secure_noise, process_group=ranks.group,
     )
     key = _input_fingerprint(params, root)
     checkpoint_path = root / OUT / "checkpoint.pt"
@@ -125,6 +131,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         optimizer.load_state_dict(saved["optimizer"])
         engine.load_state_dict({"steps_taken": ledger.steps_done})
     resumed_from = ledger.steps_done
+    ranks.check_same_start(resumed_from, model, device)
 
     x_train = torch.from_numpy(data.x_train).to(device)
     y_train = torch.from_numpy(data.y_train).to(device)
@@ -134,9 +141,9 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     examples = 0
     physical = tp.physical_batch_size
     bar = tqdm(total=schedule.num_steps, initial=ledger.steps_done, desc="train", unit="step",
-               disable=not sys.stderr.isatty())
+               disable=not sys.stderr.isatty() or not ranks.writes)
     for step in range(ledger.steps_done, schedule.num_steps):
-        indices, padding = schedule.batch(step)
+        indices, padding = ranks.share(*schedule.batch(step))
         rows = torch.from_numpy(indices.astype(np.int64)).to(device)
         weights = torch.from_numpy(~padding).to(device=device, dtype=x_train.dtype)
         loss_sum, real = 0.0, float(weights.sum())
@@ -149,6 +156,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
             engine.backward(losses, part_weights)
             loss_sum += float((losses.detach() * part_weights).sum())
         engine.step()
+        loss_sum, real = ranks.total([loss_sum, real], device)
         examples += int(real)
         history["loss"].append(loss_sum / real if real else float("nan"))
         history["epsilon"].append(epsilon_spent(record, step + 1))
@@ -160,7 +168,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
             history["eval_step"].append(done)
             history["train_accuracy"].append(train_acc)
             history["test_accuracy"].append(test_acc)
-        if epoch_end or done % tp.checkpoint_every == 0:
+        if (epoch_end or done % tp.checkpoint_every == 0) and ranks.writes:
             history["elapsed_s"] = [history["elapsed_s"][0] + time.perf_counter() - started]
             history["examples"] = [history["examples"][0] + examples]
             started, examples = time.perf_counter(), 0
@@ -168,6 +176,8 @@ def run(params: Params, root: Path) -> dict[str, Any]:
             save_checkpoint(checkpoint_path, ledger, model, optimizer)
         bar.update(1)
     bar.close()
+    if not ranks.writes:
+        return {}
     return _write_outputs(root, ledger, record, check, model, x_train, y_train, x_test, y_test, engine, resumed_from)
 
 
