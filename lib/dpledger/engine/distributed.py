@@ -62,6 +62,11 @@ class GroupSum:
             )
 
 
+def share_bounds(rows: int, rank: int, world_size: int) -> tuple[int, int]:
+    """[lo, hi) of rank ``rank``'s rows among ``rows``: disjoint, covering, sizes differing by at most one."""
+    return rows * rank // world_size, rows * (rank + 1) // world_size
+
+
 def group_sum(process_group: dist.ProcessGroup | GroupSum) -> GroupSum:
     """A :class:`GroupSum` for the engine's ``process_group`` argument (a group, or a GroupSum as it is)."""
     return process_group if isinstance(process_group, GroupSum) else GroupSum(process_group)

@@ -15,7 +15,9 @@ stops the others and raises one line; a rank that hangs is cut off by the collec
 
 from __future__ import annotations
 
+import io
 import os
+import signal
 import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from dpledger.engine.distributed import share_bounds
 from dpledger.errors import DpledgerError, ParamsError
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
@@ -87,11 +90,6 @@ class Ranks:
 
 SINGLE = Ranks()
 """One process, no process group: the train stage as it always ran."""
-
-
-def share_bounds(rows: int, rank: int, world_size: int) -> tuple[int, int]:
-    """[lo, hi) of rank ``rank``'s rows among ``rows``: disjoint, covering, sizes differing by at most one."""
-    return rows * rank // world_size, rows * (rank + 1) // world_size
 
 
 def backend_for(device: torch.device) -> str:
@@ -155,20 +153,34 @@ def spawn_ranks(function: Callable[..., Any], args: tuple, processes: int, devic
         try:
             while not spawned.join():
                 pass
-        except mp.ProcessExitedException as error:
-            raise _first_error(results) or DpledgerError(
-                f"train: rank {error.error_index} of {processes} died ({_exit_reason(error)}); the other ranks were "
-                "stopped; rerun to resume from the last checkpoint"
-            ) from None
-        except mp.ProcessRaisedException as error:
-            last = (str(error).strip().splitlines() or ["?"])[-1]
-            raise DpledgerError(f"train: rank {error.error_index} of {processes} failed: {last}") from None
+        except mp.ProcessException as error:
+            raise _failure(error, spawned.processes, results) from None
     outcome = _drain(results)
-    return next(value for kind, rank, value in outcome if kind == "result" and rank == 0)
+    return next(torch.load(io.BytesIO(value), weights_only=False) for kind, rank, value in outcome
+                if kind == "result" and rank == 0)
 
 
-def _exit_reason(error: mp.ProcessExitedException) -> str:
-    return f"signal {error.signal_name}" if error.signal_name else f"exit code {error.exit_code}"
+def _failure(error: mp.ProcessException, processes: list, results: Any) -> DpledgerError:
+    """One line for a failed run: a rank's own user error as it is, else the rank that died first and how.
+
+    A rank that died (killed: negative exit code, or exited non-zero without raising) makes its peers raise
+    connection errors; the dead rank, not the peer that noticed, is named. Ranks that torch stopped after
+    the failure exit by SIGTERM and are not blamed."""
+    user_errors = [value for kind, _, value in _drain(results) if kind == "error"]
+    if user_errors:
+        return DpledgerError(user_errors[0])
+    world = len(processes)
+    suspects = [error.error_index] if isinstance(error, mp.ProcessExitedException) else []
+    suspects += [rank for rank, process in enumerate(processes)
+                 if process.exitcode not in (None, 0, 1, -signal.SIGTERM) and rank not in suspects]
+    if suspects:
+        rank = suspects[0]
+        code = processes[rank].exitcode
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        return DpledgerError(f"train: rank {rank} of {world} died ({how}); the other ranks were stopped; "
+                             "rerun to resume from the last checkpoint")
+    last = (str(error).strip().splitlines() or ["?"])[-1]
+    return DpledgerError(f"train: rank {error.error_index} of {world} failed: {last}")
 
 
 def _drain(results: Any) -> list[tuple[str, int, Any]]:
@@ -176,11 +188,6 @@ def _drain(results: Any) -> list[tuple[str, int, Any]]:
     while not results.empty():
         items.append(results.get())
     return items
-
-
-def _first_error(results: Any) -> DpledgerError | None:
-    errors = [value for kind, _, value in _drain(results) if kind == "error"]
-    return DpledgerError(errors[0]) if errors else None
 
 
 def _rank_main(rank: int, function: Callable[..., Any], args: tuple, world_size: int, init_method: str,
@@ -195,5 +202,7 @@ def _rank_main(rank: int, function: Callable[..., Any], args: tuple, world_size:
         raise SystemExit(2) from None
     finally:
         dist.destroy_process_group()
-    results.put(("result", rank, value if rank == 0 else None))
+    payload = io.BytesIO()
+    torch.save(value if rank == 0 else None, payload)  # bytes: a tensor shared by handle would die with this process
+    results.put(("result", rank, payload.getvalue()))
 
