@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 
 from dpledger.engine.distributed import share_bounds
 from dpledger.errors import DpledgerError, ParamsError
@@ -153,14 +154,14 @@ def spawn_ranks(function: Callable[..., Any], args: tuple, processes: int, devic
         try:
             while not spawned.join():
                 pass
-        except mp.ProcessException as error:
+        except ProcessException as error:
             raise _failure(error, spawned.processes, results) from None
     outcome = _drain(results)
     return next(torch.load(io.BytesIO(value), weights_only=False) for kind, rank, value in outcome
                 if kind == "result" and rank == 0)
 
 
-def _failure(error: mp.ProcessException, processes: list, results: Any) -> DpledgerError:
+def _failure(error: ProcessException, processes: list, results: Any) -> DpledgerError:
     """One line for a failed run: a rank's own user error as it is, else the rank that died first and how.
 
     A rank that died (killed: negative exit code, or exited non-zero without raising) makes its peers raise
@@ -170,7 +171,7 @@ def _failure(error: mp.ProcessException, processes: list, results: Any) -> Dpled
     if user_errors:
         return DpledgerError(user_errors[0])
     world = len(processes)
-    suspects = [error.error_index] if isinstance(error, mp.ProcessExitedException) else []
+    suspects = [error.error_index] if isinstance(error, ProcessExitedException) else []
     suspects += [rank for rank, process in enumerate(processes)
                  if process.exitcode not in (None, 0, 1, -signal.SIGTERM) and rank not in suspects]
     if suspects:
