@@ -12,8 +12,6 @@ import copy
 
 import pytest
 import torch
-from torch import nn
-
 from dpledger.engine import BKEngine
 from dpledger.engine.consecutive import train_consecutive
 from dpledger.engine.distributed import GroupSum, share_bounds
@@ -22,6 +20,7 @@ from dpledger.mechanisms import banded_params
 from dpledger.pipeline.distributed import spawn_ranks
 from dpledger.verify import distributed_trainer
 from dpledger.verify.task import make_task, weighted_half_mse
+from torch import nn
 
 CPU = torch.device("cpu")
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)
@@ -86,7 +85,7 @@ def test_ranks_with_different_models_are_refused_with_one_line(two_ranks):
 
 
 def test_shares_are_disjoint_and_cover_every_batch_size():
-    for rows in range(0, 12):
+    for rows in range(12):
         for world in (1, 2, 3, 5):
             bounds = [share_bounds(rows, r, world) for r in range(world)]
             assert bounds[0][0] == 0 and bounds[-1][1] == rows

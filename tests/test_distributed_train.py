@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from dpledger.pipeline import run_stage
 from dpledger.sampling.schedule import Schedule
 from test_train_helpers import TRAIN_SIZE, make_project

@@ -8,7 +8,6 @@ clipping done after the all-reduce (on the sum instead of per example).
 from __future__ import annotations
 
 import pytest
-
 from dpledger.verify.battery import run_battery
 from dpledger.verify.protocol import load_trainer
 

@@ -20,10 +20,11 @@ import atexit
 import io
 import queue
 import tempfile
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
