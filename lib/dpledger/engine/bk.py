@@ -24,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from dpledger.engine.clipping import check_clipping, clip_factors, group_threshold, nonfinite_rows
+from dpledger.engine.distributed import GroupSum, group_sum
 from dpledger.engine.layers import LayerRule, add_weighted_sum, registered_base, rule_for
 from dpledger.engine.layers.embedding import MAX_NORM_REASON
 from dpledger.engine.noise import NoiseSource
@@ -135,6 +136,8 @@ class BKEngine:
     force one branch. ``clipping``: "flat" (default), "per-layer" or "automatic" (see clipping.py).
     ``mechanism``/``mechanism_params``/``num_steps``: correlated noise through
     ``dpledger.mechanisms.noise_stream``. ``secure_noise``: draw noise from the OS CSPRNG.
+    ``process_group``: data-parallel training (see ``engine/distributed.py``): each rank's clipped sum is
+    all-reduced once per ``step``; only the group's rank 0 adds the noise and the canary.
     """
 
     def __init__(
@@ -154,6 +157,7 @@ class BKEngine:
         num_steps: int | None = None,
         secure_noise: bool = False,
         canary_hook: CanaryHook | None = None,
+        process_group: torch.distributed.ProcessGroup | GroupSum | None = None,
     ) -> None:
         check_clipping(clipping, clip_norm, automatic_gamma)
         if not noise_multiplier >= 0:
@@ -186,6 +190,10 @@ class BKEngine:
         self._pass: _Pass | None = None
         self._origins: dict[tuple[torch.device, torch.dtype], Tensor] = {}
         self._buffer = torch.zeros(self.numel, device=reference.device, dtype=reference.dtype)
+        self._ranks = None if process_group is None else group_sum(process_group)
+        if self._ranks is not None:
+            self._ranks.check_layout(self.numel, self.parameter_names, reference.device)
+        self._adds_noise = self._ranks is None or self._ranks.adds_noise
         self._views = self._flat_views(self._buffer)
         self._view_of = {id(p): view for p, view in zip(self.params, self._views)}
         self._pending = False
@@ -477,7 +485,7 @@ class BKEngine:
         It finally holds the gradients (``p.grad`` are views), so a step allocates no parameter-sized
         tensor and makes no separate pass to zero the buffer, add the noise or divide."""
         if not self._pending:
-            if self.noise_multiplier > 0:
+            if self.noise_multiplier > 0 and self._adds_noise:
                 scale = self.noise_multiplier * self.clip_norm / self.normalizer
                 self.noise.draw_into(self._buffer, self.steps_taken, scale)
             else:
@@ -516,7 +524,8 @@ class BKEngine:
         return [view * self.normalizer for view in self._views]
 
     def step(self, canary: Sequence[Tensor] | None = None) -> None:
-        """Finish one logical step: (σ·R·z_t + clipped sum (+ canary)) / ``normalizer`` to the optimizer."""
+        """Finish one logical step: (σ·R·z_t + clipped sum (+ canary)) / ``normalizer`` to the optimizer
+        (with a process group: summed over the ranks first, by one all-reduce)."""
         step = self.steps_taken
         if canary is None and self.canary_hook is not None:
             canary = self.canary_hook(step)
@@ -524,8 +533,10 @@ class BKEngine:
         if canary is not None:
             if len(canary) != len(self.params):
                 raise ParamsError(f"engine: a canary needs {len(self.params)} tensors (one per parameter), got {len(canary)}")
-            for view, vector in zip(self._views, canary):
+            for view, vector in zip(self._views, canary if self._adds_noise else ()):
                 view.add_(vector.reshape(view.shape).to(view.dtype), alpha=1 / self.normalizer)
+        if self._ranks is not None:
+            self._ranks.all_reduce(self._buffer)
         for param, grad in zip(self.params, self._views):
             param.grad = grad
         if self.optimizer is not None:

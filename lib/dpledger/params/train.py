@@ -40,6 +40,9 @@ class TrainParams(Section):
     precision: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", description="CUDA autocast dtype; norms stay fp32")
     checkpoint_every: int = Field(default=20, ge=1, description="steps between checkpoints (and at each epoch end)")
     allow_sampler_mismatch: bool = False
+    processes: int = Field(
+        default=1, ge=1, le=256, description="data-parallel training processes on this machine (torch.distributed; gloo/nccl)"
+    )
 
     @field_validator("model")
     @classmethod

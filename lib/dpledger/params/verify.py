@@ -17,7 +17,8 @@ class VerifyParams(Section):
     """
 
     trainer: str = Field(default="dpledger", min_length=1,
-                         description="'dpledger' (the engine), 'reference', 'opacus', 'zoo:NAME' or module:callable")
+                         description="'dpledger' (the engine), 'distributed' (the engine on 2 gloo ranks), "
+                                     "'reference', 'opacus', 'zoo:NAME' or module:callable")
     command: str | None = Field(default=None, description="external command template; replaces trainer when set")
     optimizer: Literal["sgd", "adam"] = "sgd"
     significance: float = Field(default=0.01, gt=0.0, lt=0.5)

@@ -42,6 +42,7 @@ from dpledger.errors import DpledgerError
 from dpledger.models import Task, build_task_model, task_for
 from dpledger.params import Params
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
+from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.sampling.guard import check_schedule, check_schedule_sizes
 from dpledger.sampling.schedule import Schedule
 
@@ -83,7 +84,9 @@ def _training_code() -> list[Path]:
     """The source files that decide what a training step computes: a change to any of them starts over."""
     package = Path(__file__).resolve().parents[1]
     folders = ("engine", "models", "mechanisms", "sampling", "data")
-    return [Path(__file__).resolve(), *sorted(f for name in folders for f in (package / name).rglob("*.py"))]
+    here = Path(__file__).resolve()
+    return [here, here.with_name("distributed.py"),
+            *sorted(f for name in folders for f in (package / name).rglob("*.py"))]
 
 
 def _user_files(params: Params) -> list[Path]:
@@ -97,7 +100,7 @@ def _user_files(params: Params) -> list[Path]:
 
 def _input_fingerprint(params: Params, root: Path, data: Dataset) -> str:
     """Everything a step depends on, the training data's content included (a changed file restarts at 0)."""
-    train = params.train.model_dump(exclude={"checkpoint_every"})
+    train = params.train.model_dump(exclude={"checkpoint_every", "processes"})
     return fingerprint(params.seed, params.data.model_dump(), train, root / CALIBRATION,
                        root / SCHEDULE / "schedule.json", root / SCHEDULE / "schedule.npz",
                        data.x_train, data.y_train, data.x_test, data.y_test, *_training_code(), *_user_files(params))
@@ -107,8 +110,8 @@ def _noise_seed(seed: int) -> int:
     return int(np.random.SeedSequence([seed, 1]).generate_state(1)[0])
 
 
-def _build(params: Params, record: CalibrationRecord, schedule: Schedule, data: Dataset,
-           device: torch.device) -> tuple[torch.nn.Module, Task, torch.optim.Optimizer, BKEngine]:
+def _build(params: Params, record: CalibrationRecord, schedule: Schedule, data: Dataset, device: torch.device,
+           ranks: Ranks) -> tuple[torch.nn.Module, Task, torch.optim.Optimizer, BKEngine]:
     """Model (seeded), its task, optimizer and engine."""
     tp = params.train
     task = task_for(tp.model, tp.task, data)
@@ -120,6 +123,7 @@ def _build(params: Params, record: CalibrationRecord, schedule: Schedule, data: 
         normalizer=schedule.normalizer or record.batch_size, seed=_noise_seed(params.seed), clipping=tp.clipping,
         automatic_gamma=tp.automatic_gamma, ghost=tp.ghost, mechanism=record.mechanism,
         mechanism_params=record.mechanism_params, num_steps=schedule.num_steps, secure_noise=tp.secure_noise,
+        process_group=ranks.group,
     )
     return model, task, optimizer, engine
 
@@ -157,19 +161,25 @@ def _private_step(engine: BKEngine, task: Task, model: torch.nn.Module, x: torch
 
 
 def run(params: Params, root: Path) -> dict[str, Any]:
-    """Train (or resume), then write artifacts/train, metrics/train.json and plots/train."""
+    """Train (or resume) in ``train.processes`` ranks (see pipeline/distributed.py), then write the outputs."""
     remove_stale_temporaries(root / OUT)
+    return run_ranks(train, params, root, params.train.processes, select_device(params.train.device))
+
+
+def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
+    """Train (or resume) as rank ``ranks.rank``; rank 0 writes artifacts/train, metrics/train.json and plots/train."""
     record, schedule, data = _load_inputs(params, root)
     check = check_schedule(record.sampler, schedule, allow_mismatch=params.train.allow_sampler_mismatch)
-    device = select_device(params.train.device)
+    device = ranks.device(select_device(params.train.device))
     if device.type == "cpu":
         retain_freed_memory()
     tp = params.train
-    model, task, optimizer, engine = _build(params, record, schedule, data, device)
+    model, task, optimizer, engine = _build(params, record, schedule, data, device, ranks)
     checkpoint_path = root / OUT / "checkpoint.pt"
     key = _input_fingerprint(params, root, data)
     ledger = _resume(key, checkpoint_path, record, schedule, task, model, optimizer, engine)
     resumed_from = ledger.steps_done
+    ranks.check_same_start(resumed_from, model, device)
 
     x_train, y_train = torch.from_numpy(data.x_train).to(device), torch.from_numpy(data.y_train).to(device)
     x_test, y_test = torch.from_numpy(data.x_test).to(device), torch.from_numpy(data.y_test).to(device)
@@ -177,14 +187,15 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     started = time.perf_counter()
     examples = 0
     bar = tqdm(total=schedule.num_steps, initial=ledger.steps_done, desc="train", unit="step",
-               disable=not sys.stderr.isatty())
+               disable=not sys.stderr.isatty() or not ranks.writes)
     for step in range(ledger.steps_done, schedule.num_steps):
-        indices, padding = schedule.batch(step)
+        indices, padding = ranks.share(*schedule.batch(step))
         rows = torch.from_numpy(indices.astype(np.int64)).to(device)
         weights = torch.from_numpy(~padding).to(device=device, dtype=torch.float32)
         real = float(weights.sum())
         loss_sum = _private_step(engine, task, model, x_train, y_train, rows, weights, tp.physical_batch_size,
                                  device, tp.precision)
+        loss_sum, real = ranks.total([loss_sum, real], device)
         examples += int(real)
         history["loss"].append(loss_sum / real if real else float("nan"))
         history["epsilon"].append(epsilon_spent(record, step + 1))
@@ -194,7 +205,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
             history["eval_step"].append(done)
             for split, xs, ys in (("train", x_train, y_train), ("test", x_test, y_test)):
                 history[f"{split}_{task.metric}"].append(task.evaluate(model, xs, ys)[task.metric])
-        if epoch_end or done % tp.checkpoint_every == 0:
+        if (epoch_end or done % tp.checkpoint_every == 0) and ranks.writes:
             history["elapsed_s"] = [history["elapsed_s"][0] + time.perf_counter() - started]
             history["examples"] = [history["examples"][0] + examples]
             started, examples = time.perf_counter(), 0
@@ -203,6 +214,8 @@ def run(params: Params, root: Path) -> dict[str, Any]:
             save_checkpoint(checkpoint_path, ledger, model, optimizer)
         bar.update(1)
     bar.close()
+    if not ranks.writes:
+        return {}
     return _write_outputs(root, ledger, record, check, model, task, (x_train, y_train, x_test, y_test), engine,
                           resumed_from)
 

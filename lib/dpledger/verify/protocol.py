@@ -41,6 +41,7 @@ BUILTIN_TRAINERS = {
     "dpledger": "dpledger.engine:train_consecutive",
     "reference": "dpledger.verify.reference:train",
     "opacus": "dpledger.verify.opacus_trainer:train",
+    "distributed": "dpledger.verify.distributed_trainer:train",
 }
 MODEL_DESCRIPTION = "torch.nn.Sequential(Linear(8, 16), Tanh(), Linear(16, 2))"
 LOSS_DESCRIPTION = "per-example loss w·½‖outputs − y‖² with targets[:, :-1] = y and targets[:, -1] = w"
@@ -67,7 +68,7 @@ class Trainer(Protocol):
 
 
 def load_trainer(spec: str) -> Trainer:
-    """Import a trainer from 'dpledger', 'reference', 'opacus', 'zoo:NAME' or 'module:callable'."""
+    """Import a trainer from 'dpledger', 'reference', 'opacus', 'distributed', 'zoo:NAME' or 'module:callable'."""
     if spec.startswith("zoo:"):
         from dpledger.verify.zoo import zoo_trainer
 
@@ -76,7 +77,7 @@ def load_trainer(spec: str) -> Trainer:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ParamsError(
-            f"params: verify.trainer = {spec!r} is invalid: use 'dpledger', 'reference', 'opacus', "
+            f"params: verify.trainer = {spec!r} is invalid: use 'dpledger', 'reference', 'opacus', 'distributed', "
             "'zoo:NAME' or 'module:callable'"
         )
     try:
