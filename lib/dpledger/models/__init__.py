@@ -8,9 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from dpledger.errors import ParamsError
+from dpledger.params.bounds import (
+    BYTES_PER_MODEL_PARAMETER,
+    MAX_LIST_LENGTH,
+    MAX_MODEL_PARAMETERS,
+    MAX_WIDTH,
+    refuse_beyond,
+    refuse_beyond_memory,
+)
 from dpledger.models.cnn import CNN
 from dpledger.models.mlp import MLP
 from dpledger.models.transformer import Transformer
@@ -18,14 +27,39 @@ from dpledger.models.transformer import Transformer
 MODELS: dict[str, type[nn.Module]] = {"mlp": MLP, "cnn": CNN, "transformer": Transformer}
 
 
+def _check_option(key: str, value: Any) -> None:
+    """Integers in model options are sizes (widths, depths, heads): each in [1, MAX_WIDTH], lists bounded."""
+    if isinstance(value, list):
+        if len(value) > MAX_LIST_LENGTH:
+            raise ParamsError(f"params: train.model_options.{key} has {len(value)} entries; at most {MAX_LIST_LENGTH}")
+        for item in value:
+            _check_option(key, item)
+    elif isinstance(value, bool) or (isinstance(value, int) and not 1 <= value <= MAX_WIDTH):
+        raise ParamsError(f"params: train.model_options.{key} = {value!r} is invalid: sizes are integers in [1, {MAX_WIDTH:,}]")
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opts: Any) -> nn.Module:
-    """An initialised model (seed torch beforehand for reproducible weights)."""
+    """An initialised model (seed torch beforehand for reproducible weights).
+
+    The model is first built and run on the ``meta`` device (shapes only: no memory, no random draws) to
+    refuse bad options and a parameter count beyond the bounds with one line before anything is allocated."""
     if name not in MODELS:
         raise ParamsError(f"params: train.model = {name!r} is invalid: allowed values are {', '.join(MODELS)}")
+    for key, value in opts.items():
+        _check_option(key, value)
     try:
-        return MODELS[name](tuple(input_shape), num_classes, **opts)
-    except TypeError as error:
-        raise ParamsError(f"params: train.model_options {sorted(opts)} are invalid for model {name!r}: {error}") from None
+        with torch.device("meta"):
+            shape_only = MODELS[name](tuple(input_shape), num_classes, **opts)
+            shape_only(torch.zeros((2, *input_shape), dtype=torch.long if "vocab_size" in opts else torch.float32))
+        parameters = sum(p.numel() for p in shape_only.parameters())
+    except (TypeError, ValueError, KeyError, RuntimeError, ZeroDivisionError, IndexError) as error:
+        message = f"{type(error).__name__}: {error}".splitlines()[0]
+        raise ParamsError(f"params: train.model_options {opts} are invalid for model {name!r}: {message}") from None
+    refuse_beyond(f"train.model_options {opts} (model {name!r})", parameters, MAX_MODEL_PARAMETERS, "parameters",
+                  "use smaller widths")
+    refuse_beyond_memory(f"train.model_options {opts} (model {name!r}, {parameters:,} parameters)",
+                         parameters * BYTES_PER_MODEL_PARAMETER, "use smaller widths")
+    return MODELS[name](tuple(input_shape), num_classes, **opts)
 
 
 __all__ = ["MODELS", "build_model", "MLP", "CNN", "Transformer"]

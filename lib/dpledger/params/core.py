@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_core import PydanticCustomError
 
 from dpledger.errors import ParamsError
+from dpledger.params.bounds import MAX_EPOCHS
 
 
 def _bool_where_number(value: Any, annotation: Any) -> bool:
@@ -39,15 +40,27 @@ class DataParams(Section):
     """Which dataset to train on. ``digits`` ships inside scikit-learn, so it needs no download."""
 
     name: Literal["digits", "npz", "cifar10", "mnist"] = "digits"
-    path: str | None = Field(default=None, description="file or folder for npz / cifar10 / mnist")
+    path: str | None = Field(
+        default=None, min_length=1, validate_default=True, description="file or folder for npz / cifar10 / mnist"
+    )
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+
+    @field_validator("path")
+    @classmethod
+    def _path_matches_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        name = info.data.get("name")
+        if name == "digits" and value is not None:
+            raise PydanticCustomError("path", "data.name = digits is embedded and reads no file (set data.path: null)")
+        if name not in (None, "digits") and value is None:
+            raise PydanticCustomError("path", "data.name = {name} reads its arrays from a file or folder", {"name": name})
+        return value
 
 
 class BatchingParams(Section):
     """Sizes shared by the accountant (calibrate) and the sampler (schedule), so the two cannot drift."""
 
     batch_size: int = Field(default=64, ge=1, description="expected (Poisson) or fixed batch size")
-    epochs: int = Field(default=5, ge=1)
+    epochs: int = Field(default=5, ge=1, le=MAX_EPOCHS)
 
 
 def _describe_error(err: dict[str, Any], prefix: str) -> str:
