@@ -12,7 +12,11 @@ from dpledger.audit.result import AuditResult, conclude
 from dpledger.audit.samplers import AuditedSampler, audited_sampler
 from dpledger.audit.simulate import GameScores, entries_per_game, simulate_scores
 from dpledger.errors import ParamsError
-from dpledger.params.bounds import MAX_AUDIT_DRAWS, MAX_AUDIT_OBSERVATIONS, refuse_beyond
+from dpledger.params.bounds import (
+    MAX_AUDIT_DRAWS,
+    MAX_AUDIT_OBSERVATIONS,
+    refuse_beyond,
+)
 
 CLAIM_ACCOUNTANTS = ("poisson", "fixed")
 

@@ -37,7 +37,11 @@ from dpledger.data import load_dataset
 from dpledger.engine import BKEngine
 from dpledger.errors import ParamsError
 from dpledger.models import build_model
-from dpledger.params.bounds import MAX_DPSGD_EPOCHS, MAX_DPSGD_OBSERVATIONS, refuse_beyond
+from dpledger.params.bounds import (
+    MAX_DPSGD_EPOCHS,
+    MAX_DPSGD_OBSERVATIONS,
+    refuse_beyond,
+)
 from dpledger.sampling.registry import build_sampler
 
 THREAT_MODELS = ("natural", "partially-informed", "worst-case")

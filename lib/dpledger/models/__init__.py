@@ -12,6 +12,9 @@ import torch
 from torch import nn
 
 from dpledger.errors import ParamsError
+from dpledger.models.cnn import CNN
+from dpledger.models.mlp import MLP
+from dpledger.models.transformer import Transformer
 from dpledger.params.bounds import (
     BYTES_PER_MODEL_PARAMETER,
     MAX_LIST_LENGTH,
@@ -20,9 +23,6 @@ from dpledger.params.bounds import (
     refuse_beyond,
     refuse_beyond_memory,
 )
-from dpledger.models.cnn import CNN
-from dpledger.models.mlp import MLP
-from dpledger.models.transformer import Transformer
 
 MODELS: dict[str, type[nn.Module]] = {"mlp": MLP, "cnn": CNN, "transformer": Transformer}
 

@@ -18,7 +18,12 @@ from dpledger.errors import ParamsError
 from dpledger.params.audit import AuditParams
 from dpledger.params.bounds import MAX_TRAIN_STEPS, refuse_beyond, refuse_beyond_memory
 from dpledger.params.calibrate import CalibrateParams
-from dpledger.params.core import BatchingParams, DataParams, Section, validation_error_to_params_error
+from dpledger.params.core import (
+    BatchingParams,
+    DataParams,
+    Section,
+    validation_error_to_params_error,
+)
 from dpledger.params.report import ReportParams
 from dpledger.params.schedule import ScheduleParams
 from dpledger.params.train import TrainParams

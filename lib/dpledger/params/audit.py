@@ -6,7 +6,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from dpledger.params.bounds import MAX_AUDIT_OBSERVATIONS, MAX_DPSGD_OBSERVATIONS, MAX_PATTERN_OBSERVATIONS
+from dpledger.params.bounds import (
+    MAX_AUDIT_OBSERVATIONS,
+    MAX_DPSGD_OBSERVATIONS,
+    MAX_PATTERN_OBSERVATIONS,
+)
 from dpledger.params.core import Section
 
 
