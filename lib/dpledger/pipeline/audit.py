@@ -25,7 +25,10 @@ def _inputs(root: Path) -> tuple[CalibrationRecord, Schedule]:
     for path in (calibration, schedule / "schedule.json"):
         if not path.exists():
             raise DpledgerError(f"audit: {path} is missing; run the calibrate and schedule stages first")
-    return CalibrationRecord.load(calibration), Schedule.load(schedule)
+    with io.reading_artifact(calibration, "calibrate"):
+        record = CalibrationRecord.load(calibration)
+    with io.reading_artifact(schedule, "schedule"):
+        return record, Schedule.load(schedule)
 
 
 def run(params: Params, root: Path) -> dict[str, Any]:

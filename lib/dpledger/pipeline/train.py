@@ -52,8 +52,10 @@ def _load_inputs(params: Params, root: Path) -> tuple[CalibrationRecord, Schedul
     for needed, stage in ((root / CALIBRATION, "calibrate"), (root / SCHEDULE / "schedule.json", "schedule")):
         if not needed.exists():
             raise DpledgerError(f"train: {needed} is missing; run the {stage} stage first")
-    record = CalibrationRecord.load(root / CALIBRATION)
-    schedule = Schedule.load(root / SCHEDULE)
+    with io.reading_artifact(root / CALIBRATION, "calibrate"):
+        record = CalibrationRecord.load(root / CALIBRATION)
+    with io.reading_artifact(root / SCHEDULE, "schedule"):
+        schedule = Schedule.load(root / SCHEDULE)
     data = load_dataset(params.data.name, params.data.path, params.data.test_fraction, params.seed)
     if schedule.dataset_size != data.train_size:
         raise DpledgerError(

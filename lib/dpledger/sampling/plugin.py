@@ -10,6 +10,7 @@ that name, and the report states that the equivalence is declared, not proven.
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
@@ -43,6 +44,15 @@ def load_plugin(name: str) -> Callable[..., Iterable[Any]]:
         target = getattr(target, part)
     if not callable(target):
         raise ParamsError(f"sampler = {name!r} is invalid: {attribute!r} is not callable")
+    try:
+        inspect.signature(target).bind(0, 0, 0, 0)
+    except TypeError:
+        raise ParamsError(
+            f"sampler = {name!r} is invalid: {attribute}{inspect.signature(target)} cannot be called as "
+            "(dataset_size, batch_size, epochs, seed)"
+        ) from None
+    except ValueError:
+        pass  # no signature to inspect (a builtin): the call itself will tell
     declared = getattr(target, "accounted_as", None)
     if declared is not None and declared not in ACCOUNTED_SAMPLERS:
         raise ParamsError(
@@ -94,6 +104,10 @@ class PluginSampler(BatchSampler):
     def batches(self, start: int = 0) -> Iterator[Batch]:
         require_int("start", start, 0)
         stream = self.plugin(self.dataset_size, self.batch_size, self.epochs, self.seed)
+        if not isinstance(stream, Iterable):
+            raise ParamsError(
+                f"sampler = {self.name!r} is invalid: it returned {type(stream).__name__}, not an iterable of index arrays"
+            )
         for step, raw in enumerate(islice(stream, start, None), start=start):
             yield checked_batch(self.name, step, raw, self.dataset_size)
 
