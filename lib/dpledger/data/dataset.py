@@ -93,7 +93,8 @@ def _npz_inputs(x: np.ndarray, what: str) -> np.ndarray:
         raise DpledgerError(f"{what}: inputs have dtype {x.dtype} and shape {x.shape}; expected real numbers (N, ...)")
     if x.dtype == np.uint8:
         x = x.astype(np.float32) / 255.0
-    x = require_finite(x.astype(np.float32, copy=False), what)
+    with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, which require_finite then names
+        x = require_finite(x.astype(np.float32, copy=False), what)
     return x[:, None, :, :] if x.ndim == 3 else x
 
 
