@@ -38,11 +38,11 @@ def _check_option(key: str, value: Any) -> None:
         raise ParamsError(f"params: train.model_options.{key} = {value!r} is invalid: sizes are integers in [1, {MAX_WIDTH:,}]")
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opts: Any) -> nn.Module:
-    """An initialised model (seed torch beforehand for reproducible weights).
+def check_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opts: Any) -> int:
+    """The parameter count of the model ``build_model`` would build, or one line on bad or too large options.
 
-    The model is first built and run on the ``meta`` device (shapes only: no memory, no random draws) to
-    refuse bad options and a parameter count beyond the bounds with one line before anything is allocated."""
+    The model is built and run on the ``meta`` device (shapes only: no memory, no random draws), so nothing
+    is allocated before the bounds are checked."""
     if name not in MODELS:
         raise ParamsError(f"params: train.model = {name!r} is invalid: allowed values are {', '.join(MODELS)}")
     for key, value in opts.items():
@@ -51,15 +51,21 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
         with torch.device("meta"):
             shape_only = MODELS[name](tuple(input_shape), num_classes, **opts)
             shape_only(torch.zeros((2, *input_shape), dtype=torch.long if "vocab_size" in opts else torch.float32))
-        parameters = sum(p.numel() for p in shape_only.parameters())
     except (TypeError, ValueError, KeyError, RuntimeError, ZeroDivisionError, IndexError) as error:
         message = f"{type(error).__name__}: {error}".splitlines()[0]
         raise ParamsError(f"params: train.model_options {opts} are invalid for model {name!r}: {message}") from None
+    parameters = sum(p.numel() for p in shape_only.parameters())
     refuse_beyond(f"train.model_options {opts} (model {name!r})", parameters, MAX_MODEL_PARAMETERS, "parameters",
                   "use smaller widths")
     refuse_beyond_memory(f"train.model_options {opts} (model {name!r}, {parameters:,} parameters)",
                          parameters * BYTES_PER_MODEL_PARAMETER, "use smaller widths")
+    return parameters
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opts: Any) -> nn.Module:
+    """An initialised model (seed torch beforehand for reproducible weights), after :func:`check_model`."""
+    check_model(name, input_shape, num_classes, **opts)
     return MODELS[name](tuple(input_shape), num_classes, **opts)
 
 
-__all__ = ["MODELS", "build_model", "MLP", "CNN", "Transformer"]
+__all__ = ["MODELS", "build_model", "check_model", "MLP", "CNN", "Transformer"]
