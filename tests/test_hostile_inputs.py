@@ -146,3 +146,19 @@ def test_a_corrupt_schedule_is_one_line_naming_it(built_root, tmp_path, damage):
     assert message.endswith("rebuild it with `dvc repro -f schedule`")
     result = _invoke("schedule-stats", str(root / "artifacts/schedule"))
     assert isinstance(result.exception, DpledgerError) and "is unreadable or corrupt" in str(result.exception)
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["audit", "selfcheck", "--epsilon", "-inf"], "--epsilon"),  # was ValueError: scale < 0 (found by the fuzz)
+        (["audit", "selfcheck", "--noise-multiplier", "nan"], "--noise-multiplier"),
+        (["audit", "dpsgd", "--lr", "inf"], "--lr"),
+        (["audit", "bgm", "--sampler", "poisson", "--steps", "4", "--noise-multiplier", "1", "--observations", "200",
+          "--confidence", "1.5"], "--confidence"),
+    ],
+)
+def test_audit_flags_out_of_range_are_one_line(args, flag):
+    result = _invoke(*args, "--json")
+    assert isinstance(result.exception, ParamsError) and result.stdout == ""
+    assert str(result.exception).startswith(f"{flag} = ")
