@@ -10,11 +10,14 @@ import json
 import os
 import shutil
 import tempfile
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+
+from dpledger.errors import DpledgerError
 
 
 def _umask() -> int:
@@ -87,6 +90,19 @@ def _csv_cell(value: Any) -> str:
     if isinstance(value, (float, np.floating)):
         return repr(float(value))
     return str(value)
+
+
+@contextmanager
+def reading_artifact(path: str | os.PathLike[str], stage: str) -> Iterator[None]:
+    """Turn a missing, truncated or hand-edited artifact read in the block into one line naming the file and
+    the stage that rebuilds it (instead of a traceback from json, numpy or a constructor)."""
+    try:
+        yield
+    except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile) as error:
+        raise DpledgerError(
+            f"{path} is unreadable or corrupt ({type(error).__name__}: {error}); rebuild it with "
+            f"`dvc repro -f {stage}`".splitlines()[0]
+        ) from None
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

@@ -10,8 +10,13 @@ from dpledger.accounting.pld import pld_epsilon
 from dpledger.audit.backend import select_backend
 from dpledger.audit.result import AuditResult, conclude
 from dpledger.audit.samplers import AuditedSampler, audited_sampler
-from dpledger.audit.simulate import GameScores, simulate_scores
+from dpledger.audit.simulate import GameScores, entries_per_game, simulate_scores
 from dpledger.errors import ParamsError
+from dpledger.params.bounds import (
+    MAX_AUDIT_DRAWS,
+    MAX_AUDIT_OBSERVATIONS,
+    refuse_beyond,
+)
 
 CLAIM_ACCOUNTANTS = ("poisson", "fixed")
 
@@ -63,6 +68,10 @@ def simulate_bgm(
     """Scores of ``observations`` games (half on D, half on D') and the generation speed."""
     if observations < 4 or observations % 2:
         raise ParamsError(f"audit.observations = {observations} is invalid: it must be an even number >= 4")
+    if observations > MAX_AUDIT_OBSERVATIONS:
+        raise ParamsError(f"audit.observations = {observations} is invalid: it must be at most {MAX_AUDIT_OBSERVATIONS:,}")
+    refuse_beyond(f"audit.observations = {observations} of games drawing {entries_per_game(audited.model)} values each",
+                  observations * entries_per_game(audited.model), MAX_AUDIT_DRAWS, "draws", "lower audit.observations")
     chosen = select_backend(backend)
     started = time.perf_counter()
     scores = simulate_scores(audited.model, observations // 2, seed=seed, backend=chosen, progress=progress)

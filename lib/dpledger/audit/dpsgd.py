@@ -37,6 +37,11 @@ from dpledger.data import load_dataset
 from dpledger.engine import BKEngine
 from dpledger.errors import ParamsError
 from dpledger.models import build_model
+from dpledger.params.bounds import (
+    MAX_DPSGD_EPOCHS,
+    MAX_DPSGD_OBSERVATIONS,
+    refuse_beyond,
+)
 from dpledger.sampling.registry import build_sampler
 
 THREAT_MODELS = ("natural", "partially-informed", "worst-case")
@@ -130,6 +135,10 @@ def audit_dpsgd(
     Poisson PLD ε at the same σ, q = B/n and number of steps."""
     if threat_model not in THREAT_MODELS:
         raise ParamsError(f"audit: threat_model = {threat_model!r} is invalid: allowed values are {', '.join(THREAT_MODELS)}")
+    refuse_beyond(f"audit: dpsgd observations = {observations}", observations, MAX_DPSGD_OBSERVATIONS,
+                  "training runs", "lower audit.dpsgd_observations")
+    refuse_beyond(f"audit: dpsgd observations = {observations} × epochs = {epochs}", observations * epochs,
+                  MAX_DPSGD_EPOCHS, "epochs of training", "lower the observations or the epochs")
     data = load_dataset("digits", None, 0.2, seed)
     n = data.train_size if dataset_size is None else dataset_size
     if not batch_size <= n <= data.train_size:

@@ -21,6 +21,7 @@ from dpledger.audit.bgm import accounted_epsilon, simulate_bgm
 from dpledger.audit.estimate import clopper_pearson_upper, estimate_epsilon
 from dpledger.audit.samplers import audited_sampler
 from dpledger.errors import ParamsError
+from dpledger.params.bounds import MAX_SELFCHECK_OBSERVATIONS, refuse_beyond
 
 SELFCHECK_MECHANISMS = ("laplace", "poisson")
 
@@ -71,6 +72,8 @@ def run_selfcheck(
         raise ParamsError(f"audit selfcheck: mechanism = {mechanism!r} is invalid: allowed values are {', '.join(SELFCHECK_MECHANISMS)}")
     if repeats < 1 or observations < 4:
         raise ParamsError(f"audit selfcheck: repeats = {repeats}, observations = {observations}: need repeats >= 1 and observations >= 4")
+    refuse_beyond(f"audit selfcheck: repeats = {repeats} × observations = {observations}", repeats * observations,
+                  MAX_SELFCHECK_OBSERVATIONS, "games", "lower --repeats or --observations")
     games = observations // 2
     streams = np.random.SeedSequence(seed).spawn(repeats)
     if mechanism == "laplace":

@@ -39,7 +39,8 @@ class GameScores:
         return GameScores(self.present[:games_per_side], self.absent[:games_per_side])
 
 
-def _entries_per_game(model: BgmModel) -> int:
+def entries_per_game(model: BgmModel) -> int:
+    """Values one game draws (its cost in time and in chunk memory)."""
     if isinstance(model, SlotModel):
         rows = 1 if model.same_slot_every_epoch else model.epochs
         return rows * int(np.count_nonzero(np.asarray(model.slot_weights) > 0))
@@ -68,7 +69,7 @@ def simulate_scores(
     if games_per_side < 1:
         raise ParamsError(f"audit: games per side = {games_per_side} is invalid: it must be >= 1")
     budget = CPU_CHUNK_ENTRIES if backend.device == "cpu" else GPU_CHUNK_ENTRIES
-    chunk = chunk_games or max(1, budget // _entries_per_game(model))
+    chunk = chunk_games or max(1, budget // entries_per_game(model))
     starts = list(range(0, games_per_side, chunk))
     streams = np.random.SeedSequence(seed).spawn(len(starts))
     present = np.empty(games_per_side, dtype=np.float64)

@@ -35,6 +35,16 @@ def _sampler_options(sampler: str, buffer_size: Optional[int]) -> dict[str, Any]
     return {} if buffer_size is None else {"buffer_size": buffer_size}
 
 
+def _check_numbers(positive: dict[str, float], probabilities: dict[str, float]) -> None:
+    """One line for a non-finite or non-positive size (σ, ε, clip norm, lr) or a probability outside (0, 1)."""
+    for flag, value in positive.items():
+        if not (math.isfinite(value) and value > 0):
+            raise ParamsError(f"{flag} = {value} is invalid: it must be a finite number > 0")
+    for flag, value in probabilities.items():
+        if not 0.0 < value < 1.0:
+            raise ParamsError(f"{flag} = {value} is invalid: it must lie in (0, 1)")
+
+
 # torch.manual_seed takes at most 64 bits and numpy refuses negative seeds: one range for every audit command.
 SEED_RANGE = {"min": 0, "max": 2**32 - 1}
 
@@ -63,6 +73,8 @@ def bgm(
     from dpledger.sampling.registry import sampler_class
 
     _check_threshold(threshold)
+    _check_numbers({"--noise-multiplier": noise_multiplier},
+                   {"--delta": delta, "--confidence": confidence, "--split-fraction": split_fraction})
     if steps < 1 or batch_size < 1:
         raise ParamsError(f"--steps = {steps}, --batch-size = {batch_size}: both must be >= 1")
     if epsilon_claimed is not None and not (math.isfinite(epsilon_claimed) and epsilon_claimed > 0):
@@ -97,6 +109,8 @@ def selfcheck(
     from dpledger.audit.selfcheck import run_selfcheck
 
     _check_threshold(threshold)
+    _check_numbers({"--epsilon": epsilon, "--noise-multiplier": noise_multiplier},
+                   {"--delta": delta, "--confidence": confidence})
     check = run_selfcheck(
         mechanism, method=threshold, repeats=repeats, observations=observations, epsilon=epsilon, steps=steps,
         noise_multiplier=noise_multiplier, delta=delta, confidence=confidence, seed=seed, progress=not as_json,
@@ -128,6 +142,8 @@ def dpsgd(
     from dpledger.audit.dpsgd import audit_dpsgd
 
     _check_threshold(threshold)
+    _check_numbers({"--noise-multiplier": noise_multiplier, "--clip-norm": clip_norm, "--lr": lr},
+                   {"--delta": delta, "--confidence": confidence})
     result = audit_dpsgd(
         threat_model=threat_model, sampler=sampler, observations=observations, epochs=epochs,
         batch_size=batch_size, noise_multiplier=noise_multiplier, clip_norm=clip_norm, lr=lr,

@@ -38,7 +38,11 @@ def schedule_stats(
 
     if not (folder / "schedule.npz").exists() or not (folder / "schedule.json").exists():
         raise ParamsError(f"folder = {str(folder)!r} is invalid: it holds no schedule.npz and schedule.json")
-    stats = stats_of(Schedule.load(folder))
+    from dpledger.io import reading_artifact
+
+    with reading_artifact(folder, "schedule"):
+        schedule = Schedule.load(folder)
+    stats = stats_of(schedule)
     if as_json:
         typer.echo(json.dumps(stats, indent=2))
         return

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
 import typer
+from pydantic import ValidationError
 
 from dpledger.errors import ParamsError
 
@@ -41,7 +43,13 @@ def register(app: typer.Typer) -> None:
         if self_check:
             _self_check(seeds, optimizer, significance, as_json)
             return
-        settings = VerifyParams(trainer=trainer, command=command, optimizer=optimizer, significance=significance)
+        if plots is not None:
+            _check_writable_folder(plots)
+        try:
+            settings = VerifyParams(trainer=trainer, command=command, optimizer=optimizer, significance=significance)
+        except ValidationError as error:
+            first = error.errors()[0]
+            raise ParamsError(f"--{first['loc'][0]} = {first['input']!r} is invalid: {first['msg']}") from None
         function, name = trainer_from_params(settings)
         result = run_battery(function, trainer_name=name, seed=seed, optimizer=optimizer,
                              significance=significance, progress=progress)
@@ -58,6 +66,20 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"  {finding}")
         if not result.passed:
             raise SystemExit(1)  # not typer.Exit: the console script runs click with standalone_mode=False
+
+
+def _check_writable_folder(folder: Path) -> None:
+    """Refuse ``--plots`` before the battery runs (minutes) rather than after: it must be, or be creatable as,
+    a folder this process may write."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing == folder and not folder.is_dir():
+        raise ParamsError(f"--plots = {str(folder)!r} is invalid: it exists and is not a folder")
+    if not existing.is_dir():
+        raise ParamsError(f"--plots = {str(folder)!r} is invalid: {str(existing)!r} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ParamsError(f"--plots = {str(folder)!r} is invalid: {str(existing)!r} is not writable")
 
 
 def _self_check(seeds: int, optimizer: str, significance: float, as_json: bool) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpledger.data.loaders import require_finite
 from dpledger.errors import DpledgerError, ParamsError
 
 
@@ -52,7 +53,7 @@ def split_dataset(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int,
         y_train=y[train],
         x_test=np.ascontiguousarray(x[test], dtype=dtype),
         y_test=y[test],
-        num_classes=int(y.max()) + 1,
+        num_classes=_num_classes(y, name),
         name=name,
     )
 
@@ -74,11 +75,33 @@ def _class_labels(x: np.ndarray, y: np.ndarray, what: str) -> np.ndarray:
     return y.astype(np.int64)
 
 
-def _npz_inputs(x: np.ndarray) -> np.ndarray:
-    """npz inputs as the other loaders give them: uint8 pixels scaled to [0, 1], (N, H, W) images given a
-    channel axis."""
+def _num_classes(labels: np.ndarray, what: str, fixed: int | None = None) -> int:
+    """K for labels 0..K-1: ``fixed`` for formats that define it (CIFAR-10, MNIST: 10), else max + 1.
+
+    Labels that never use class 0 are refused: they are almost surely 1-based (1..K), which would
+    silently train K+1 classes with one never seen; other absent classes are allowed (a rare class may be
+    missing from a small file) and keep their output unit.
+    """
+    low, high = int(labels.min()), int(labels.max())
+    if fixed is not None and high >= fixed:
+        raise DpledgerError(f"{what}: labels must be class indices 0..{fixed - 1}; found {high}")
+    if low > 0:
+        raise DpledgerError(
+            f"{what}: labels run {low}..{high} and class 0 never occurs; labels must be 0..K-1 "
+            f"(1-based labels would add a class no example has: subtract {low} from every label)"
+        )
+    return fixed if fixed is not None else high + 1
+
+
+def _npz_inputs(x: np.ndarray, what: str) -> np.ndarray:
+    """npz inputs as the other loaders give them: numeric, finite, uint8 pixels scaled to [0, 1], (N, H, W)
+    images given a channel axis."""
+    if x.dtype == np.bool_ or not np.issubdtype(x.dtype, np.number) or np.iscomplexobj(x) or x.ndim < 2:
+        raise DpledgerError(f"{what}: inputs have dtype {x.dtype} and shape {x.shape}; expected real numbers (N, ...)")
     if x.dtype == np.uint8:
         x = x.astype(np.float32) / 255.0
+    with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, which require_finite then names
+        x = require_finite(x.astype(np.float32, copy=False), what)
     return x[:, None, :, :] if x.ndim == 3 else x
 
 
@@ -97,7 +120,7 @@ def load_dataset(name: str, path: str | None, test_fraction: float, seed: int) -
     if name == "npz":
         arrays = loaders.load_npz(source)
         if "x_test" in arrays:
-            x_train, x_test = _npz_inputs(arrays["x_train"]), _npz_inputs(arrays["x_test"])
+            x_train, x_test = _npz_inputs(arrays["x_train"], f"{path}: x_train"), _npz_inputs(arrays["x_test"], f"{path}: x_test")
             y_train = _class_labels(x_train, arrays["y_train"], f"{path}: x_train, y_train")
             y_test = _class_labels(x_test, arrays["y_test"], f"{path}: x_test, y_test")
             if x_train.shape[1:] != x_test.shape[1:]:
@@ -109,15 +132,18 @@ def load_dataset(name: str, path: str | None, test_fraction: float, seed: int) -
                 y_train=y_train,
                 x_test=np.ascontiguousarray(x_test, dtype=np.float32),
                 y_test=y_test,
-                num_classes=int(max(y_train.max(), y_test.max())) + 1,
+                num_classes=_num_classes(np.concatenate([y_train, y_test]), f"{path}: y_train, y_test"),
                 name=name,
             )
-        x = _npz_inputs(arrays["x"])
-        return split_dataset(x, _class_labels(x, arrays["y"], f"{path}: x, y"), test_fraction, seed, name)
+        x = _npz_inputs(arrays["x"], f"{path}: x")
+        y = _class_labels(x, arrays["y"], f"{path}: x, y")
+        _num_classes(y, f"{path}: y")
+        return split_dataset(x, y, test_fraction, seed, name)
     if name == "cifar10":
         x_train, y_train, x_test, y_test = loaders.load_cifar10_batches(source)
     elif name == "mnist":
         x_train, y_train, x_test, y_test = loaders.load_mnist_folder(source)
     else:
         raise ParamsError(f"params: data.name = {name!r} is invalid: allowed values are digits, npz, cifar10, mnist")
-    return Dataset(x_train, y_train, x_test, y_test, int(max(y_train.max(), y_test.max())) + 1, name)
+    labels = np.concatenate([y_train, y_test])
+    return Dataset(x_train, y_train, x_test, y_test, _num_classes(labels, f"{path}: labels", fixed=10), name)

@@ -16,8 +16,14 @@ from pydantic import Field, ValidationError
 
 from dpledger.errors import ParamsError
 from dpledger.params.audit import AuditParams
+from dpledger.params.bounds import MAX_TRAIN_STEPS, refuse_beyond, refuse_beyond_memory
 from dpledger.params.calibrate import CalibrateParams
-from dpledger.params.core import BatchingParams, DataParams, Section, validation_error_to_params_error
+from dpledger.params.core import (
+    BatchingParams,
+    DataParams,
+    Section,
+    validation_error_to_params_error,
+)
 from dpledger.params.report import ReportParams
 from dpledger.params.schedule import ScheduleParams
 from dpledger.params.train import TrainParams
@@ -39,6 +45,7 @@ __all__ = [
 ]
 
 STAGES = ("calibrate", "schedule", "train", "verify", "audit", "report")
+SCHEDULE_BYTES_PER_ROW = 16  # an int64 index, its padding flag and the copies made while the schedule is built
 
 
 class Params(Section):
@@ -99,9 +106,16 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 
 
 def check_dataset_size(params: Params, dataset_size: int) -> None:
-    """Refuse a batch size the dataset cannot fill (known only once the data is loaded)."""
-    if params.batching.batch_size > dataset_size:
+    """Refuse a batch size the dataset cannot fill, and a run whose step count or schedule (epochs × dataset
+    size indices) is beyond the bounds, before anything is computed (both known only once the data is loaded)."""
+    batching = params.batching
+    if batching.batch_size > dataset_size:
         raise ParamsError(
-            f"params: batching.batch_size = {params.batching.batch_size} is invalid: "
+            f"params: batching.batch_size = {batching.batch_size} is invalid: "
             f"it must be at most the training-set size, {dataset_size}"
         )
+    steps = batching.epochs * -(-dataset_size // batching.batch_size)
+    refuse_beyond(f"batching.epochs = {batching.epochs} with {dataset_size} examples in batches of {batching.batch_size}",
+                  steps, MAX_TRAIN_STEPS, "training steps", "lower batching.epochs or raise batching.batch_size")
+    refuse_beyond_memory(f"the schedule of batching.epochs = {batching.epochs} over {dataset_size} examples",
+                         SCHEDULE_BYTES_PER_ROW * batching.epochs * dataset_size, "lower batching.epochs")

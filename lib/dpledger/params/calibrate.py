@@ -7,6 +7,7 @@ from typing import Literal, get_args
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from dpledger.params.bounds import MAX_LIST_LENGTH
 from dpledger.params.core import Section
 
 AccountedSampler = Literal["poisson", "fixed", "balls-in-bins", "balls-in-bins-redrawn"]
@@ -26,7 +27,7 @@ class CalibrateParams(Section):
     sampler: str = Field(default="poisson", validate_default=True, description="sampling the accountant assumes")
     mechanism: Literal["identity", "banded", "toeplitz", "blt"] = "identity"
     bands: int = Field(default=1, ge=1, le=4096, description="w for a w-banded correlation matrix")
-    group_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1)
+    group_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1, max_length=MAX_LIST_LENGTH)
     mc_samples: int = Field(default=1 << 18, ge=1000, le=1 << 26, description="Monte Carlo samples to estimate/calibrate")
     mc_verify_samples: int = Field(
         default=1 << 21, ge=1000, le=1 << 28, description="fresh Monte Carlo samples for Estimate-Verify-Release"
@@ -40,7 +41,9 @@ class CalibrateParams(Section):
     blt_buffers: int = Field(default=3, ge=1, le=8, description="buffers of an optimized BLT")
     optimize_steps: int = Field(default=100, ge=0, le=5000, description="gradient steps optimizing toeplitz/blt C")
     optimize_samples: int = Field(default=4096, ge=256, le=1 << 22, description="Monte Carlo samples per step")
-    rmse_epsilons: list[float] = Field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0, 8.0, 16.0], min_length=1)
+    rmse_epsilons: list[float] = Field(
+        default_factory=lambda: [0.5, 1.0, 2.0, 4.0, 8.0, 16.0], min_length=1, max_length=MAX_LIST_LENGTH
+    )
     rmse_samples: int = Field(default=8192, ge=1000, le=1 << 22, description="Monte Carlo samples of the RMSE plot")
 
     @field_validator("sampler")

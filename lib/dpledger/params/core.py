@@ -5,10 +5,18 @@ from __future__ import annotations
 import types
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from dpledger.errors import ParamsError
+from dpledger.params.bounds import MAX_EPOCHS
 
 
 def _bool_where_number(value: Any, annotation: Any) -> bool:
@@ -40,19 +48,31 @@ class DataParams(Section):
     JSONL or CSV file tokenized by a local transformers tokenizer (lib/dpledger/data/text.py)."""
 
     name: Literal["digits", "npz", "cifar10", "mnist", "text"] = "digits"
-    path: str | None = Field(default=None, description="file or folder for npz / cifar10 / mnist / text")
+    path: str | None = Field(
+        default=None, min_length=1, validate_default=True, description="file or folder for npz / cifar10 / mnist / text"
+    )
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
     tokenizer: str | None = Field(default=None, description="text: folder of the model's own tokenizer (local files only)")
     max_length: int = Field(default=128, gt=0, description="text: tokens kept per example (longer texts are truncated)")
     text_field: str = Field(default="text", min_length=1, description="text: the column/key holding the text")
     label_field: str = Field(default="label", min_length=1, description="text: the column/key holding class labels")
 
+    @field_validator("path")
+    @classmethod
+    def _path_matches_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        name = info.data.get("name")
+        if name == "digits" and value is not None:
+            raise PydanticCustomError("path", "data.name = digits is embedded and reads no file (set data.path: null)")
+        if name not in (None, "digits") and value is None:
+            raise PydanticCustomError("path", "data.name = {name} reads its arrays from a file or folder", {"name": name})
+        return value
+
 
 class BatchingParams(Section):
     """Sizes shared by the accountant (calibrate) and the sampler (schedule), so the two cannot drift."""
 
     batch_size: int = Field(default=64, ge=1, description="expected (Poisson) or fixed batch size")
-    epochs: int = Field(default=5, ge=1)
+    epochs: int = Field(default=5, ge=1, le=MAX_EPOCHS)
 
 
 def _describe_error(err: dict[str, Any], prefix: str) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from dpledger.params.core import Section
 
@@ -26,3 +28,17 @@ class VerifyParams(Section):
         default=True,
         description="stop `dvc repro` when a bug is found; false lets it go on so the report leads with the failure",
     )
+
+    @field_validator("command")
+    @classmethod
+    def _splittable_command(cls, value: str | None) -> str | None:
+        # An empty command must not fall back to the built-in trainer: that would verify the wrong thing.
+        if value is None:
+            return value
+        try:
+            arguments = shlex.split(value)
+        except ValueError as error:
+            raise PydanticCustomError("command", "it cannot be split into arguments ({reason})", {"reason": str(error)})
+        if not arguments:
+            raise PydanticCustomError("command", "it is empty: give a command, or null to use verify.trainer")
+        return value

@@ -47,11 +47,8 @@ def load_record(path: Path, stage: str) -> CalibrationRecord:
     """The record at ``path``, or one line naming the file when it is missing or malformed."""
     if not path.exists():
         raise DpledgerError(f"{stage}: {path} is missing; run the calibrate stage first")
-    try:
+    with io.reading_artifact(path, "calibrate"):
         return CalibrationRecord.from_dict(io.read_json(path))
-    except (OSError, ValueError, TypeError) as error:
-        reason = (str(error).splitlines() or [type(error).__name__])[0][:160]
-        raise DpledgerError(f"{stage}: {path} cannot be read ({reason}); re-run the calibrate stage") from None
 
 
 def verified_record(path: Path, stage: str) -> CalibrationRecord:
@@ -105,12 +102,8 @@ def verified_schedule(folder: Path, stage: str) -> Schedule:
     the digest its header recorded."""
     if not (folder / "schedule.json").exists():
         raise DpledgerError(f"{stage}: {folder / 'schedule.json'} is missing; run the schedule stage first")
-    try:
+    with io.reading_artifact(folder, "schedule"):
         schedule = Schedule.load(folder)
-    except (OSError, ValueError, TypeError, KeyError, EOFError) as error:
-        reason = (str(error).splitlines() or [type(error).__name__])[0][:160]
-        raise DpledgerError(f"{stage}: the schedule in {folder} cannot be read ({reason}); "
-                            "re-run the schedule stage") from None
     recorded = schedule.metadata.get("arrays_sha256")
     if recorded != schedule.arrays_digest():
         raise DpledgerError(

@@ -9,6 +9,7 @@ that name, and the report states that the equivalence is declared, not proven.
 
 from __future__ import annotations
 
+import inspect
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
@@ -25,6 +26,15 @@ __all__ = ["PluginSampler", "checked_batch", "is_plugin_name", "load_plugin"]
 def load_plugin(name: str) -> Callable[..., Iterable[Any]]:
     """Import the callable ``module:attr``; a missing module or attribute is a one-line ParamsError."""
     target = load_callable(name, "sampler", "a plugin sampler")
+    try:
+        inspect.signature(target).bind(0, 0, 0, 0)
+    except TypeError:
+        raise ParamsError(
+            f"sampler = {name!r} is invalid: {name.split(':')[1]}{inspect.signature(target)} cannot be called as "
+            "(dataset_size, batch_size, epochs, seed)"
+        ) from None
+    except ValueError:
+        pass  # no signature to inspect (a builtin): the call itself will tell
     declared = getattr(target, "accounted_as", None)
     if declared is not None and declared not in ACCOUNTED_SAMPLERS:
         raise ParamsError(
@@ -76,6 +86,10 @@ class PluginSampler(BatchSampler):
     def batches(self, start: int = 0) -> Iterator[Batch]:
         require_int("start", start, 0)
         stream = self.plugin(self.dataset_size, self.batch_size, self.epochs, self.seed)
+        if not isinstance(stream, Iterable):
+            raise ParamsError(
+                f"sampler = {self.name!r} is invalid: it returned {type(stream).__name__}, not an iterable of index arrays"
+            )
         for step, raw in enumerate(islice(stream, start, None), start=start):
             yield checked_batch(self.name, step, raw, self.dataset_size)
 

@@ -105,7 +105,10 @@ def check_signature(trainer: Any, spec: str) -> None:
 
 def parse_command_template(template: str) -> list[str]:
     """Split a command template into arguments and check its placeholders; one line on a bad template."""
-    arguments = shlex.split(template)
+    try:
+        arguments = shlex.split(template)
+    except ValueError as error:
+        raise ParamsError(f"params: verify.command = {template!r} cannot be split into arguments ({error})") from None
     if not arguments:
         raise ParamsError("params: verify.command is empty: give a command with the placeholders {init} {data} {out} …")
     found: set[str] = set()
