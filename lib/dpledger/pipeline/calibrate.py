@@ -111,7 +111,7 @@ def epsilon_curve(params: Params, description: MechanismDescription, claim: floa
     elif name == "allocation":
         values = [allocation_upper(description.with_steps(t), cal.delta, 0.1) for t in grid[:-1]]
     else:
-        accountant = get_accountant(cal.accountant, discretization=cal.table_discretization)
+        accountant = get_accountant(name, discretization=cal.table_discretization)
         values = [accountant.epsilon(description.with_steps(t), cal.delta).epsilon for t in grid[:-1]]
     values.append(claim)
     values = list(np.minimum.accumulate(np.asarray(values)[::-1])[::-1])
