@@ -3,8 +3,13 @@
 import math
 
 import pytest
-
-from dpledger.accounting import AllocationAccountant, calibrate_noise, default_accountant, describe, get_accountant
+from dpledger.accounting import (
+    AllocationAccountant,
+    calibrate_noise,
+    default_accountant,
+    describe,
+    get_accountant,
+)
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.accountants import MonteCarloAccountant
 from dpledger.errors import UnsupportedMechanismError

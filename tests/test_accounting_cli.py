@@ -5,11 +5,10 @@ import inspect
 import json
 
 import pytest
-from typer.testing import CliRunner
-
 from dpledger.cli import app
 from dpledger.errors import DpledgerError
 from dpledger.params.calibrate import CalibrateParams
+from typer.testing import CliRunner
 
 BASE = ["--delta", "1e-5", "--sample-rate", "0.01"]
 

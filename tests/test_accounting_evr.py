@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from dpledger.accounting import describe, evr
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.accountants import EVR_ATTEMPTS, MonteCarloAccountant
@@ -36,7 +35,7 @@ def test_default_failure_probability_keeps_unconditional_delta_within_ten_percen
     accountant = MonteCarloAccountant()
     assert accountant.failure_target(1e-5) == pytest.approx(1e-6)
     assert accountant.failure_target(1e-3) == pytest.approx(1e-6)
-    threshold, fresh, per_attempt = accountant.verification_plan(1e-5)
+    threshold, fresh, _ = accountant.verification_plan(1e-5)
     assert EVR_ATTEMPTS * evr.failure_bound(fresh, 1e-5, threshold) <= 1e-6 * (1 + 1e-9)
 
 

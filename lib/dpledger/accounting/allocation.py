@@ -81,7 +81,12 @@ def allocation_on_grid(description: MechanismDescription, delta: float, discreti
 
 @functools.lru_cache(maxsize=256)
 def _on_grid(sigma: float, bins: int, epochs: int, delta: float, discretization: float, bound: str) -> float:
-    from PLD_accounting import AllocationSchemeConfig, BoundType, PrivacyParams, gaussian_allocation_epsilon_configurable
+    from PLD_accounting import (
+        AllocationSchemeConfig,
+        BoundType,
+        PrivacyParams,
+        gaussian_allocation_epsilon_configurable,
+    )
 
     params = PrivacyParams(sigma=sigma, num_steps=bins, num_epochs=epochs, delta=delta)
     config = AllocationSchemeConfig(loss_discretization=discretization, tail_truncation=delta / 10)
