@@ -14,6 +14,10 @@ Run ``python -m benchmarks.bench_accounting`` (``--quick`` skips the RMSE and gr
    under balls-in-bins (σ recalibrated on 2²⁰ samples), the best unamplified, and the best banded C under
    cyclic Poisson sampling (004 Fig. 3b's baseline: banded C optimized without amplification for each w).
 4. Group-level ε for T = 2000, q = 0.01, δ = 1e-5, σ ∈ {0.5, 1, 2}, k ≤ 32: MoG vs conversion vs k·ε₁.
+5. ``--only verified`` (issue 22): 004's setting calibrated at ε = 1 AND verified with failure probability
+   <= 1e-6 (EVR sample count from the KL bound), C = I by the allocation accountant and by plain Monte Carlo
+   (the baseline, same run; ratio MC / allocation), 64-banded by Monte Carlo on ``--device`` (auto | cpu |
+   cuda); plus issue 22's allocation table and σ calibration at b = 100, E = 20.
 """
 
 from __future__ import annotations
@@ -182,15 +186,53 @@ def bench_group(plot_path: Path = RESULTS / "accounting_group.png") -> list[str]
     return lines
 
 
+def bench_verified(device: str) -> list[str]:
+    from dpledger.accounting import get_accountant
+    from dpledger.accounting.allocation import _bounds
+
+    lines = ["| case | accountant | σ | ε | lower ε | failure prob. | verify samples | seconds | device |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def timed(label, accountant, description, epsilon, delta):
+        _bounds.cache_clear()
+        started = time.perf_counter()
+        calibration = calibrate_noise(accountant, description, epsilon, delta)
+        seconds = time.perf_counter() - started
+        details = calibration.result.details
+        lines.append(f"| {label} | {accountant.name} | {calibration.noise_multiplier:.4f} | "
+                     f"{calibration.result.epsilon:.4f} | {details.get('epsilon_lower', '')} | "
+                     f"{details.get('mc_failure_probability', 0):.2g} | {details.get('verify_samples', '')} | "
+                     f"{seconds:.1f} | {getattr(accountant, 'device', 'cpu')} |")
+        print(lines[-1], flush=True)
+        return seconds
+
+    redrawn = describe(sampler="balls-in-bins-redrawn", batches_per_epoch=100, epochs=20)
+    timed("b = 100, E = 20, ε = 1", get_accountant("allocation"), redrawn, 1.0, DELTA)
+    fixed = describe(sampler="balls-in-bins", batches_per_epoch=BINS, epochs=EPOCHS)
+    fast = timed("004, C = I", get_accountant("allocation"), fixed, 1.0, DELTA)
+    monte_carlo = get_accountant("montecarlo", samples=1 << 18, device=device)
+    slow = timed("004, C = I", monte_carlo, fixed, 1.0, DELTA)
+    lines.append(f"ratio plain Monte Carlo / allocation (C = I): {slow / fast:.1f}x")
+    print(lines[-1], flush=True)
+    banded = describe(sampler="balls-in-bins", batches_per_epoch=BINS, epochs=EPOCHS, mechanism="banded",
+                      mechanism_params=banded_params(64))
+    timed("004, 64-banded", monte_carlo, banded, 1.0, DELTA)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="speed benchmarks only")
-    parser.add_argument("--only", choices=["speed", "rmse", "baselines", "group"],
+    parser.add_argument("--only", choices=["speed", "rmse", "baselines", "group", "verified"],
                         help="run one part (baselines: only the RMSE table's deterministic columns, unamplified and "
                              "banded + cyclic Poisson)")
     parser.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0, 8.0, 16.0],
                         help="ε values of the RMSE table")
+    parser.add_argument("--device", default="auto", help="Monte Carlo device for --only verified: auto | cpu | cuda")
     args = parser.parse_args()
+    if args.only == "verified":
+        bench_verified(args.device)
+        return
     print(f"torch threads: {torch.get_num_threads()}; Monte Carlo code runs single-threaded", flush=True)
     if args.only in (None, "speed"):
         bench_calibration()

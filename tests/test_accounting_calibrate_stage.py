@@ -56,12 +56,12 @@ def test_poisson_stage_writes_record_metrics_and_plots(tmp_path):
 def test_montecarlo_stage_with_blt_streams_the_calibrated_matrix(tmp_path):
     params = _params(epsilon=4.0, delta=1e-3, accountant="montecarlo", sampler="balls-in-bins", mechanism="blt",
                      blt_buffers=2, optimize_steps=4, optimize_samples=1024, mc_samples=20_000,
-                     mc_verify_samples=200_000, rmse_epsilons=[2.0, 8.0], rmse_samples=2000)
+                     mc_failure_probability=0.05, rmse_epsilons=[2.0, 8.0], rmse_samples=2000)
     metrics = stage.run(params, tmp_path)
     record = CalibrationRecord.load(tmp_path / "artifacts" / "calibration" / "calibration.json")
     assert record.epsilon == 4.0 and record.accountant == "montecarlo" and record.mechanism == "blt"
     assert set(record.mechanism_params) == {"buffer_decays", "output_scales"}
-    assert 0 <= metrics["mc_failure_probability"] < 1 and metrics["mc_verify_samples"] == 200_000
+    assert 0 <= metrics["mc_failure_probability"] <= 0.05 and metrics["mc_verify_samples"] > 100_000
     assert any("Estimate-Verify-Release" in s for s in record.assumptions)
     rows = (tmp_path / "plots" / "calibrate" / "rmse_vs_epsilon.csv").read_text().splitlines()[1:]
     for row in rows:
@@ -79,7 +79,7 @@ def test_montecarlo_stage_with_blt_streams_the_calibrated_matrix(tmp_path):
 
 def test_fixed_bins_with_identity_warn_in_the_record(tmp_path):
     params = _params(epsilon=4.0, delta=1e-3, accountant="montecarlo", sampler="balls-in-bins",
-                     mc_samples=20_000, mc_verify_samples=200_000, rmse_epsilons=[4.0], rmse_samples=2000)
+                     mc_samples=20_000, mc_failure_probability=0.05, rmse_epsilons=[4.0], rmse_samples=2000)
     metrics = stage.run(params, tmp_path)
     record = CalibrationRecord.load(tmp_path / "artifacts" / "calibration" / "calibration.json")
     assert record.assumptions[0].startswith("WARNING") and metrics["epsilon_poisson_same_noise"] < 4.0
@@ -88,7 +88,8 @@ def test_fixed_bins_with_identity_warn_in_the_record(tmp_path):
 @pytest.mark.parametrize(
     "key,value,message",
     [("evr_delta_ratio", 1.0, "less than 1"), ("mc_samples", 10, "greater than or equal"),
-     ("sampler", "shuffle", "no tight accountant"), ("sampler", "balls-in-bins", "montecarlo"),
+     ("sampler", "shuffle", "no tight accountant"), ("accountant", "allocation", "supports samplers"), ("epsilon", 1e9, "less than or equal"),
+     ("delta", float("nan"), "finite"),
      ("mechanism", "blt", "balls-in-bins"), ("group_sizes", [0, 2], "[1, 1024]"),
      ("rmse_epsilons", [-1.0], "(0, 100]"), ("curve_points", 1, "greater than or equal"),
      ("pld_discretization", 0.5, "less than or equal"), ("blt_buffers", 0, "greater than or equal")],
@@ -123,3 +124,19 @@ def test_calibrate_params_refused_when_sampler_is_left_at_its_default(update, me
     raw["calibrate"].update(update)
     with pytest.raises(ParamsError, match=message):
         parse_params(raw)
+
+
+def test_auto_accountant_is_allocation_for_balls_in_bins_and_shows_both_bounds(tmp_path):
+    params = _params(epsilon=2.0, delta=1e-5, sampler="balls-in-bins-redrawn", rmse_epsilons=[2.0])
+    metrics = stage.run(params, tmp_path)
+    record = CalibrationRecord.load(tmp_path / "artifacts" / "calibration" / "calibration.json")
+    assert record.accountant == "allocation" and metrics["accountant"] == "allocation"
+    assert metrics["epsilon_lower"] <= metrics["epsilon"] <= 2.0
+    assert metrics["delta_at_least_one_over_n"] is False
+    assert all(eps <= 2.0 + 1e-12 for _, eps in record.epsilon_curve)
+
+
+def test_delta_at_least_one_over_n_is_recorded_first(tmp_path):
+    metrics = stage.run(_params(epsilon=2.0, delta=0.01), tmp_path)
+    record = CalibrationRecord.load(tmp_path / "artifacts" / "calibration" / "calibration.json")
+    assert metrics["delta_at_least_one_over_n"] is True and record.assumptions[0].startswith("WARNING: delta")

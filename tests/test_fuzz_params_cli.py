@@ -175,8 +175,6 @@ ACCOUNTING_FLAGS = ["--delta", "--sample-rate", "--steps", "--accountant", "--sa
                     "--dataset-size", "--batch-size", "--batches-per-epoch", "--epochs", "--mechanism", "--bands",
                     "--mechanism-params", "--discretization"]
 
-
-@pytest.mark.xfail(strict=False, reason="dpledger epsilon/noise defects are fixed on the accounting branch (issue 21)")
 @FUZZ
 @given(command=st.sampled_from(["epsilon", "noise"]), data=st.data())
 def test_accounting_flags_are_accepted_or_refused_with_one_line(command, data):

@@ -1,10 +1,12 @@
-"""The privacy ledger: accountants (PLD, RDP, Monte Carlo), group-level ε, σ calibration and the record."""
+"""The privacy ledger: accountants (PLD, RDP, random allocation, Monte Carlo), group-level ε, σ calibration and the record."""
 
 from dpledger.accounting.accountants import (
     ACCOUNTANTS,
+    AllocationAccountant,
     MonteCarloAccountant,
     PldAccountant,
     RdpAccountant,
+    default_accountant,
     get_accountant,
     require_support,
 )
@@ -17,6 +19,7 @@ __all__ = [
     "ACCOUNTANTS",
     "SAMPLERS",
     "AccountantResult",
+    "AllocationAccountant",
     "Calibration",
     "CalibrationRecord",
     "GroupEpsilon",
@@ -25,6 +28,7 @@ __all__ = [
     "PldAccountant",
     "RdpAccountant",
     "calibrate_noise",
+    "default_accountant",
     "describe",
     "get_accountant",
     "group_table",

@@ -7,7 +7,11 @@ guessing; :func:`require_support` turns that into an :class:`UnsupportedMechanis
 |--------------|--------------------------------------------|-------------|--------------|
 | ``pld``      | poisson, fixed                             | yes (MoG)   | no           |
 | ``rdp``      | poisson                                    | no          | no           |
+| ``allocation`` | balls-in-bins-redrawn, balls-in-bins (C = I) | no        | no           |
 | ``montecarlo`` | balls-in-bins (any C >= 0), balls-in-bins-redrawn (C = I) | no | yes    |
+
+``auto`` (:func:`default_accountant`) picks pld for poisson/fixed, allocation for balls-in-bins with C = I
+(deterministic and tighter than Monte Carlo) and montecarlo for correlated noise.
 """
 
 from __future__ import annotations
@@ -16,16 +20,19 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from dpledger.accounting import evr
 from dpledger.accounting import montecarlo as mc
+from dpledger.accounting.allocation import allocation_epsilon, allocation_on_grid
 from dpledger.accounting.description import MechanismDescription
 from dpledger.accounting.pld import DISCRETIZATION, gaussian_noise_for, pld_delta, pld_epsilon, rdp_delta, rdp_epsilon
 from dpledger.accounting.record import AccountantResult
 from dpledger.errors import DpledgerError, ParamsError, UnsupportedMechanismError
 from dpledger.mechanisms import coefficients
 
-ACCOUNTANTS = ("pld", "rdp", "montecarlo")
+ACCOUNTANTS = ("pld", "rdp", "allocation", "montecarlo")
 
-EVR_ATTEMPTS = 10
+EVR_ATTEMPTS = 3
+FAILURE_CAP = 1e-6
 ADJACENCY = "add or remove one example (both directions accounted, the worse one reported)"
 RELEASE = "every intermediate model is released (no last-iterate amplification is claimed)"
 
@@ -133,30 +140,89 @@ class RdpAccountant:
 
 
 @dataclass(frozen=True)
+class AllocationAccountant:
+    """Deterministic PLD bounds of balls-in-bins with C = I as a random allocation (see accounting.allocation)."""
+
+    name: str = "allocation"
+
+    def unsupported(self, description: MechanismDescription) -> str | None:
+        if description.sampler not in ("balls-in-bins", "balls-in-bins-redrawn"):
+            return (f"the allocation accountant covers balls-in-bins batching, not {description.sampler}; "
+                    f"use --accountant pld")
+        if description.mechanism != "identity":
+            return "correlated noise (mechanism != identity) needs the Monte Carlo accountant (004 Lemma 3.2)"
+        if description.group_size != 1:
+            return "the allocation accountant is example-level only; group-level ε needs poisson or fixed with pld"
+        return None
+
+    def epsilon(self, description: MechanismDescription, delta: float,
+                grid: float | None = None) -> AccountantResult:
+        """Upper (the claim) and lower ε: adaptively refined, or on one fixed ``grid`` (σ searches)."""
+        require_support(self, description)
+        d = description
+        if d.noise_multiplier == 0:
+            return AccountantResult(self.name, math.inf, delta, _base_assumptions(d), {})
+        bounds = allocation_epsilon(d, delta) if grid is None else allocation_on_grid(d, delta, grid)
+        mapping = (f"{d.epochs} epoch(s) of a 1-of-{d.batches_per_epoch} random allocation, composed"
+                   if d.sampler == "balls-in-bins-redrawn" else
+                   f"one 1-of-{d.batches_per_epoch} random allocation at noise σ/√E = "
+                   f"{d.noise_multiplier / math.sqrt(d.epochs):.6g} (the example sits in the same slot of all "
+                   f"{d.epochs} epochs: one Gaussian of sensitivity √E)")
+        assumptions = _base_assumptions(d) + [
+            f"pld-accounting (Feldman & Shenfeld) random-allocation PLD: {mapping}; the claim is the dominating "
+            f"(upper) bound, the dominated (lower) bound is ε = {bounds.lower:.6g}"
+            + ("" if bounds.converged else " (refinement stopped before upper/lower <= 1.1)"),
+        ]
+        return AccountantResult(self.name, bounds.upper, delta, assumptions,
+                                {"epsilon_lower": bounds.lower, "epsilon_upper": bounds.upper,
+                                 "converged": bounds.converged,
+                                 "loss_discretization": "adaptive" if grid is None else grid})
+
+    def delta(self, description: MechanismDescription, epsilon: float) -> float:
+        raise UnsupportedMechanismError("accountant allocation: δ(ε) is not offered; ask for ε at δ")
+
+
+@dataclass(frozen=True)
 class MonteCarloAccountant:
     """Monte Carlo accounting of balls-in-bins (004) with Estimate-Verify-Release.
 
-    ε is estimated (or σ calibrated) at δ' = evr_delta_ratio·δ on ``samples`` samples; then ``verify_samples``
-    fresh samples must give δ̂ <= the midpoint of δ' and δ. By Bernstein's inequality
-    (W = (1 − e^{ε−Y})_+ ∈ [0, 1], Var W <= E W) the check passes with probability at most
-    β = exp(−m t² / (2δ + 2t/3)), t = δ − threshold, if the true δ exceeded the target. A failed check
-    raises σ (or ε) by 5% and checks again on new fresh samples; after a attempts the release is (ε, δ)-DP
-    except with probability a·β. Unconditionally it is (ε, max(δ, β))-DP after one attempt (004 Thm 2.1:
-    a bad σ is released with probability <= β, else refused) and (ε, δ + a·β)-DP after a > 1 (a retry
-    releases where one attempt would refuse, so the δ of good releases and the failures add up).
+    ε is estimated (or σ calibrated) at δ' = evr_delta_ratio·δ on ``samples`` samples; then fresh samples
+    must give δ̂ <= τ, the midpoint of δ' and δ. The number of fresh samples follows from the failure
+    probability β (default min(δ/10, 1e-6)): each attempt gets β/EVR_ATTEMPTS and the sample count of
+    :func:`evr.samples_for` (Chernoff–Hoeffding KL bound; ``verify_samples`` overrides it, and β then
+    follows from the count). A failed check raises σ (or ε) by 5% and checks again on new fresh samples,
+    at most EVR_ATTEMPTS times, so the release is (ε, δ)-DP except with probability β (union bound), and
+    unconditionally (ε, δ + β)-DP (004 Thm 2.1): at most 1.1·δ with the default β.
     """
 
-    samples: int = 1 << 17
-    verify_samples: int = 1 << 20
+    samples: int = 1 << 18
+    failure_probability: float | None = None
+    verify_samples: int | None = None
     seed: int = 0
     evr_delta_ratio: float = 0.5
+    device: str = "cpu"
     name: str = "montecarlo"
 
     def __post_init__(self) -> None:
-        if self.samples < 1000 or self.verify_samples < 1000:
+        if self.samples < 1000 or (self.verify_samples is not None and self.verify_samples < 1000):
             raise ParamsError(f"mc samples = {self.samples}/{self.verify_samples} are invalid: need at least 1000")
         if not 0.0 < self.evr_delta_ratio < 1.0:
             raise ParamsError(f"evr_delta_ratio = {self.evr_delta_ratio} is invalid: it must lie in (0, 1)")
+        if self.failure_probability is not None and not 0.0 < self.failure_probability < 1.0:
+            raise ParamsError(f"failure_probability = {self.failure_probability} is invalid: it must lie in (0, 1)")
+        mc.resolve_device(self.device)
+
+    def failure_target(self, delta: float) -> float:
+        """β: the user's, or min(δ/10, 1e-6) so that the unconditional δ + β stays within 1.1·δ."""
+        return self.failure_probability if self.failure_probability is not None else min(delta / 10, FAILURE_CAP)
+
+    def verification_plan(self, delta: float) -> tuple[float, int, float]:
+        """(threshold τ, fresh samples per attempt, failure bound per attempt)."""
+        threshold = 0.5 * (1.0 + self.evr_delta_ratio) * delta
+        if self.verify_samples is not None:
+            return threshold, self.verify_samples, evr.failure_bound(self.verify_samples, delta, threshold)
+        per_attempt = self.failure_target(delta) / EVR_ATTEMPTS
+        return threshold, evr.samples_for(per_attempt, delta, threshold), per_attempt
 
     def unsupported(self, description: MechanismDescription) -> str | None:
         if description.sampler not in ("balls-in-bins", "balls-in-bins-redrawn"):
@@ -193,8 +259,10 @@ class MonteCarloAccountant:
                              f"(non-negative lower-triangular Toeplitz); dominating pair of 004 Lemma 3.2")
         sentences.append(
             f"Monte Carlo estimate with Estimate-Verify-Release: estimated at δ' = {self.evr_delta_ratio:g}·δ on "
-            f"{self.samples} samples, verified on fresh sets of {self.verify_samples} samples; the claim fails with "
-            f"probability at most {failure_probability:.3g} over the accountant's randomness (Bernstein bound)"
+            f"{self.samples} samples, verified below τ = midpoint(δ', δ) on fresh sets of "
+            f"{self.verification_plan(delta)[1]} samples; the claim fails with probability at most "
+            f"{failure_probability:.3g} over the accountant's randomness (Chernoff–Hoeffding KL bound, union over "
+            f"{EVR_ATTEMPTS} attempts), so it is unconditionally (ε, δ + {failure_probability:.3g})-DP"
         )
         return sentences
 
@@ -206,11 +274,11 @@ class MonteCarloAccountant:
         at most ``EVR_ATTEMPTS`` times. Each attempt passes a bad (σ, ε) with probability <= β, so the
         released claim fails with probability <= attempts·β (union bound).
         """
-        threshold = 0.5 * (1.0 + self.evr_delta_ratio) * delta
-        gap = delta - threshold
-        failure = math.exp(-self.verify_samples * gap**2 / (2 * delta + 2 * gap / 3))
+        threshold, fresh, failure = self.verification_plan(delta)
+        device = mc.resolve_device(self.device)
         for attempt in range(1, EVR_ATTEMPTS + 1):
-            estimate = mc.estimate_delta(pair, sigma, epsilon, self.verify_samples, self.seed + 1_000_003 * attempt)
+            estimate = mc.estimate_delta(pair, sigma, epsilon, fresh, self.seed + 1_000_003 * attempt,
+                                         device=device)
             if estimate.delta <= threshold:
                 break
             if raise_sigma:
@@ -221,13 +289,14 @@ class MonteCarloAccountant:
             raise DpledgerError(
                 f"Estimate-Verify-Release refused after {EVR_ATTEMPTS} attempts: fresh samples give "
                 f"δ̂ = {estimate.delta:.3g} > threshold {threshold:.3g}; increase calibrate.mc_samples (now "
-                f"{self.samples}) and mc_verify_samples (now {self.verify_samples})"
+                f"{self.samples}) or lower calibrate.evr_delta_ratio (now {self.evr_delta_ratio:g})"
             )
         low, high = estimate.interval
-        total_failure = min(1.0, attempt * failure)
+        total_failure = min(1.0, EVR_ATTEMPTS * failure)
         details = {
             "samples": self.samples,
-            "verify_samples": self.verify_samples,
+            "verify_samples": fresh,
+            "failure_bound": "Chernoff-Hoeffding (KL) for [0, 1] variables, union over EVR attempts",
             "evr_attempts": attempt,
             "delta_estimate_verify": estimate.delta,
             "delta_interval_95": [low, high],
@@ -236,7 +305,7 @@ class MonteCarloAccountant:
             "evr_threshold": threshold,
             "delta_calibrated": self.evr_delta_ratio * delta,
             "mc_failure_probability": total_failure,
-            "unconditional_delta": max(delta, failure) if attempt == 1 else min(1.0, delta + total_failure),
+            "unconditional_delta": min(1.0, delta + total_failure),
         }
         return sigma, epsilon, details
 
@@ -254,7 +323,8 @@ class MonteCarloAccountant:
         """ε̂ at δ' = evr_delta_ratio·δ from ``samples`` samples, without verification (curves, not claims)."""
         if description.noise_multiplier == 0:
             return math.inf
-        found = mc.collect_losses(self.pair(description), description.noise_multiplier, self.samples, self.seed)
+        found = mc.collect_losses(self.pair(description), description.noise_multiplier, self.samples, self.seed,
+                                  device=mc.resolve_device(self.device))
         return mc.epsilon_from_losses(found, self.samples, self.evr_delta_ratio * delta)
 
     def delta(self, description: MechanismDescription, epsilon: float) -> float:
@@ -270,7 +340,8 @@ class MonteCarloAccountant:
         """σ by bisection with common random numbers at δ' (004 Alg. 2), then EVR on fresh samples."""
         pair = self.pair(description)
         upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, self.evr_delta_ratio * delta)
-        search = mc.calibrate_sigma(pair, epsilon, self.evr_delta_ratio * delta, self.samples, self.seed, upper)
+        search = mc.calibrate_sigma(pair, epsilon, self.evr_delta_ratio * delta, self.samples, self.seed, upper,
+                                    device=mc.resolve_device(self.device))
         sigma, _, details = self.verify(pair, search.noise_multiplier, epsilon, delta, raise_sigma=True)
         details.update({"sigma_calibrated": search.noise_multiplier, "survivors": search.survivors,
                         "search_passes": search.passes, "delta_hat_calibration": search.delta_hat})
@@ -289,16 +360,27 @@ def poisson_at_same_noise(description: MechanismDescription, delta: float) -> fl
     return pld_epsilon(d.noise_multiplier, "poisson", 1, d.sample_rate, None, None, d.steps, delta)
 
 
+def default_accountant(sampler: str, mechanism: str = "identity") -> str:
+    """The accountant ``auto`` stands for: pld for poisson and fixed, allocation for balls-in-bins with C = I
+    (deterministic, and tighter than Monte Carlo), montecarlo for correlated noise."""
+    if sampler in ("poisson", "fixed"):
+        return "pld"
+    return "allocation" if mechanism == "identity" else "montecarlo"
+
+
 def get_accountant(name: str, **settings) -> Accountant:
-    """The accountant called ``name``; Monte Carlo settings (samples, verify_samples, seed, evr_delta_ratio)."""
+    """The accountant called ``name``; Monte Carlo settings (samples, failure_probability, verify_samples,
+    seed, evr_delta_ratio, device) and the PLD discretization are picked from ``settings``."""
     if name == "pld":
         return PldAccountant(**{k: v for k, v in settings.items() if k == "discretization"})
     if name == "rdp":
         return RdpAccountant()
+    if name == "allocation":
+        return AllocationAccountant()
     if name == "montecarlo":
-        keys = ("samples", "verify_samples", "seed", "evr_delta_ratio")
+        keys = ("samples", "failure_probability", "verify_samples", "seed", "evr_delta_ratio", "device")
         return MonteCarloAccountant(**{k: v for k, v in settings.items() if k in keys})
-    raise ParamsError(f"accountant = {name!r} is invalid: allowed values are {', '.join(ACCOUNTANTS)}")
+    raise ParamsError(f"accountant = {name!r} is invalid: allowed values are auto, {', '.join(ACCOUNTANTS)}")
 
 
 def require_support(accountant: Accountant, description: MechanismDescription) -> None:

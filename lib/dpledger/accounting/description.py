@@ -135,3 +135,11 @@ def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
 def _positive_int(name: str, value: int) -> None:
     if int(value) != value or value < 1:
         raise ParamsError(f"{name} = {value} is invalid: it must be an integer >= 1")
+
+
+def vacuous_delta_warning(delta: float, dataset_size: int | None) -> str | None:
+    """δ >= 1/n admits mechanisms that publish an example outright: the (ε, δ) claim then says little."""
+    if dataset_size is None or delta < 1.0 / dataset_size:
+        return None
+    return (f"WARNING: delta = {delta:g} >= 1/n = {1.0 / dataset_size:.3g} (n = {dataset_size} examples): a mechanism "
+            f"that publishes one random example outright meets this delta, so the claim says little; use delta < 1/n")

@@ -23,9 +23,10 @@ from typing import Callable, Iterator, TypeVar
 import numpy as np
 import torch
 
-from dpledger.errors import UnsupportedMechanismError
+from dpledger.errors import ParamsError, UnsupportedMechanismError
 
-CHUNK = 1 << 15
+BLOCK = 1 << 12
+MEMORY_VALUES = 1 << 22
 T = TypeVar("T")
 
 
@@ -130,23 +131,64 @@ class Draw:
     normals: torch.Tensor
 
 
-def draws(pair: DominatingPair, samples: int, seed: int, chunk: int = CHUNK) -> Iterator[list[Draw]]:
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``auto``: CUDA when present, else the CPU; ``cuda`` without a GPU is refused with one line."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ParamsError(f"device = {device!s} is invalid here: no CUDA GPU is available (use cpu or auto)")
+    if str(device) not in ("cpu",) and not str(device).startswith("cuda"):
+        raise ParamsError(f"device = {device!s} is invalid: allowed values are auto, cpu, cuda")
+    return torch.device(device)
+
+
+def chunk_rows(pair: DominatingPair) -> int:
+    """Samples per chunk: whole blocks, at most MEMORY_VALUES normals in flight unless one block is larger.
+
+    Memory bound: a chunk holds rows × b × pieces float32 normals plus a few tensors of that size
+    (U, the LSE arguments), so peak memory is O(max(MEMORY_VALUES, BLOCK · b · pieces)) values whatever
+    the sample count; pieces = 1 for fixed bins, E for redrawn bins.
+    """
+    per_row = pair.bins * len(pair.grams)
+    return BLOCK * max(1, MEMORY_VALUES // (BLOCK * per_row))
+
+
+def _block(pair: DominatingPair, seed: int, block: int, piece: int, rows: int, device: torch.device) -> Draw:
+    """Block ``block`` of piece ``piece``: seeded from (seed, block, piece) alone, so the samples do not
+    depend on how blocks are grouped into chunks, on thread counts, or on the order chunks run in.
+
+    Normals are drawn in float64 and rounded to float32: a float32 draw (torch's ``randn`` on the CPU takes
+    its Box–Muller radius from 24-bit uniforms) never lands beyond radius 5.77, where a Gaussian pair does
+    with probability 2⁻²⁴; over b coordinates that is a total variation, and so a possible bias of δ̂, of up
+    to (b/2)·2⁻²⁴ (4e-6 at b = 128), which EVR's bound does not cover. On CUDA torch's float64 ``randn``
+    (Philox, Box–Muller on 53-bit uniforms) is used; on the CPU numpy's float64 ziggurat."""
+    key = np.random.SeedSequence((int(seed), block, piece)).generate_state(2, np.uint64)
+    if device.type == "cuda":
+        generator = torch.Generator(device=device)
+        generator.manual_seed(int(key[0] >> np.uint64(1)))
+        bins = torch.randint(0, pair.bins, (rows,), generator=generator, device=device)
+        normals = torch.randn((rows, pair.bins), generator=generator, device=device, dtype=torch.float64)
+        return Draw(bins, normals.to(torch.float32))
+    rng = np.random.Generator(np.random.SFC64(key))
+    return Draw(torch.from_numpy(rng.integers(0, pair.bins, rows)),
+                torch.from_numpy(rng.standard_normal((rows, pair.bins)).astype(np.float32)))
+
+
+def draws(pair: DominatingPair, samples: int, seed: int, chunk: int | None = None,
+          device: torch.device = torch.device("cpu")) -> Iterator[list[Draw]]:
     """Chunks of samples (one Draw per piece), reproducible from ``seed`` (common random numbers).
 
-    The normals are numpy's float64 ziggurat rounded to float32, not torch's float32 ``randn``: that one
-    takes its Box–Muller radius from 24-bit uniforms, so a pair of coordinates never lands beyond radius
-    5.77, where a Gaussian pair does with probability 2⁻²⁴. Over b coordinates that is a total variation,
-    and so a possible bias of δ̂, of up to (b/2)·2⁻²⁴ (4e-6 at b = 128), which EVR's bound does not cover."""
-    rng = np.random.Generator(np.random.SFC64(int(seed)))
-    done = 0
-    while done < samples:
-        size = min(chunk, samples - done)
-        yield [
-            Draw(torch.from_numpy(rng.integers(0, pair.bins, size)),
-                 torch.from_numpy(rng.standard_normal((size, pair.bins)).astype(np.float32)))
-            for _ in pair.grams
-        ]
-        done += size
+    Samples come in blocks of BLOCK seeded independently (:func:`_block`); a chunk is a run of whole
+    blocks (``chunk`` rounded up to a multiple of BLOCK; default :func:`chunk_rows`)."""
+    per_chunk = max(1, math.ceil((chunk or chunk_rows(pair)) / BLOCK))
+    blocks = math.ceil(samples / BLOCK)
+    for first in range(0, blocks, per_chunk):
+        pieces = []
+        for piece in range(len(pair.grams)):
+            parts = [_block(pair, seed, k, piece, min(BLOCK, samples - k * BLOCK), device)
+                     for k in range(first, min(first + per_chunk, blocks))]
+            pieces.append(Draw(torch.cat([p.bins for p in parts]), torch.cat([p.normals for p in parts])))
+        yield pieces
 
 
 def correlate(normals: torch.Tensor, factor: torch.Tensor, diagonal: bool) -> torch.Tensor:
@@ -175,9 +217,10 @@ def hockey_stick(loss: torch.Tensor, epsilon: float) -> torch.Tensor:
 class PreparedPair:
     """A pair with its factors computed once, in float64 (G) and the sampling dtype (F)."""
 
-    def __init__(self, pair: DominatingPair):
+    def __init__(self, pair: DominatingPair, device: torch.device = torch.device("cpu")):
         self.pair = pair
-        self.grams = [torch.as_tensor(g, dtype=torch.float64) for g in pair.grams]
+        self.device = device
+        self.grams = [torch.as_tensor(g, dtype=torch.float64, device=device) for g in pair.grams]
         self.factors = [gram_factor(g) for g in self.grams]
         self.diagonal = [bool(torch.count_nonzero(g - torch.diag(torch.diagonal(g))) == 0) for g in self.grams]
 
@@ -227,12 +270,12 @@ class DeltaEstimate:
 
 @single_threaded
 def estimate_delta(pair: DominatingPair, sigma: float, epsilon: float, samples: int, seed: int,
-                   chunk: int = CHUNK) -> DeltaEstimate:
-    """Monte Carlo δ̂(ε) at noise σ (the larger direction), streaming over chunks."""
-    prepared = PreparedPair(pair)
+                   chunk: int | None = None, device: torch.device = torch.device("cpu")) -> DeltaEstimate:
+    """Monte Carlo δ̂(ε) at noise σ (the larger direction), streaming over chunks (float64 losses)."""
+    prepared = PreparedPair(pair, device)
     sums = np.zeros(2)
     squares = np.zeros(2)
-    for piece in draws(pair, samples, seed, chunk):
+    for piece in draws(pair, samples, seed, chunk, device):
         for index, loss in enumerate(prepared.chunk_losses(piece, sigma, torch.float64)):
             terms = hockey_stick(loss, epsilon)
             sums[index] += float(terms.sum())
@@ -245,14 +288,14 @@ def estimate_delta(pair: DominatingPair, sigma: float, epsilon: float, samples: 
 
 
 @single_threaded
-def collect_losses(pair: DominatingPair, sigma: float, samples: int, seed: int,
-                   chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
+def collect_losses(pair: DominatingPair, sigma: float, samples: int, seed: int, chunk: int | None = None,
+                   device: torch.device = torch.device("cpu")) -> tuple[np.ndarray, np.ndarray]:
     """All positive privacy losses (remove, add) at σ; memory O(samples) (ε(δ) at a fixed σ needs them)."""
-    prepared = PreparedPair(pair)
+    prepared = PreparedPair(pair, device)
     kept: tuple[list, list] = ([], [])
-    for piece in draws(pair, samples, seed, chunk):
+    for piece in draws(pair, samples, seed, chunk, device):
         for index, loss in enumerate(prepared.chunk_losses(piece, sigma, torch.float64)):
-            kept[index].append(loss[loss > 0].numpy())
+            kept[index].append(loss[loss > 0].cpu().numpy())
     return np.concatenate(kept[0]), np.concatenate(kept[1])
 
 
@@ -288,8 +331,9 @@ class SigmaSearch:
 
 @single_threaded
 def calibrate_sigma(pair: DominatingPair, epsilon: float, delta: float, samples: int, seed: int,
-                    upper: float, pilot_samples: int = 1 << 14, chunk: int = CHUNK,
-                    tolerance: float = 1e-7, guess: float | None = None) -> SigmaSearch:
+                    upper: float, pilot_samples: int = 1 << 14, chunk: int | None = None,
+                    tolerance: float = 1e-7, guess: float | None = None,
+                    device: torch.device = torch.device("cpu")) -> SigmaSearch:
     """Smallest σ (to ``tolerance`` relative) with δ̂(σ) <= δ on ``samples`` fixed samples (004 Alg. 2).
 
     ``upper`` is a σ known to satisfy the target (the unamplified Gaussian's). A pilot on the first
@@ -297,7 +341,7 @@ def calibrate_sigma(pair: DominatingPair, epsilon: float, delta: float, samples:
     pass over all samples then keeps only those whose loss can exceed ε anywhere in the bracket (the
     rest contribute 0 there), and bisection runs on them.
     """
-    prepared = PreparedPair(pair)
+    prepared = PreparedPair(pair, device)
     if guess is None:
         pilot = _Survivors.collect(prepared, min(pilot_samples, samples), seed, chunk, epsilon, upper / 1e4, upper)
         guess = pilot.bisect(epsilon, delta, upper / 1e4, upper, tolerance=1e-3)
@@ -333,10 +377,10 @@ class _Survivors:
         return sum(int(chunk[0].bins.shape[0]) for chunk in self.chunks)
 
     @classmethod
-    def collect(cls, prepared: PreparedPair, samples: int, seed: int, chunk: int, epsilon: float,
+    def collect(cls, prepared: PreparedPair, samples: int, seed: int, chunk: int | None, epsilon: float,
                 low: float, high: float) -> "_Survivors":
         kept = []
-        for piece in draws(prepared.pair, samples, seed, chunk):
+        for piece in draws(prepared.pair, samples, seed, chunk, prepared.device):
             remove, add, scale = prepared.chunk_loss_bounds(piece, low, high)
             threshold = epsilon - 1e-3 - 1e-5 * scale
             mask = (remove > threshold) | (add > threshold)

@@ -14,24 +14,28 @@ AccountedSampler = Literal["poisson", "fixed", "balls-in-bins", "balls-in-bins-r
 ACCOUNTED_SAMPLERS: tuple[str, ...] = get_args(AccountedSampler)
 NO_ACCOUNTANT_REASON = (
     "shuffling (one permutation per epoch) has no tight accountant and audits show Poisson accounting "
-    "under-states its epsilon several-fold; build batches with balls-in-bins (accountant montecarlo) or poisson"
+    "under-states its epsilon several-fold; build batches with balls-in-bins (accountant allocation) or poisson"
 )
 
 
 class CalibrateParams(Section):
     """Target (epsilon, delta); the noise multiplier is calibrated to meet it."""
 
-    epsilon: float = Field(gt=0.0, allow_inf_nan=False, description="target epsilon")
-    delta: float = Field(gt=0.0, lt=1.0, description="target delta")
-    accountant: Literal["pld", "rdp", "montecarlo"] = "pld"
+    epsilon: float = Field(gt=0.0, le=100.0, allow_inf_nan=False, description="target epsilon (at most 100)")
+    delta: float = Field(gt=0.0, lt=1.0, allow_inf_nan=False, description="target delta")
+    accountant: Literal["auto", "pld", "rdp", "allocation", "montecarlo"] = Field(
+        default="auto", description="auto: pld (poisson, fixed), allocation (balls-in-bins, C = I), montecarlo (C != I)"
+    )
     sampler: str = Field(default="poisson", validate_default=True, description="sampling the accountant assumes")
     mechanism: Literal["identity", "banded", "toeplitz", "blt"] = "identity"
     bands: int = Field(default=1, ge=1, le=4096, description="w for a w-banded correlation matrix")
     group_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1, max_length=MAX_LIST_LENGTH)
     mc_samples: int = Field(default=1 << 18, ge=1000, le=1 << 26, description="Monte Carlo samples to estimate/calibrate")
-    mc_verify_samples: int = Field(
-        default=1 << 21, ge=1000, le=1 << 28, description="fresh Monte Carlo samples for Estimate-Verify-Release"
+    mc_failure_probability: float | None = Field(
+        default=None, gt=0.0, lt=1.0, allow_inf_nan=False,
+        description="Monte Carlo claim's failure probability; null: min(delta/10, 1e-6); sets the EVR sample count",
     )
+    mc_device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Monte Carlo sampling device")
     evr_delta_ratio: float = Field(default=0.5, gt=0.0, lt=1.0, description="calibrate at delta' = ratio * delta")
     pld_discretization: float = Field(default=1e-4, ge=1e-6, le=1e-2, description="PLD value discretization interval")
     table_discretization: float = Field(
@@ -55,11 +59,13 @@ class CalibrateParams(Section):
                 "sampler", "allowed values are {allowed}{reason}", {"allowed": ", ".join(ACCOUNTED_SAMPLERS), "reason": reason}
             )
         accountant = info.data.get("accountant")
-        fits = {"pld": ("poisson", "fixed"), "rdp": ("poisson",), "montecarlo": ("balls-in-bins", "balls-in-bins-redrawn")}
+        bins = ("balls-in-bins", "balls-in-bins-redrawn")
+        fits = {"pld": ("poisson", "fixed"), "rdp": ("poisson",), "allocation": bins, "montecarlo": bins}
         if accountant in fits and value not in fits[accountant]:
             raise PydanticCustomError(
                 "sampler",
-                "calibrate.accountant = {accountant} supports samplers {allowed} (balls-in-bins needs montecarlo)",
+                "calibrate.accountant = {accountant} supports samplers {allowed} (balls-in-bins needs allocation or "
+                "montecarlo; auto picks)",
                 {"accountant": accountant, "allowed": ", ".join(fits[accountant])},
             )
         return value
@@ -72,6 +78,10 @@ class CalibrateParams(Section):
                 "mechanism",
                 "correlated noise needs calibrate.sampler = balls-in-bins (bins fixed across epochs, 004 Lemma 3.2)",
                 {},
+            )
+        if value != "identity" and info.data.get("accountant") == "allocation":
+            raise PydanticCustomError(
+                "mechanism", "calibrate.accountant = allocation covers C = I only; correlated noise needs montecarlo", {}
             )
         return value
 

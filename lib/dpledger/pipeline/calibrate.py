@@ -26,11 +26,14 @@ from dpledger.accounting import (
     CalibrationRecord,
     MechanismDescription,
     calibrate_noise,
+    default_accountant,
     describe,
     get_accountant,
     group_table,
 )
 from dpledger.accounting.accountants import poisson_at_same_noise
+from dpledger.accounting.allocation import allocation_upper
+from dpledger.accounting.description import vacuous_delta_warning
 from dpledger.accounting.group import GroupEpsilon
 from dpledger.data import load_data
 from dpledger.mechanisms import banded_params, coefficients
@@ -53,8 +56,14 @@ def describe_run(params: Params, dataset_size: int) -> MechanismDescription:
 
 def accountant_settings(params: Params) -> dict[str, Any]:
     cal = params.calibrate
-    return {"samples": cal.mc_samples, "verify_samples": cal.mc_verify_samples, "seed": params.seed,
-            "evr_delta_ratio": cal.evr_delta_ratio, "discretization": cal.pld_discretization}
+    return {"samples": cal.mc_samples, "failure_probability": cal.mc_failure_probability, "seed": params.seed,
+            "evr_delta_ratio": cal.evr_delta_ratio, "discretization": cal.pld_discretization,
+            "device": cal.mc_device}
+
+
+def accountant_name(cal: CalibrateParams) -> str:
+    """calibrate.accountant, with ``auto`` resolved for the sampler and mechanism."""
+    return default_accountant(cal.sampler, cal.mechanism) if cal.accountant == "auto" else cal.accountant
 
 
 def choose_matrix(cal: CalibrateParams, description: MechanismDescription, seed: int) -> dict[str, Any]:
@@ -74,9 +83,12 @@ def choose_matrix(cal: CalibrateParams, description: MechanismDescription, seed:
 
 
 def other_accountants(params: Params, description: MechanismDescription, chosen: str) -> list[AccountantResult]:
-    """ε at the calibrated σ from every other accountant that supports the description."""
+    """ε at the calibrated σ from every other accountant that supports the description (Monte Carlo only as
+    the claim: its verification takes minutes, and a deterministic claim needs no sampled cross-check)."""
     results = []
     for name in ACCOUNTANTS:
+        if name == "montecarlo":
+            continue
         accountant = get_accountant(name, **accountant_settings(params))
         if name != chosen and accountant.unsupported(description) is None:
             results.append(accountant.epsilon(description, params.calibrate.delta))
@@ -88,15 +100,19 @@ def epsilon_curve(params: Params, description: MechanismDescription, claim: floa
 
     Each value is valid for every step count up to its own, so the curve is made monotone by a reverse
     running minimum, and the last point is min(claim, curve). PLD points use the pessimistic table
-    discretization; Monte Carlo points are estimates at δ' (no EVR; the final claim is EVR-verified).
+    discretization; allocation points the dominating bound on a 0.1 loss grid (whole epochs: an upper bound
+    for every step inside them); Monte Carlo points are estimates at δ' (no EVR; the final claim is EVR-verified).
     """
     cal = params.calibrate
+    name = accountant_name(cal)
     grid = sorted({int(round(t)) for t in np.linspace(1, description.steps, cal.curve_points)} | {description.steps})
-    if cal.accountant == "montecarlo":
+    if name == "montecarlo":
         accountant = get_accountant("montecarlo", **accountant_settings(params))
         values = [accountant.epsilon_estimate(description.with_steps(t), cal.delta) for t in grid[:-1]]
+    elif name == "allocation":
+        values = [allocation_upper(description.with_steps(t), cal.delta, 0.1) for t in grid[:-1]]
     else:
-        accountant = get_accountant(cal.accountant, discretization=cal.table_discretization)
+        accountant = get_accountant(name, discretization=cal.table_discretization)
         values = [accountant.epsilon(description.with_steps(t), cal.delta).epsilon for t in grid[:-1]]
     values.append(claim)
     values = list(np.minimum.accumulate(np.asarray(values)[::-1])[::-1])
@@ -125,7 +141,8 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     cal = params.calibrate
     dataset = load_data(params.data, params.seed)
     description = describe_run(params, dataset.train_size)
-    accountant = get_accountant(cal.accountant, **accountant_settings(params))
+    name = accountant_name(cal)
+    accountant = get_accountant(name, **accountant_settings(params))
     matrix = choose_matrix(cal, description, params.seed)
     description = replace(description, mechanism=cal.mechanism, mechanism_params=matrix)
     calibration = calibrate_noise(accountant, description, cal.epsilon, cal.delta)
@@ -133,19 +150,21 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     described = description.with_noise(sigma)
     result = calibration.result
     poisson_same_noise = poisson_at_same_noise(described, cal.delta)
-    assumptions = list(result.assumptions)
-    others = other_accountants(params, described, cal.accountant)
+    warning = vacuous_delta_warning(cal.delta, dataset.train_size)
+    assumptions = ([warning] if warning else []) + list(result.assumptions)
+    others = other_accountants(params, described, name)
     groups = group_table(described, cal.delta, cal.group_sizes, cal.table_discretization)
     curve = epsilon_curve(params, described, result.epsilon)
     rows = rmse_rows(params, described, matrix) if cal.sampler == "balls-in-bins" else []
     record = CalibrationRecord(
-        noise_multiplier=sigma, epsilon=result.epsilon, delta=cal.delta, accountant=cal.accountant,
+        noise_multiplier=sigma, epsilon=result.epsilon, delta=cal.delta, accountant=name,
         sampler=cal.sampler, assumptions=assumptions, steps=described.steps, batch_size=params.batching.batch_size,
         dataset_size=dataset.train_size, epochs=params.batching.epochs, mechanism=cal.mechanism,
         mechanism_params=matrix, accountants=[result] + others,
         group=[g.to_dict() for g in groups], epsilon_curve=curve,
     )
     metrics = _metrics(record, described, result, others, groups, poisson_same_noise)
+    metrics["delta_at_least_one_over_n"] = warning is not None
     with io.atomic_dir(root / "artifacts" / "calibration") as folder:
         seal_record(folder, record)
     io.write_json(root / "metrics" / "calibrate.json", metrics)
@@ -176,6 +195,8 @@ def _metrics(record: CalibrationRecord, description: MechanismDescription, resul
         metrics["mc_samples"] = result.details["samples"]
         metrics["mc_verify_samples"] = result.details["verify_samples"]
         metrics["mc_delta_verified"] = result.details["delta_estimate_verify"]
+    if "epsilon_lower" in result.details:
+        metrics["epsilon_lower"] = result.details["epsilon_lower"]
     for other in others:
         metrics[f"epsilon_{other.accountant}"] = other.epsilon
     if poisson_same_noise is not None:

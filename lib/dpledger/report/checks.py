@@ -40,6 +40,7 @@ def find_findings(
     train_files = train_files or {}
     status = status or {stage: ("ok" if metrics.get(stage) else "not run") for stage in UPSTREAM_STAGES}
     warnings = [
+        _delta_vacuous(metrics),
         _audit_contradicted(metrics),
         _sigma_disagrees(metrics, details, train_files),
         _sampler_mismatch(metrics, details),
@@ -235,6 +236,22 @@ def _verify_failed(metrics: dict[str, dict[str, Any]], details: dict[str, Any]) 
             f"{count}{of} implementation test(s) failed"
             + (f" — {described}" if described else "")
             + ". The trainer may not clip or noise as the accountant assumes."
+        ),
+    )
+
+
+def _delta_vacuous(metrics: dict[str, dict[str, Any]]) -> Finding | None:
+    calibrate = metrics.get("calibrate", {})
+    if calibrate.get("delta_at_least_one_over_n") is not True:
+        return None
+    return Finding(
+        kind="delta-vacuous",
+        severity="warning",
+        title="δ ≥ 1/n",
+        message=(
+            f"δ = {format_value(calibrate.get('delta'))} is at least 1/n for n = "
+            f"{format_value(calibrate.get('dataset_size'))} examples: a mechanism that publishes one example "
+            f"outright meets it, so the (ε, δ) claim says little. Use δ < 1/n."
         ),
     )
 

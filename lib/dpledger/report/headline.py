@@ -38,6 +38,7 @@ def _claim_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
         ("sampler", m.get("sampler")),
         ("mechanism", m.get("mechanism")),
         ("σ used", inputs.metrics["train"].get("noise_multiplier", m.get("noise_multiplier"))),
+        ("lower bound ε", m.get("epsilon_lower")),
         ("steps", m.get("steps")),
         ("Monte Carlo samples", m.get("mc_samples")),
         ("Monte Carlo failure probability", m.get("mc_failure_probability")),
