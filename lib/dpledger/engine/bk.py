@@ -12,8 +12,9 @@ second backward pass, accumulated in place into one flat buffer that already hol
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
 import torch
@@ -21,10 +22,10 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpledger.engine.clipping import check_clipping, clip_factors, group_threshold
-from dpledger.engine.layers import LayerRule, add_weighted_sum, registered_base, rule_for
+from dpledger.engine.layers import LayerRule, add_weighted_sum, generic, rule_for
 from dpledger.engine.layers.embedding import MAX_NORM_REASON
 from dpledger.engine.noise import NoiseSource
 from dpledger.errors import DpledgerError, ParamsError
@@ -51,6 +52,30 @@ class _Call:
 
 
 @dataclass
+class _GenericCall:
+    """One forward call of a layer under the generic rule: all its inputs, its outputs and their gradients."""
+
+    name: str
+    module: nn.Module
+    params: dict[str, nn.Parameter]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    versions: list[tuple[Tensor, int]]
+    outputs: list[Tensor | None]
+    out_grads: list[Tensor | None]
+    autocast: list[tuple[str, torch.dtype]] = field(default_factory=list)
+
+
+GENERIC = "generic"
+"""The rule marker of layers handled by :mod:`dpledger.engine.layers.generic`."""
+
+BATCHNORM_FIX = (
+    "replace it with GroupNorm by dpledger.engine.replace_batchnorm(model), or put it in eval mode with running "
+    "statistics and freeze it"
+)
+
+
+@dataclass
 class _Pass:
     """What one backward pass collects: squared norms and instantiated gradients per parameter (by id),
     the ghost-norm calls kept for book-keeping, the first call whose batch dimension is wrong and the first
@@ -63,6 +88,7 @@ class _Pass:
     ghost_calls: list[_Call]
     mismatch: _Call | None = None
     modified: _Call | None = None
+    generic_calls: list[_GenericCall] = field(default_factory=list)
 
 
 @dataclass
@@ -187,7 +213,12 @@ class BKEngine:
         self._views = self._flat_views(self._buffer)
         self._view_of = {id(p): view for p, view in zip(self.params, self._views)}
         self._pending = False
-        self._handles = [module.register_forward_hook(self._forward_hook) for module in self._hooked_modules()]
+        self._recomputing = False
+        self._model_batch: int | None = None
+        self._handles = [
+            module.register_forward_hook(self._forward_hook, with_kwargs=True) for module in self._hooked_modules()
+        ]
+        self._handles.append(model.register_forward_pre_hook(self._note_batch, with_kwargs=True))
         self._handles += [
             module.register_forward_pre_hook(self._data_dependent_state_hook)
             for module in model.modules() if isinstance(module, (_BatchNorm, _InstanceNorm, nn.Embedding))
@@ -198,7 +229,7 @@ class BKEngine:
             model.register_forward_hook(self._end_check, always_call=True),
         ]
         for module in self._hooked_modules():
-            own = frozenset(id(p) for p in module.parameters(recurse=False))
+            own = frozenset(id(p) for p in self._layer_params[id(module)].values())
             self._check_handles += [
                 module.register_forward_pre_hook(lambda m, i, own=own: self._enter_layer(own)),
                 module.register_forward_hook(lambda m, i, o: self._leave_layer(), always_call=True),
@@ -220,31 +251,37 @@ class BKEngine:
             owners[id(p)] = _Owner(full_names[id(p)], group=-1, numel=p.numel(), offset=offset)
             offset += p.numel()
         self._module_names: dict[int, str] = {}
-        self._rules: dict[int, LayerRule] = {}
+        self._rules: dict[int, LayerRule | str] = {}
+        self._layer_params: dict[int, dict[str, nn.Parameter]] = {}
         group_of_layer: dict[int, int] = {}
+        claimed: set[int] = set()
         for layer_name, module in self.model.named_modules():
+            if id(module) in claimed:
+                continue
+            children = generic.claimed_children(module)
+            claimed.update(id(getattr(module, child)) for child in children)
             own = [(attr, p) for attr, p in module.named_parameters(recurse=False) if id(p) in trainable]
+            own += [(f"{child}.{attr}", p) for child in children
+                    for attr, p in getattr(module, child).named_parameters() if id(p) in trainable]
             if not own:
                 continue
-            rule = rule_for(module)
             label = f"{layer_name or '<model>'} ({type(module).__name__})"
-            if rule is None:
+            if isinstance(module, _BatchNorm):
                 names = ", ".join(f"{layer_name}.{attr}".lstrip(".") for attr, _ in own)
-                base = registered_base(module)
-                why = "has no per-example rule" if base is None else (
-                    f"overrides how its base class {base.__name__} computes its output, so that class's "
-                    "per-example rule does not apply")
                 raise UnsupportedLayerError(
-                    f"engine: trainable parameter {names} is in layer {label}, which {why}; "
-                    "freeze it (requires_grad=False) or use a supported layer"
+                    f"engine: trainable parameter {names} is in layer {label}, a BatchNorm: it mixes examples, so no "
+                    f"per-example gradient exists; {BATCHNORM_FIX}"
                 )
-            reason = rule.validate(module) if rule.validate else None
-            unknown = [attr for attr, _ in own if attr not in rule.parameters]
-            if reason or unknown:
-                why = reason or f"the rule knows only {', '.join(rule.parameters)}, not {', '.join(unknown)}"
-                raise UnsupportedLayerError(f"engine: layer {label} cannot be trained privately: {why}")
+            rule = None if children else rule_for(module)
+            if rule is not None:
+                reason = rule.validate(module) if rule.validate else None
+                unknown = [attr for attr, _ in own if attr not in rule.parameters]
+                if reason or unknown:
+                    why = reason or f"the rule knows only {', '.join(rule.parameters)}, not {', '.join(unknown)}"
+                    raise UnsupportedLayerError(f"engine: layer {label} cannot be trained privately: {why}")
             self._module_names[id(module)] = layer_name
-            self._rules[id(module)] = rule
+            self._rules[id(module)] = rule if rule is not None else GENERIC
+            self._layer_params[id(module)] = dict(own)
             fresh = [p for _, p in own if owners[id(p)].group < 0]
             if fresh:  # a module whose parameters are all tied to earlier ones is no clipping group of its own
                 group_of_layer[id(module)] = len(group_of_layer)
@@ -278,7 +315,7 @@ class BKEngine:
         if isinstance(module, _BatchNorm):
             reason = None if not module.training and module.running_mean is not None else (
                 "normalises with batch statistics, which mix examples (and padding rows) into every per-example "
-                "gradient; put it in eval mode with running statistics or use GroupNorm/LayerNorm")
+                f"gradient; {BATCHNORM_FIX}")
         elif isinstance(module, _InstanceNorm):
             reason = None if not (module.training and module.track_running_stats) else (
                 "updates its running statistics from the private batch without noise; use "
@@ -321,19 +358,94 @@ class BKEngine:
             handle.remove()
         self._check_handles = []
 
-    def _forward_hook(self, module: nn.Module, inputs: tuple[Any, ...], output: Tensor) -> Tensor | None:
+    def _note_batch(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The batch size B of this forward pass: the leading size of the model's first tensor input."""
+        first = next((leaf for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, Tensor) and leaf.dim()), None)
+        self._model_batch = None if first is None else first.shape[0]
+
+    def _broadcast(self, tensor: Tensor, dim: int) -> Tensor:
+        """A tensor of size 1 along the batch dimension ``dim`` while the batch has B > 1 examples (BERT's
+        position embeddings, T5's relative position bias) as B copies, so that its gradient is each example's
+        own rather than their sum; downstream it broadcasts the same."""
+        batch = self._model_batch
+        if batch is None or batch <= 1 or tensor.dim() <= dim or tensor.shape[dim] != 1:
+            return tensor
+        return tensor.expand(*tensor.shape[:dim], batch, *tensor.shape[dim + 1:]).contiguous()
+
+    def _forward_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
         # The model's mode, not the layer's: a layer put in eval mode inside a training model still trains
         # (skipping it would leave its parameters only noise); an evaluation pass of the model is skipped.
-        if not torch.is_grad_enabled() or not self.model.training:
+        if self._recomputing or not torch.is_grad_enabled() or not self.model.training:
             return None
+        name, rule = self._module_names[id(module)], self._rules[id(module)]
+        if rule == GENERIC:
+            return self._record_generic(name, module, args, kwargs, output)
+        inputs = args[0] if args else next(iter(kwargs.values()), None)
+        if not isinstance(inputs, Tensor) or not isinstance(output, Tensor):
+            raise UnsupportedLayerError(
+                f"engine: layer {name} ({type(module).__name__}) was called without a tensor input or output")
         if not output.requires_grad:
             output = output + self._origin(output)
-        params = {attr: p for attr, p in module.named_parameters(recurse=False) if id(p) in self._owners}
-        call = _Call(self._module_names[id(module)], module, self._rules[id(module)], params, inputs[0].detach(),
-                     version=inputs[0]._version)
+        if inputs.dim() and inputs.shape[0] == 1 and output.dim() and output.shape[0] == 1:
+            inputs, output = self._broadcast(inputs, 0), self._broadcast(output, 0)
+        call = _Call(name, module, rule, self._layer_params[id(module)], inputs.detach(), version=inputs._version)
         self._calls.append(call)
         output.register_hook(lambda grad: self._take_backprops(call, grad))
         return output
+
+    def _record_generic(self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                        output: Any) -> Any:
+        """Keep every input and output of a generic-rule call; hooks collect each output's gradient."""
+        reason = generic.check_call(module, args, kwargs)
+        if reason:
+            raise UnsupportedLayerError(f"engine: layer {name} ({type(module).__name__}): {reason}")
+        input_leaves, input_spec = tree_flatten((args, kwargs))
+        input_leaves = [v.detach() if isinstance(v, Tensor) else v for v in input_leaves]
+        leaves, spec = tree_flatten(output)
+        dims = generic.layout_of(module, input_leaves, leaves).outputs
+        call = _GenericCall(
+            name, module, self._layer_params[id(module)], *tree_unflatten(input_leaves, input_spec),
+            versions=[(t, t._version) for t in input_leaves if isinstance(t, Tensor)],
+            outputs=[None] * len(leaves), out_grads=[None] * len(leaves),
+            autocast=[(device, torch.get_autocast_dtype(device)) for device in ("cpu", "cuda")
+                      if torch.is_autocast_enabled(device)],
+        )
+        for k, leaf in enumerate(leaves):
+            if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
+                continue
+            # A fresh node (a view, or the origin added): a hook on the module's own tensor would also collect the
+            # gradient of the module's internal uses of it (attention weights it multiplies by the values), which
+            # the re-run forward counts again.
+            leaf = leaf.view_as(leaf) if leaf.requires_grad else leaf + self._origin(leaf)
+            leaf = leaves[k] = self._broadcast(leaf, dims[k])
+            call.outputs[k] = leaf.detach()
+            leaf.register_hook(lambda grad, k=k: call.out_grads.__setitem__(k, grad.detach()))
+        self._calls.append(call)
+        return tree_unflatten(leaves, spec)
+
+    def _generic_grads(self, call: _GenericCall, batch: int) -> dict[str, Tensor]:
+        """Per-example gradients of a generic-rule call, or a refusal naming its layer."""
+        label = f"{call.name} ({type(call.module).__name__})"
+        if any(t._version != version for t, version in call.versions):
+            raise UnsupportedLayerError(
+                f"engine: layer {label}: an input was changed in place after the layer used it, so its per-example "
+                "gradients cannot be formed; use out-of-place operations")
+        self._recomputing = True
+        try:
+            with contextlib.ExitStack() as stack:
+                for device, dtype in call.autocast:
+                    stack.enter_context(torch.autocast(device, dtype=dtype))
+                return generic.per_example_grads(call.module, call.params, call.args, call.kwargs, call.outputs,
+                                                 call.out_grads, batch)
+        except generic.GenericRuleError as error:
+            raise UnsupportedLayerError(f"engine: layer {label} cannot be trained privately: {error}") from None
+        except RuntimeError as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise UnsupportedLayerError(
+                f"engine: layer {label}: re-running its forward one example at a time (generic rule) failed: {first}"
+                " (random operations such as dropout inside it must be off)") from error
+        finally:
+            self._recomputing = False
 
     def _take_backprops(self, call: _Call, grad: Tensor) -> None:
         """Backward hook: this call's per-example norms now, so instantiated layers free a and b at once."""
@@ -386,6 +498,7 @@ class BKEngine:
         batch = losses.shape[0]
         use_count = Counter(id(p) for c in calls for p in c.params.values())
         state = self._pass = _Pass(batch, use_count, {}, {}, [])
+        state.generic_calls = [c for c in calls if isinstance(c, _GenericCall)]
         self.last_workspace_elements = 0
         total = losses.sum() if weights is None else (losses * weights.to(losses.dtype)).sum()
         try:
@@ -396,8 +509,9 @@ class BKEngine:
                 origin.grad = None
         if state.mismatch is not None:
             raise ParamsError(
-                f"engine: layer {state.mismatch.name} saw batch dimension {state.mismatch.activations.shape[0]} but "
-                f"there are {batch} losses; inputs must be batch-first"
+                f"engine: layer {state.mismatch.name} ({type(state.mismatch.module).__name__}) saw batch dimension "
+                f"{state.mismatch.activations.shape[0]} but there are {batch} losses; its input must be batch-first "
+                "(or of size 1 there, shared by the batch)"
             )
         if state.modified is not None:
             call = state.modified
@@ -406,6 +520,11 @@ class BKEngine:
                 "layer used it (e.g. h += layer(h)), so its per-example gradients cannot be formed; use an "
                 "out-of-place operation (h = h + layer(h))"
             )
+        for call in state.generic_calls:
+            self.layer_methods[call.name] = GENERIC
+            for attr, grads in self._generic_grads(call, batch).items():
+                key = id(call.params[attr])
+                state.per_example[key] = state.per_example[key] + grads if key in state.per_example else grads
         norm_sq = state.norm_sq
         for key, grads in state.per_example.items():
             norm_sq[key] = grads.reshape(batch, -1).square().sum(1)

@@ -51,6 +51,9 @@ class LayerRule:
 
 
 RULES: dict[type[nn.Module], LayerRule] = {}
+RULES_BY_NAME: dict[str, LayerRule] = {}
+"""Rules of layer classes from optional libraries, keyed by ``module.qualname`` (e.g.
+``transformers.pytorch_utils.Conv1D``), so that the engine never imports those libraries itself."""
 
 
 def register(*layer_types: type[nn.Module], rule: LayerRule) -> LayerRule:
@@ -60,6 +63,17 @@ def register(*layer_types: type[nn.Module], rule: LayerRule) -> LayerRule:
     return rule
 
 
+def register_by_name(*qualified_names: str, rule: LayerRule) -> LayerRule:
+    """As :func:`register`, for classes named ``module.qualname`` that are not imported here."""
+    for name in qualified_names:
+        RULES_BY_NAME[name] = rule
+    return rule
+
+
+def _registered(cls: type) -> LayerRule | None:
+    return RULES.get(cls) or RULES_BY_NAME.get(f"{cls.__module__}.{cls.__qualname__}")
+
+
 FORWARD_METHODS = ("forward", "_conv_forward")
 """The methods that compute a layer's output: a subclass that overrides one (e.g. ``F.linear(2 * x, ...)``,
 torch's QAT layers) no longer computes what its registered base class's rule assumes."""
@@ -67,7 +81,7 @@ torch's QAT layers) no longer computes what its registered base class's rule ass
 
 def registered_base(layer: nn.Module) -> type[nn.Module] | None:
     """The nearest registered class in ``layer``'s MRO, or None."""
-    return next((cls for cls in type(layer).__mro__ if cls in RULES), None)
+    return next((cls for cls in type(layer).__mro__ if _registered(cls) is not None), None)
 
 
 def rule_for(layer: nn.Module) -> LayerRule | None:
@@ -76,7 +90,7 @@ def rule_for(layer: nn.Module) -> LayerRule | None:
     base = registered_base(layer)
     if base is None or any(getattr(type(layer), m, None) is not getattr(base, m, None) for m in FORWARD_METHODS):
         return None
-    return RULES[base]
+    return _registered(base)
 
 
 def add_weighted_sum(out: Tensor, factors: Tensor, per_example: Tensor) -> None:
@@ -96,6 +110,7 @@ def add_scaled_product(out: Tensor, factors: Tensor, b: Tensor, a: Tensor) -> No
     out.addmm_(b.reshape(-1, b.shape[-1]).T, a.reshape(-1, a.shape[-1]))
 
 
-from dpledger.engine.layers import conv, embedding, linear, normalization  # noqa: E402,F401  (registers rules)
+from dpledger.engine.layers import conv, embedding, hf_conv1d, linear, normalization  # noqa: E402,F401  (registers rules)
 
-__all__ = ["LayerRule", "RULES", "add_scaled_product", "add_weighted_sum", "register", "registered_base", "rule_for"]
+__all__ = ["LayerRule", "RULES", "RULES_BY_NAME", "add_scaled_product", "add_weighted_sum", "register",
+           "register_by_name", "registered_base", "rule_for"]
