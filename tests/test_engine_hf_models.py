@@ -8,13 +8,24 @@ naive loop's is, equal to it) — none silently frozen or left unclipped.
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_engine_helpers import (
+    bk_clipped_sum,
+    compare,
+    median_norm,
+    naive_clipped_sum,
+    relative_error,
+    sum_loss,
+)
 from torch import nn
-
-from test_engine_helpers import bk_clipped_sum, median_norm, naive_clipped_sum, relative_error
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -169,3 +180,37 @@ def test_lora_trains_only_the_adapters_through_linear_rules():
 def test_hf_models_are_exact_with_per_layer_and_automatic_clipping(name, clipping):
     model, loss_fn, inputs, targets = MODELS[name]()
     check_every_parameter(model, loss_fn, inputs, targets, clipping=clipping)
+
+
+class _Conv1DModel(nn.Module):
+    def __init__(self, d: int, p: int) -> None:
+        super().__init__()
+        self.proj = transformers.pytorch_utils.Conv1D(p, d)
+        self.head = transformers.pytorch_utils.Conv1D(2, p)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.proj(x)))
+
+
+@settings(max_examples=8, deadline=None)
+@given(batch=st.integers(1, 4), lead=st.lists(st.integers(1, 3), max_size=2), d=st.integers(1, 5),
+       p=st.integers(1, 5), ghost=st.sampled_from(["auto", "always", "never"]), seed=st.integers(0, 1000))
+def test_transformers_conv1d_matches_naive_loop(batch, lead, d, p, ghost, seed):
+    torch.manual_seed(seed)
+    model = _Conv1DModel(d, p)
+    for layer in (model.proj, model.head):
+        nn.init.normal_(layer.bias)
+    inputs = torch.randn(batch, *lead, d)
+    targets = torch.randn(batch, *lead, 2)
+    error, engine = compare(model, sum_loss, inputs, targets, ghost=ghost)
+    assert error < TOL
+    assert engine.layer_methods["proj"] in ("ghost", "instantiate")
+
+
+def test_the_engine_imports_transformers_only_for_a_model_that_uses_it():
+    code = ("import sys, torch; from dpledger.engine import BKEngine; "
+            "BKEngine(torch.nn.Linear(2, 2), None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0); "
+            "print('transformers' in sys.modules, 'peft' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.stdout.split() == ["False", "False"]

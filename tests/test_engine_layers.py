@@ -223,16 +223,20 @@ class _PlainSubclass(nn.Linear):
 
 
 @pytest.mark.parametrize("layer", [lambda: _ScaledInput(3, 4), lambda: _FlippedConv(1, 2, 3)], ids=["linear", "conv"])
-def test_a_subclass_that_changes_how_the_output_is_computed_is_refused(layer):
+def test_a_subclass_that_changes_how_the_output_is_computed_gets_the_exact_generic_rule(layer):
     """The base class's rule assumes the base class's forward: F.linear(2·x) gave relative error 0.39 against
-    the naive loop and a flipped-input Conv2d 1.13, silently. Refused, naming the layer; a subclass that keeps
-    the forward (like torch's NonDynamicallyQuantizableLinear) stays exact."""
-    from dpledger.engine import BKEngine, UnsupportedLayerError
-
-    with pytest.raises(UnsupportedLayerError, match=r"layer 0 \((_ScaledInput|_FlippedConv)\).*overrides"):
-        BKEngine(nn.Sequential(layer(), nn.Tanh()), None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
+    the naive loop and a flipped-input Conv2d 1.13, silently. Such a layer gets the generic rule (its own
+    forward re-run per example); a subclass that keeps the forward (like torch's NonDynamicallyQuantizableLinear)
+    keeps the base class's ghost rule."""
     torch.manual_seed(6)
+    first = layer()
+    model = nn.Sequential(first, nn.Tanh())
+    inputs = torch.randn(4, 3) if isinstance(first, nn.Linear) else torch.randn(4, 1, 5, 5)
+    error, engine = compare(model, sum_loss, inputs, _targets(model, inputs))
+    assert error < TOL
+    assert engine.layer_methods["0"] == "generic"
     model = nn.Sequential(_PlainSubclass(3, 4), nn.Tanh(), nn.Linear(4, 2))
     inputs = torch.randn(5, 3)
-    error, _ = compare(model, sum_loss, inputs, _targets(model, inputs))
+    error, engine = compare(model, sum_loss, inputs, _targets(model, inputs), ghost="always")
     assert error < TOL
+    assert engine.layer_methods["0"] == "ghost"

@@ -130,6 +130,22 @@ class _OutsideUses(TorchFunctionMode):
         return result
 
 
+_SEQUENCE_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.Transformer)
+
+
+def _declared_batch_first(modules: dict[str, nn.Module], name: str) -> bool | None:
+    """``batch_first`` of the nearest enclosing torch transformer layer (nn.TransformerEncoderLayer with
+    batch_first=False passes (T, B, ...) tensors to its Linear and LayerNorm children), or None."""
+    parts = name.split(".") if name else []
+    for depth in range(len(parts) - 1, -1, -1):
+        parent = modules[".".join(parts[:depth])]
+        if isinstance(parent, nn.Transformer):
+            return parent.batch_first
+        if isinstance(parent, _SEQUENCE_LAYERS):  # the layers keep it only in their attention
+            return parent.self_attn.batch_first
+    return None
+
+
 def _norm_precision(tensor: Tensor) -> Tensor:
     """Half-precision activations and gradients are promoted so norms are computed in float32."""
     if tensor.is_floating_point() and tensor.dtype in (torch.float16, torch.bfloat16):
@@ -224,6 +240,7 @@ class BKEngine:
             for module in model.modules() if isinstance(module, (_BatchNorm, _InstanceNorm, nn.Embedding))
         ]
         self._check: _OutsideUses | None = None
+        self._check_passed = False
         self._check_handles = [
             model.register_forward_pre_hook(self._begin_check),
             model.register_forward_hook(self._end_check, always_call=True),
@@ -253,9 +270,11 @@ class BKEngine:
         self._module_names: dict[int, str] = {}
         self._rules: dict[int, LayerRule | str] = {}
         self._layer_params: dict[int, dict[str, nn.Parameter]] = {}
+        self._sequence_first: set[int] = set()
         group_of_layer: dict[int, int] = {}
         claimed: set[int] = set()
-        for layer_name, module in self.model.named_modules():
+        modules = dict(self.model.named_modules())
+        for layer_name, module in modules.items():
             if id(module) in claimed:
                 continue
             children = generic.claimed_children(module)
@@ -279,8 +298,10 @@ class BKEngine:
                 if reason or unknown:
                     why = reason or f"the rule knows only {', '.join(rule.parameters)}, not {', '.join(unknown)}"
                     raise UnsupportedLayerError(f"engine: layer {label} cannot be trained privately: {why}")
-            self._module_names[id(module)] = layer_name
+            self._module_names[id(module)] = layer_name or "<model>"
             self._rules[id(module)] = rule if rule is not None else GENERIC
+            if rule is not None and _declared_batch_first(modules, layer_name) is False:
+                self._sequence_first.add(id(module))
             self._layer_params[id(module)] = dict(own)
             fresh = [p for _, p in own if owners[id(p)].group < 0]
             if fresh:  # a module whose parameters are all tied to earlier ones is no clipping group of its own
@@ -328,7 +349,7 @@ class BKEngine:
 
     def _begin_check(self, model: nn.Module, inputs: tuple[Any, ...]) -> None:
         """First training forward pass of the model: watch for parameters used outside their layers."""
-        if self._check is None and torch.is_grad_enabled() and self.model.training:
+        if self._check is None and not self._check_passed and torch.is_grad_enabled() and self.model.training:
             self._check = _OutsideUses({id(p): o.name for p, o in zip(self.params, self._owner_list())})
             self._check.__enter__()
 
@@ -354,9 +375,7 @@ class BKEngine:
                 "tied by F.linear(h, embed.weight)), where it would get no gradient; tie modules instead "
                 "(head.weight = embed.weight), or use it under torch.no_grad() or detached"
             )
-        for handle in self._check_handles:
-            handle.remove()
-        self._check_handles = []
+        self._check_passed = True  # its hooks are removed by the next backward: not while torch iterates over them
 
     def _note_batch(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The batch size B of this forward pass: the leading size of the model's first tensor input."""
@@ -388,9 +407,15 @@ class BKEngine:
             output = output + self._origin(output)
         if inputs.dim() and inputs.shape[0] == 1 and output.dim() and output.shape[0] == 1:
             inputs, output = self._broadcast(inputs, 0), self._broadcast(output, 0)
-        call = _Call(name, module, rule, self._layer_params[id(module)], inputs.detach(), version=inputs._version)
+        version = inputs._version
+        if id(module) in self._sequence_first and inputs.dim() > 1:  # (T, B, ...): the rules want batch first
+            inputs = inputs.transpose(0, 1)
+            call = _Call(name, module, rule, self._layer_params[id(module)], inputs.detach(), version=version)
+            output.register_hook(lambda grad: self._take_backprops(call, grad.transpose(0, 1)))
+        else:
+            call = _Call(name, module, rule, self._layer_params[id(module)], inputs.detach(), version=version)
+            output.register_hook(lambda grad: self._take_backprops(call, grad))
         self._calls.append(call)
-        output.register_hook(lambda grad: self._take_backprops(call, grad))
         return output
 
     def _record_generic(self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -489,6 +514,10 @@ class BKEngine:
         """
         if losses.dim() != 1:
             raise ParamsError(f"engine: losses must be per-example, shape (B,), got {tuple(losses.shape)}")
+        if self._check_passed:
+            for handle in self._check_handles:
+                handle.remove()
+            self._check_handles = []
         calls, self._calls = self._calls, []
         if not calls:
             raise ParamsError(

@@ -18,8 +18,9 @@ refused naming it rather than given a wrong gradient.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -166,4 +167,4 @@ def _close(recomputed: Tensor, saved: Tensor) -> bool:
     """Same up to rounding: relative 1e-6 in float64, 1e-3 in float32, 3e-2 in half precision."""
     tolerance = {torch.float64: 1e-6, torch.float32: 1e-3}.get(saved.dtype, 3e-2)
     scale = saved.abs().max().clamp_min(1.0) if saved.numel() else 1.0
-    return bool(((recomputed.to(saved.dtype) - saved).abs().max() <= tolerance * scale)) if saved.numel() else True
+    return bool((recomputed.to(saved.dtype) - saved).abs().max() <= tolerance * scale) if saved.numel() else True
