@@ -164,8 +164,9 @@ def test_gpt2_layers_use_linear_rules_and_the_tied_head_is_one_parameter():
     assert methods["model.transformer.h.0.attn.c_attn"] == "ghost"
     assert methods["model.transformer.h.0.mlp.c_proj"] == "ghost"
     assert methods["model.transformer.h.0.ln_1"] == "instantiate"
-    assert methods["model.transformer.wte"] == methods["model.lm_head"] == "instantiate"  # tied: summed first
+    assert methods["model.transformer.wte"] == methods["model.lm_head"] == "ghost"  # tied: cross term ghost_dot
     assert "model.lm_head.weight" not in engine.parameter_names
+    check_every_parameter(model, loss_fn, inputs, targets, ghost="never")
 
 
 def test_lora_trains_only_the_adapters_through_linear_rules():

@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpledger.engine.clipping import check_clipping, clip_factors, group_threshold
-from dpledger.engine.layers import LayerRule, add_weighted_sum, generic, rule_for
+from dpledger.engine.layers import LayerRule, add_weighted_sum, generic, ghost_dot, rule_for
 from dpledger.engine.layers.embedding import MAX_NORM_REASON
 from dpledger.engine.noise import NoiseSource
 from dpledger.errors import DpledgerError, ParamsError
@@ -89,6 +89,7 @@ class _Pass:
     mismatch: _Call | None = None
     modified: _Call | None = None
     generic_calls: list[_GenericCall] = field(default_factory=list)
+    tied: dict[int, list[_Call]] = field(default_factory=dict)
 
 
 @dataclass
@@ -489,12 +490,14 @@ class BKEngine:
             return
         call.activations, call.backprops = _norm_precision(call.activations), _norm_precision(call.backprops)
         shared = any(state.use_count[id(p)] > 1 for p in call.params.values())
+        tied = "weight" in call.params and id(call.params["weight"]) in state.tied
         names = frozenset(call.params)
-        ghost = self._use_ghost(call, shared)
+        ghost = self._use_ghost(call, shared, tied)
         self.layer_methods[call.name] = "ghost" if ghost else "instantiate"
         if ghost:
             norm_sq = call.rule.ghost_norm(call.module, call.activations, call.backprops)
-            state.norm_sq[id(call.params["weight"])] = norm_sq
+            key = id(call.params["weight"])
+            state.norm_sq[key] = state.norm_sq[key] + norm_sq if key in state.norm_sq else norm_sq
             state.ghost_calls.append(call)
             names -= {"weight"}
         if names:
@@ -528,6 +531,7 @@ class BKEngine:
         use_count = Counter(id(p) for c in calls for p in c.params.values())
         state = self._pass = _Pass(batch, use_count, {}, {}, [])
         state.generic_calls = [c for c in calls if isinstance(c, _GenericCall)]
+        state.tied = self._tied_ghost(calls, use_count)
         self.last_workspace_elements = 0
         total = losses.sum() if weights is None else (losses * weights.to(losses.dtype)).sum()
         try:
@@ -549,6 +553,12 @@ class BKEngine:
                 "layer used it (e.g. h += layer(h)), so its per-example gradients cannot be formed; use an "
                 "out-of-place operation (h = h + layer(h))"
             )
+        for key, tied_calls in state.tied.items():
+            factors = [c.rule.tied_factors(c.module, c.activations, c.backprops) for c in tied_calls
+                       if c.backprops is not None]  # a use whose output got no gradient adds nothing
+            for first in range(len(factors)):
+                for second in range(first + 1, len(factors)):
+                    state.norm_sq[key] = state.norm_sq[key] + 2 * ghost_dot(factors[first], factors[second])
         for call in state.generic_calls:
             self.layer_methods[call.name] = GENERIC
             for attr, grads in self._generic_grads(call, batch).items():
@@ -563,7 +573,27 @@ class BKEngine:
         self.last_norms = flat.sqrt()
         return self.last_norms
 
-    def _use_ghost(self, call: _Call, shared: bool) -> bool:
+    def _tied_ghost(self, calls: list[Any], use_count: Counter) -> dict[int, list[_Call]]:
+        """Shared weights kept on the ghost norm (id -> the calls using them): every use is a layer whose rule
+        writes its gradient as ``tied_factors``, and ("auto") the Grams (2T² per use, 2·T·T' per pair) are
+        smaller than one instantiated gradient. Other shared weights are instantiated and summed."""
+        if self.ghost == "never":
+            return {}
+        users: dict[int, list[_Call]] = {}
+        for call in calls:
+            if isinstance(call, _Call) and "weight" in call.params and use_count[id(call.params["weight"])] > 1:
+                users.setdefault(id(call.params["weight"]), []).append(call)
+        tied = {}
+        for key, group in users.items():
+            if len(group) != use_count[key] or any(c.rule.tied_factors is None for c in group):
+                continue
+            steps = [c.rule.ghost_cost(c.module, c.activations)[0] for c in group]
+            if self.ghost == "always" or sum(steps) * len(group) < group[0].rule.ghost_cost(group[0].module,
+                                                                                          group[0].activations)[1]:
+                tied[key] = group
+        return tied
+
+    def _use_ghost(self, call: _Call, shared: bool, tied: bool = False) -> bool:
         """Ghost norm or instantiation for this call; adds the chosen branch's per-example workspace
         (2T² Gram entries or p·d gradient entries, 003 §3.3) to ``last_workspace_elements``."""
         batch = call.activations.shape[0]
@@ -571,7 +601,9 @@ class BKEngine:
             self.last_workspace_elements += batch * sum(p.numel() for p in call.params.values())
             return False
         ghost_elements, instantiated_elements = call.rule.ghost_cost(call.module, call.activations)
-        if shared or self.ghost == "never":
+        if tied:  # the weight's group chose the ghost norm (_tied_ghost)
+            use = True
+        elif shared or self.ghost == "never":
             use = False
         elif self.ghost == "always":
             use = True

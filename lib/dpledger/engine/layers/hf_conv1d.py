@@ -33,6 +33,11 @@ def clipped_sum(layer: nn.Module, a: Tensor, b: Tensor, factors: Tensor, out: Te
     add_scaled_product(out, factors, a, b)
 
 
+def tied_factors(layer: nn.Module, a: Tensor, b: Tensor) -> tuple[str, Tensor, Tensor]:
+    a, b = as_sequences(a, b)
+    return "dense", b, a
+
+
 def ghost_cost(layer: nn.Module, a: Tensor) -> tuple[int, int]:
     steps = a[0].numel() // a.shape[-1]
     return 2 * steps * steps, layer.weight.numel()
@@ -40,5 +45,6 @@ def ghost_cost(layer: nn.Module, a: Tensor) -> tuple[int, int]:
 
 RULE = register_by_name(
     "transformers.pytorch_utils.Conv1D",
-    rule=LayerRule(per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost),
+    rule=LayerRule(per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost,
+                   tied_factors=tied_factors),
 )
