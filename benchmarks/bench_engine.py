@@ -90,14 +90,17 @@ def gpt2_small_workload() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 
 
 class _LMLogits(nn.Module):
-    """GPT2LMHeadModel returning its logits (B, T, vocab), so every method calls it the same way."""
+    """GPT2LMHeadModel returning its logits (B, T, vocab), so every method calls it the same way. Position ids
+    are passed as (B, T): Opacus's hooks need every layer input batch-first (GPT-2's default (1, T) ids make its
+    hooks mode stop with a stack error); BK takes either."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids).logits
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        return self.model(input_ids=ids, position_ids=positions).logits
 
 
 def gpt2_workload(device: str = "cpu") -> tuple[nn.Module, torch.Tensor, torch.Tensor]:

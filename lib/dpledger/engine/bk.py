@@ -14,28 +14,25 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
-from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpledger.engine.clipping import check_clipping, clip_factors, group_threshold
+from dpledger.engine import validators
+from dpledger.engine.clipping import clip_factors, group_threshold
 from dpledger.engine.layers import LayerRule, add_weighted_sum, generic, ghost_dot, rule_for
-from dpledger.engine.layers.embedding import MAX_NORM_REASON
 from dpledger.engine.noise import NoiseSource
-from dpledger.errors import DpledgerError, ParamsError
+from dpledger.engine.validators import UnsupportedLayerError
+from dpledger.errors import ParamsError
 
 GhostMode = Literal["auto", "always", "never"]
 CanaryHook = Callable[[int], "Sequence[Tensor] | None"]
-
-
-class UnsupportedLayerError(DpledgerError):
-    """A trainable parameter sits in a layer the engine has no per-example rule for."""
 
 
 @dataclass
@@ -69,11 +66,6 @@ class _GenericCall:
 GENERIC = "generic"
 """The rule marker of layers handled by :mod:`dpledger.engine.layers.generic`."""
 
-BATCHNORM_FIX = (
-    "replace it with GroupNorm by dpledger.engine.replace_batchnorm(model), or put it in eval mode with running "
-    "statistics and freeze it"
-)
-
 
 @dataclass
 class _Pass:
@@ -100,35 +92,6 @@ class _Owner:
     group: int
     numel: int
     offset: int
-
-
-_GRADIENT_FREE = {Tensor.detach, Tensor.detach_, Tensor.data.__get__, Tensor.grad.__get__}
-
-
-class _OutsideUses(TorchFunctionMode):
-    """Active during the first recorded forward pass: finds the first trainable parameter that a differentiable
-    operation uses outside the forward of a layer owning it (e.g. a head tied by ``F.linear(h, embed.weight)``).
-    Ghost differentiation turns requires_grad off, so such a use would get no gradient at all, silently; only
-    the layers' own uses reach the per-example rules."""
-
-    def __init__(self, names: dict[int, str]) -> None:
-        super().__init__()
-        self.names = names
-        self.running: list[frozenset[int]] = []  # parameter ids of the hooked layers whose forward is running
-        self.found: str | None = None
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's protocol)
-        kwargs = kwargs or {}
-        result = func(*args, **kwargs)
-        if self.found is None and torch.is_grad_enabled() and func not in _GRADIENT_FREE and any(
-            isinstance(r, Tensor) and (r.is_floating_point() or r.is_complex()) for r in tree_flatten(result)[0]
-        ):
-            allowed = self.running[-1] if self.running else frozenset()
-            for value in tree_flatten((args, kwargs))[0]:
-                if isinstance(value, Tensor) and id(value) in self.names and id(value) not in allowed:
-                    self.found = self.names[id(value)]
-                    break
-        return result
 
 
 _SEQUENCE_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.Transformer)
@@ -197,13 +160,7 @@ class BKEngine:
         secure_noise: bool = False,
         canary_hook: CanaryHook | None = None,
     ) -> None:
-        check_clipping(clipping, clip_norm, automatic_gamma)
-        if not noise_multiplier >= 0:
-            raise ParamsError(f"engine: noise_multiplier = {noise_multiplier!r} is invalid: it must be >= 0")
-        if not normalizer > 0:
-            raise ParamsError(f"engine: normalizer = {normalizer!r} is invalid: it must be > 0")
-        if ghost not in ("auto", "always", "never"):
-            raise ParamsError(f"engine: ghost = {ghost!r} is invalid: allowed values are auto, always, never")
+        validators.check_options(clipping, clip_norm, automatic_gamma, noise_multiplier, normalizer, ghost)
         self.model, self.optimizer = model, optimizer
         self.clip_norm, self.noise_multiplier, self.normalizer = float(clip_norm), float(noise_multiplier), normalizer
         self.clipping, self.automatic_gamma, self.ghost = clipping, automatic_gamma, ghost
@@ -240,7 +197,7 @@ class BKEngine:
             module.register_forward_pre_hook(self._data_dependent_state_hook)
             for module in model.modules() if isinstance(module, (_BatchNorm, _InstanceNorm, nn.Embedding))
         ]
-        self._check: _OutsideUses | None = None
+        self._check: validators.OutsideUses | None = None
         self._check_passed = False
         self._check_handles = [
             model.register_forward_pre_hook(self._begin_check),
@@ -286,19 +243,11 @@ class BKEngine:
             if not own:
                 continue
             label = f"{layer_name or '<model>'} ({type(module).__name__})"
-            if isinstance(module, _BatchNorm):
-                names = ", ".join(f"{layer_name}.{attr}".lstrip(".") for attr, _ in own)
-                raise UnsupportedLayerError(
-                    f"engine: trainable parameter {names} is in layer {label}, a BatchNorm: it mixes examples, so no "
-                    f"per-example gradient exists; {BATCHNORM_FIX}"
-                )
             rule = None if children else rule_for(module)
-            if rule is not None:
-                reason = rule.validate(module) if rule.validate else None
-                unknown = [attr for attr, _ in own if attr not in rule.parameters]
-                if reason or unknown:
-                    why = reason or f"the rule knows only {', '.join(rule.parameters)}, not {', '.join(unknown)}"
-                    raise UnsupportedLayerError(f"engine: layer {label} cannot be trained privately: {why}")
+            refusal = validators.layer_refusal(module, label, [f"{layer_name}.{attr}".lstrip(".") for attr, _ in own],
+                                               rule, [attr for attr, _ in own])
+            if refusal:
+                raise UnsupportedLayerError(refusal)
             self._module_names[id(module)] = layer_name or "<model>"
             self._rules[id(module)] = rule if rule is not None else GENERIC
             if rule is not None and _declared_batch_first(modules, layer_name) is False:
@@ -334,16 +283,7 @@ class BKEngine:
         - an Embedding with ``max_norm``, which renormalises the looked-up rows in place."""
         if not self.model.training:
             return
-        if isinstance(module, _BatchNorm):
-            reason = None if not module.training and module.running_mean is not None else (
-                "normalises with batch statistics, which mix examples (and padding rows) into every per-example "
-                f"gradient; {BATCHNORM_FIX}")
-        elif isinstance(module, _InstanceNorm):
-            reason = None if not (module.training and module.track_running_stats) else (
-                "updates its running statistics from the private batch without noise; use "
-                "track_running_stats=False or put it in eval mode")
-        else:
-            reason = None if module.max_norm is None else f"{MAX_NORM_REASON}; use max_norm=None"
+        reason = validators.data_dependent_state(module)
         if reason:
             name = next((n for n, m in self.model.named_modules() if m is module), "?") or "<model>"
             raise UnsupportedLayerError(f"engine: layer {name} ({type(module).__name__}) {reason}")
@@ -351,7 +291,7 @@ class BKEngine:
     def _begin_check(self, model: nn.Module, inputs: tuple[Any, ...]) -> None:
         """First training forward pass of the model: watch for parameters used outside their layers."""
         if self._check is None and not self._check_passed and torch.is_grad_enabled() and self.model.training:
-            self._check = _OutsideUses({id(p): o.name for p, o in zip(self.params, self._owner_list())})
+            self._check = validators.OutsideUses({id(p): o.name for p, o in zip(self.params, self._owner_list())})
             self._check.__enter__()
 
     def _enter_layer(self, own: frozenset[int]) -> None:
@@ -371,11 +311,7 @@ class BKEngine:
             return
         if check.found is not None:
             self._calls = []
-            raise UnsupportedLayerError(
-                f"engine: trainable parameter {check.found} is used outside the forward of its layer (e.g. a head "
-                "tied by F.linear(h, embed.weight)), where it would get no gradient; tie modules instead "
-                "(head.weight = embed.weight), or use it under torch.no_grad() or detached"
-            )
+            raise UnsupportedLayerError(validators.outside_use_message(check.found))
         self._check_passed = True  # its hooks are removed by the next backward: not while torch iterates over them
 
     def _note_batch(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -453,9 +389,7 @@ class BKEngine:
         """Per-example gradients of a generic-rule call, or a refusal naming its layer."""
         label = f"{call.name} ({type(call.module).__name__})"
         if any(t._version != version for t, version in call.versions):
-            raise UnsupportedLayerError(
-                f"engine: layer {label}: an input was changed in place after the layer used it, so its per-example "
-                "gradients cannot be formed; use out-of-place operations")
+            raise UnsupportedLayerError(validators.in_place_message(label))
         self._recomputing = True
         try:
             with contextlib.ExitStack() as stack:
@@ -482,10 +416,7 @@ class BKEngine:
         if call.activations.shape[0] != state.batch:
             state.mismatch = state.mismatch or call
             return
-        if call.activations._version != call.version:
-            # The saved input was changed in place after the layer used it (e.g. ``h += layer(h)``). With the
-            # parameters not requiring gradients torch's own backward of a Linear never reads that input, so
-            # only this check stops the per-example gradients being formed from the changed values.
+        if call.activations._version != call.version:  # see validators.in_place_message
             state.modified = state.modified or call
             return
         call.activations, call.backprops = _norm_precision(call.activations), _norm_precision(call.backprops)
@@ -548,11 +479,7 @@ class BKEngine:
             )
         if state.modified is not None:
             call = state.modified
-            raise UnsupportedLayerError(
-                f"engine: layer {call.name} ({type(call.module).__name__}): its input was changed in place after the "
-                "layer used it (e.g. h += layer(h)), so its per-example gradients cannot be formed; use an "
-                "out-of-place operation (h = h + layer(h))"
-            )
+            raise UnsupportedLayerError(validators.in_place_message(f"{call.name} ({type(call.module).__name__})"))
         for key, tied_calls in state.tied.items():
             factors = [c.rule.tied_factors(c.module, c.activations, c.backprops) for c in tied_calls
                        if c.backprops is not None]  # a use whose output got no gradient adds nothing
