@@ -17,15 +17,10 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_engine_helpers import (
-    bk_clipped_sum,
-    compare,
-    median_norm,
-    naive_clipped_sum,
-    relative_error,
-    sum_loss,
-)
 from torch import nn
+
+from dpledger.engine import BKEngine
+from test_engine_helpers import bk_clipped_sum, compare, median_norm, naive_clipped_sum, relative_error, sum_loss
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -215,3 +210,26 @@ def test_the_engine_imports_transformers_only_for_a_model_that_uses_it():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert result.stdout.split() == ["False", "False"]
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("device,dtype", [
+    ("cpu", torch.bfloat16),
+    pytest.param("cuda", torch.bfloat16, marks=[pytest.mark.gpu, CUDA]),
+    pytest.param("cuda", torch.float16, marks=[pytest.mark.gpu, CUDA]),
+])
+def test_gpt2_and_llama_under_half_precision_autocast_are_within_five_percent(device, dtype):
+    """The forward pass in bf16/fp16 (8 or 11 mantissa bits), norms in float32: the stated tolerance is 5e-2
+    relative against the float32 naive loop."""
+    for name in ("gpt2", "llama"):
+        model, loss_fn, inputs, targets = MODELS[name]()
+        model, inputs, targets = model.to(device).train(), inputs.to(device), targets.to(device)
+        expected = naive_clipped_sum(copy.deepcopy(model), loss_fn, inputs, targets, 0.5)
+        engine = BKEngine(model, None, clip_norm=0.5, noise_multiplier=0.0, normalizer=1.0)
+        with torch.autocast(device, dtype=dtype):
+            logits = model(inputs)
+        engine.private_step(loss_fn(logits.float(), targets))
+        got = dict(zip(engine.parameter_names, (p.grad for p in engine.params)))
+        assert relative_error(got, expected) < 5e-2, name
