@@ -268,3 +268,28 @@ def test_cpu_bf16_autocast_through_generic_and_attention_layers_is_within_five_p
     engine.private_step(cross_entropy(logits.float(), labels))
     got = dict(zip(engine.parameter_names, (p.grad for p in engine.params)))
     assert relative_error(got, expected) < 5e-2
+
+
+class _KeywordAttention(nn.Module):
+    """Sequence-first attention called with keywords only, a key padding mask and a 2-D additive mask; both of
+    its outputs (the attention weights too) feed the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(4, 2, kdim=3, vdim=5)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        q, k, v = x[..., :4].transpose(0, 1), x[..., 4:7].transpose(0, 1), x[..., 7:].transpose(0, 1)
+        padding = torch.zeros(x.shape[0], x.shape[1], dtype=torch.bool)
+        padding[:, -1] = True
+        mask = torch.triu(torch.full((x.shape[1], x.shape[1]), -1.0, dtype=x.dtype), 1)
+        out, weights = self.attention(query=q, key=k, value=v, key_padding_mask=padding, attn_mask=mask)
+        return self.head(out.mean(0)) + weights.sum((1, 2))[:, None]
+
+
+def test_attention_called_with_keywords_separate_key_value_dims_and_masks_is_exact():
+    torch.manual_seed(12)
+    error, engine = compare(_KeywordAttention(), cross_entropy, torch.randn(5, 6, 12), torch.randint(0, 3, (5,)))
+    assert error < TOL
+    assert engine.layer_methods["attention"] == "generic"

@@ -58,6 +58,7 @@ class _GenericCall:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     versions: list[tuple[Tensor, int]]
+    layout: generic.Layout
     outputs: list[Tensor | None]
     out_grads: list[Tensor | None]
     autocast: list[tuple[str, torch.dtype]] = field(default_factory=list)
@@ -364,10 +365,10 @@ class BKEngine:
         input_leaves, input_spec = tree_flatten((args, kwargs))
         input_leaves = [v.detach() if isinstance(v, Tensor) else v for v in input_leaves]
         leaves, spec = tree_flatten(output)
-        dims = generic.layout_of(module, input_leaves, leaves).outputs
+        layout = generic.layout_of(module, args, kwargs, output)
         call = _GenericCall(
             name, module, self._layer_params[id(module)], *tree_unflatten(input_leaves, input_spec),
-            versions=[(t, t._version) for t in input_leaves if isinstance(t, Tensor)],
+            versions=[(t, t._version) for t in input_leaves if isinstance(t, Tensor)], layout=layout,
             outputs=[None] * len(leaves), out_grads=[None] * len(leaves),
             autocast=[(device, torch.get_autocast_dtype(device)) for device in ("cpu", "cuda")
                       if torch.is_autocast_enabled(device)],
@@ -379,7 +380,7 @@ class BKEngine:
             # gradient of the module's internal uses of it (attention weights it multiplies by the values), which
             # the re-run forward counts again.
             leaf = leaf.view_as(leaf) if leaf.requires_grad else leaf + self._origin(leaf)
-            leaf = leaves[k] = self._broadcast(leaf, dims[k])
+            leaf = leaves[k] = self._broadcast(leaf, layout.outputs[k])
             call.outputs[k] = leaf.detach()
             leaf.register_hook(lambda grad, k=k: call.out_grads.__setitem__(k, grad.detach()))
         self._calls.append(call)
@@ -395,8 +396,8 @@ class BKEngine:
             with contextlib.ExitStack() as stack:
                 for device, dtype in call.autocast:
                     stack.enter_context(torch.autocast(device, dtype=dtype))
-                return generic.per_example_grads(call.module, call.params, call.args, call.kwargs, call.outputs,
-                                                 call.out_grads, batch)
+                return generic.per_example_grads(call.module, call.params, call.args, call.kwargs, call.layout,
+                                                 call.outputs, call.out_grads, batch)
         except generic.GenericRuleError as error:
             raise UnsupportedLayerError(f"engine: layer {label} cannot be trained privately: {error}") from None
         except RuntimeError as error:

@@ -64,24 +64,35 @@ class Layout:
     outputs: list[int]
 
 
-def _rnn_layout(module: nn.RNNBase, inputs: list[Any], outputs: list[Any]) -> Layout:
-    """Input/output sequence along 0 or 1 by ``batch_first``; hidden states (layers, B, H) along 1."""
-    main = 0 if module.batch_first else 1
-    return Layout([main] + [1] * (len(inputs) - 1), [main] + [1] * (len(outputs) - 1))
+RNN_ARGUMENTS = ("input", "hx")
+ATTENTION_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask")
 
 
-def _attention_layout(module: nn.MultiheadAttention, inputs: list[Any], outputs: list[Any]) -> Layout:
-    """query/key/value and the output along 0 or 1 by ``batch_first``; masks and weights along 0."""
-    main = 0 if module.batch_first else 1
-    return Layout([main if i < 3 else 0 for i in range(len(inputs))], [main] + [0] * (len(outputs) - 1))
+def _leaf_dims(values: list[tuple[int | str, Any]], dim_of: Callable[[int | str], int]) -> list[int]:
+    """One dimension per pytree leaf, the same for every leaf of one argument (in tree_flatten's order)."""
+    return [dim_of(key) for key, value in values for _ in tree_flatten(value)[0]]
 
 
-def layout_of(module: nn.Module, inputs: list[Any], outputs: list[Any]) -> Layout:
+def layout_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Layout:
+    """Batch dimensions by argument: torch's RNNs have the sequence (input, output) along 0 or 1 by
+    ``batch_first`` and the hidden states (layers, B, H) along 1; MultiheadAttention has query, key, value and
+    its output along 0 or 1 by ``batch_first``, masks and attention weights along 0; any other module 0."""
+    main = 0 if getattr(module, "batch_first", True) else 1
     if isinstance(module, nn.RNNBase):
-        return _rnn_layout(module, inputs, outputs)
-    if isinstance(module, nn.MultiheadAttention):
-        return _attention_layout(module, inputs, outputs)
-    return Layout([0] * len(inputs), [0] * len(outputs))
+        names, batched, out_dims = RNN_ARGUMENTS, {"input"}, (main, 1)
+    elif isinstance(module, nn.MultiheadAttention):
+        names, batched, out_dims = ATTENTION_ARGUMENTS, {"query", "key", "value"}, (main, 0)
+    else:
+        names, batched, out_dims, main = (), set(), (0,), 0
+
+    def input_dim(key: int | str) -> int:
+        name = names[key] if isinstance(key, int) and key < len(names) else key
+        return main if name in batched else (1 if name == "hx" else 0)
+
+    inputs = _leaf_dims([*enumerate(args), *kwargs.items()], input_dim)
+    parts = list(enumerate(output)) if isinstance(output, (tuple, list)) else [(0, output)]
+    outputs = _leaf_dims(parts, lambda k: out_dims[min(k, len(out_dims) - 1)])
+    return Layout(inputs, outputs)
 
 
 def check_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -89,7 +100,7 @@ def check_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any])
     if isinstance(module, nn.RNNBase) and any(isinstance(a, nn.utils.rnn.PackedSequence) for a in args):
         return "a PackedSequence input has no per-example layout; pad the batch instead"
     if isinstance(module, nn.MultiheadAttention):
-        mask = kwargs.get("attn_mask", args[4] if len(args) > 4 else None)
+        mask = kwargs.get("attn_mask", args[5] if len(args) > 5 else None)
         if isinstance(mask, Tensor) and mask.dim() == 3:
             return "a 3-D attn_mask (batch × heads, L, S) mixes the batch and head dimensions; use a 2-D mask"
     return None
@@ -109,16 +120,16 @@ def per_example_grads(
     params: dict[str, Tensor],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    layout: Layout,
     outputs: list[Tensor | None],
     out_grads: list[Tensor | None],
     batch: int,
 ) -> dict[str, Tensor]:
     """{parameter path: (B, *shape)} for ``params`` (paths relative to ``module``), from the saved call.
 
-    ``outputs``/``out_grads``: the flattened forward outputs and their gradients (None where the output got
-    none or is not a tensor)."""
+    ``layout``: :func:`layout_of` the call; ``outputs``/``out_grads``: the forward's flattened output
+    tensors and their gradients (None where the output got none or is not a floating tensor)."""
     input_leaves, input_spec = tree_flatten((args, kwargs))
-    layout = layout_of(module, input_leaves, outputs)
     in_dims = _batched_dims(input_leaves, layout.inputs, batch)
     used = [k for k, g in enumerate(out_grads) if g is not None]
     out_dims = [layout.outputs[k] for k in used]
