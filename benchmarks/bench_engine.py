@@ -448,9 +448,10 @@ def main() -> None:
             errors = check_gradients(workload, device, args.precision)
             tolerance = GRADIENT_TOLERANCE[args.precision]
             row["clipped_sum_relative_error"] = errors
-            row["wrong"] = [m for m, e in errors.items() if isinstance(e, str) or e > tolerance]
+            row["wrong"] = [m for m, e in errors.items() if not isinstance(e, str) and e > tolerance]
+            row["failed"] = [m for m, e in errors.items() if isinstance(e, str)]
             print(f"{workload}: clipped sum vs float64 naive loop (tolerance {tolerance:g}): " + ", ".join(
-                f"{m} {e if isinstance(e, str) else f'{e:.2e}'}{' WRONG' if m in row['wrong'] else ''}"
+                f"{m} {f'FAILED ({e})' if isinstance(e, str) else f'{e:.2e}'}{' WRONG' if m in row['wrong'] else ''}"
                 for m, e in errors.items()), flush=True)
             methods = tuple(m for m in methods if not isinstance(errors.get(m, 0.0), str))
         seconds = time_interleaved(workload, args.repeats, device, args.precision, methods)

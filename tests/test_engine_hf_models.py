@@ -27,7 +27,7 @@ peft = pytest.importorskip("peft")
 
 TOL = 1e-10
 VOCAB, B, T = 40, 4, 6
-TINY = dict(attn_implementation="eager")
+TINY = {"attn_implementation": "eager"}
 
 
 class _LM(nn.Module):
