@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from dpledger.engine import BKEngine
-from test_engine_helpers import bk_clipped_sum, compare, median_norm, naive_clipped_sum, relative_error, sum_loss
+from test_engine_helpers import check_every_parameter, compare, naive_clipped_sum, relative_error, sum_loss
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -125,25 +125,6 @@ MODELS = {
 }
 
 
-def check_every_parameter(model, loss_fn, inputs, targets, *, clipping="flat", **engine_options):
-    """Float64 copies; the whole sum to TOL and each trainable parameter exact and non-zero where the naive
-    loop's gradient is (the engine refusing instead raises, naming the parameter)."""
-    torch.manual_seed(0)
-    model = copy.deepcopy(model).double().train()
-    inputs = inputs.double() if inputs.is_floating_point() else inputs
-    clip_norm = median_norm(model, loss_fn, inputs, targets)
-    expected = naive_clipped_sum(model, loss_fn, inputs, targets, clip_norm, clipping=clipping)
-    got, engine = bk_clipped_sum(model, loss_fn, inputs, targets, clip_norm, clipping=clipping, **engine_options)
-    assert set(got) == {n for n, p in model.named_parameters() if p.requires_grad}
-    assert relative_error(got, expected) < TOL
-    for name in got:
-        scale = float(expected[name].abs().max())
-        assert float((got[name] - expected[name]).abs().max()) <= 1e-9 * max(scale, 1e-12), name
-        if scale > 0:
-            assert float(got[name].abs().max()) > 0, name
-    return engine
-
-
 @pytest.mark.parametrize("name", list(MODELS))
 def test_hf_model_is_exact_for_every_parameter(name):
     model, loss_fn, inputs, targets = MODELS[name]()
@@ -169,6 +150,18 @@ def test_lora_trains_only_the_adapters_through_linear_rules():
     engine = check_every_parameter(model, loss_fn, inputs, targets)
     assert engine.parameter_names and all("lora_" in n for n in engine.parameter_names)
     assert set(engine.layer_methods.values()) <= {"ghost", "instantiate"}  # rank-2 layers: 2T² > p·d instantiates
+
+
+def test_gpt2_is_exact_with_gradient_accumulation_over_physical_batches():
+    model, loss_fn, inputs, targets = MODELS["gpt2"]()
+    model = model.double().train()
+    expected = naive_clipped_sum(copy.deepcopy(model), loss_fn, inputs, targets, 2.0)
+    engine = BKEngine(model, None, clip_norm=2.0, noise_multiplier=0.0, normalizer=1.0)
+    for part in (slice(0, 1), slice(1, 4)):
+        engine.backward(loss_fn(model(inputs[part]), targets[part]))
+    engine.step()
+    got = dict(zip(engine.parameter_names, (p.grad for p in engine.params)))
+    assert relative_error(got, expected) < TOL
 
 
 @pytest.mark.parametrize("name,clipping", [("gpt2", "per-layer"), ("t5", "per-layer"), ("vit", "automatic"),
