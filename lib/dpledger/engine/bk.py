@@ -4,10 +4,14 @@ One forward pass with hooks that keep each layer's input ``a``; ONE backward pas
 in which no parameter needs ``.grad`` (ghost differentiation, 003 §3.2), with tensor hooks that take
 each layer's output gradient ``b`` and at once compute its per-example norms — of a weight by the ghost
 norm where 2T² < p·d (keeping a and b for book-keeping), by instantiating per-example gradients elsewhere
-or where a parameter is shared (then a and b are freed right away); biases and normalisation parameters
-are always instantiated (they are small), once, for both their norm and their clipped sum. After the
+(then a and b are freed right away); a weight shared by several layers keeps the ghost norm with cross
+terms between its uses (``ghost_dot``) or is instantiated and summed; biases and normalisation parameters
+are always instantiated (they are small), once, for both their norm and their clipped sum. Modules owning
+parameters no specific rule covers get the generic exact rule (``layers/generic.py``: their own forward
+re-run per example after the pass, from all their saved inputs and output gradients). After the
 pass: clipping factors, and the clipped sum aᵀ·diag(C)·b formed directly (book-keeping), without a
 second backward pass, accumulated in place into one flat buffer that already holds the step's noise σ·R·z_t.
+What the engine refuses lives in ``validators.py``.
 """
 
 from __future__ import annotations
@@ -129,8 +133,9 @@ class BKEngine:
 
     Constructing the engine sets ``requires_grad=False`` on the trainable parameters (ghost
     differentiation; :meth:`detach` restores them); build the optimizer before. A trainable parameter
-    in a layer without a rule raises :class:`UnsupportedLayerError` naming it — never trained
-    without clipping, never silently frozen.
+    the engine cannot train exactly (a BatchNorm, a layer that mixes examples or draws random numbers in a
+    generic-rule forward) raises :class:`UnsupportedLayerError` naming it — never trained without
+    clipping, never silently frozen. ``layer_methods`` names each layer's method: ghost, instantiate, generic.
 
     Audit hooks: ``step(canary=[tensors])`` or ``canary_hook(step) -> [tensors] | None`` adds a
     caller-supplied vector (one tensor per trainable parameter, in ``parameter_names`` order) to
