@@ -425,6 +425,9 @@ class BKEngine:
         if call.activations._version != call.version:  # see validators.in_place_message
             state.modified = state.modified or call
             return
+        # Half-precision a and b are promoted for the computations only; a ghost call keeps them as they came
+        # (GPT-2's head keeps a B × T × vocabulary b until book-keeping: twice the memory in float32).
+        kept = call.activations, call.backprops
         call.activations, call.backprops = _norm_precision(call.activations), _norm_precision(call.backprops)
         shared = any(state.use_count[id(p)] > 1 for p in call.params.values())
         tied = "weight" in call.params and id(call.params["weight"]) in state.tied
@@ -442,8 +445,7 @@ class BKEngine:
             for attr, grads in instantiated.items():
                 key = id(call.params[attr])
                 state.per_example[key] = state.per_example[key] + grads if key in state.per_example else grads
-        if not ghost:
-            call.activations = call.backprops = None
+        call.activations, call.backprops = kept if ghost else (None, None)
 
     def backward(self, losses: Tensor, weights: Tensor | None = None) -> Tensor:
         """Back-propagate Σ_i w_i·L_i once and add Σ_i C_i·w_i·g_i to this step's clipped sum.
@@ -487,8 +489,8 @@ class BKEngine:
             call = state.modified
             raise UnsupportedLayerError(validators.in_place_message(f"{call.name} ({type(call.module).__name__})"))
         for key, tied_calls in state.tied.items():
-            factors = [c.rule.tied_factors(c.module, c.activations, c.backprops) for c in tied_calls
-                       if c.backprops is not None]  # a use whose output got no gradient adds nothing
+            factors = [c.rule.tied_factors(c.module, _norm_precision(c.activations), _norm_precision(c.backprops))
+                       for c in tied_calls if c.backprops is not None]  # a use whose output got no gradient adds nothing
             for first in range(len(factors)):
                 for second in range(first + 1, len(factors)):
                     state.norm_sq[key] = state.norm_sq[key] + 2 * ghost_dot(factors[first], factors[second])
@@ -589,8 +591,8 @@ class BKEngine:
             self._accumulate(key, grads.dtype, lambda out: add_weighted_sum(out, factors[key], grads))
         for call in ghost_calls:
             key = id(call.params["weight"])
-            self._accumulate(key, call.backprops.dtype, lambda out: call.rule.clipped_sum(
-                call.module, call.activations, call.backprops, factors[key], out))
+            a, b = _norm_precision(call.activations), _norm_precision(call.backprops)
+            self._accumulate(key, b.dtype, lambda out: call.rule.clipped_sum(call.module, a, b, factors[key], out))
             call.activations = call.backprops = None
 
     def _accumulate(self, key: int, dtype: torch.dtype, add: Callable[[Tensor], None]) -> None:
