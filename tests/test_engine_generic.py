@@ -196,14 +196,29 @@ def test_gradient_accumulation_over_physical_batches_with_generic_and_broadcast_
     model = nn.Sequential(_Positions()).double()
     ids, labels = torch.randint(0, 9, (6, 5)), torch.randint(0, 3, (6,))
     expected = naive_clipped_sum(copy.deepcopy(model), cross_entropy, ids, labels, 0.3)
-    model[0].extra = _LayerScale(3).double()  # unused: still only noise-free zeros, never an error
+    model[0].extra = _LayerScale(3).double()  # never called: zeros (the step's noise only), never an error
+    model.append(_Dead()).double()  # called, but its output never reaches the loss
     engine = BKEngine(model, None, clip_norm=0.3, noise_multiplier=0.0, normalizer=1.0)
     for part in (slice(0, 2), slice(2, 6)):
         engine.backward(cross_entropy(model(ids[part]), labels[part]))
     engine.step()
     got = dict(zip(engine.parameter_names, (p.grad for p in engine.params)))
-    assert all(float(got[n].abs().max()) == 0 for n in got if ".extra." in n)
+    assert all(float(got[n].abs().max()) == 0 for n in got if ".extra." in n or n.startswith("1."))
+    assert engine.layer_methods["1.side"] == "generic"
     assert relative_error({n: got[n] for n in expected}, expected) < TOL
+
+
+class _Dead(nn.Module):
+    """Passes its input on and computes an output nobody uses with its own parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(3))
+        self.side = _LayerScale(3)
+
+    def forward(self, x):
+        self.side(x)
+        return x
 
 
 class _Mixer(nn.Module):

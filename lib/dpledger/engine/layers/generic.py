@@ -139,6 +139,8 @@ def per_example_grads(
                 f"output {k} has shape {tuple(outputs[k].shape)}, with no batch dimension of size {batch} at {dim}")
     tensor_slots = [i for i, d in enumerate(in_dims) if d is not None]
     primals = {name: p.detach() for name, p in params.items()}
+    if not used:  # called, but none of its outputs reached the loss: every example's gradient is zero
+        return {name: p.new_zeros(batch, *p.shape) for name, p in primals.items()}
 
     def example(batched: list[Tensor], cotangents: list[Tensor]) -> tuple[dict[str, Tensor], list[Tensor]]:
         leaves = list(input_leaves)
