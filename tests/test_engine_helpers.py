@@ -105,9 +105,13 @@ def check_every_parameter(model, loss_fn, inputs, targets, *, clipping="flat", *
     got, engine = bk_clipped_sum(model, loss_fn, inputs, targets, clip_norm, clipping=clipping, **engine_options)
     assert set(got) == {n for n, p in model.named_parameters() if p.requires_grad}
     assert relative_error(got, expected) < 1e-10
-    for name in got:  # one by one: a parameter left at zero or unclipped would hide in the whole sum
+    # One by one: a parameter left at zero or unclipped would hide in the whole sum. A gradient that is zero in
+    # exact arithmetic (an attention key bias) is rounding noise in both: below 1e-8 of the largest it must
+    # only stay that small.
+    floor = 1e-8 * max(float(g.abs().max()) for g in expected.values())
+    for name in got:
         scale = float(expected[name].abs().max())
-        assert float((got[name] - expected[name]).abs().max()) <= 1e-9 * max(scale, 1e-12), name
-        if scale > 0:
+        assert float((got[name] - expected[name]).abs().max()) <= 1e-9 * max(scale, floor), name
+        if scale > floor:
             assert float(got[name].abs().max()) > 0, name
     return engine

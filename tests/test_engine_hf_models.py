@@ -125,8 +125,10 @@ MODELS = {
 }
 
 
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_hf_model_is_exact_for_every_parameter(name):
+def test_hf_model_is_exact_for_every_parameter(name, attention, monkeypatch):
+    monkeypatch.setitem(TINY, "attn_implementation", attention)
     model, loss_fn, inputs, targets = MODELS[name]()
     engine = check_every_parameter(model, loss_fn, inputs, targets)
     methods = set(engine.layer_methods.values())
