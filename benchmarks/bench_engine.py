@@ -15,6 +15,13 @@ on CUDA, the peak of ``torch.cuda.max_memory_allocated`` over 3 steps above the 
 
     python -m benchmarks.bench_engine [--repeats 15] [--workloads mlp,transformer] [--no-memory] [--threads N]
     python -m benchmarks.bench_engine --device cuda [--precision bf16]     # the GPU targets, when lent one
+    python -m benchmarks.bench_engine --workloads gpt2 [--device cuda] [--precision bf16]
+
+``gpt2`` is transformers' GPT2LMHeadModel (random init, tied LM head, per-sequence mean token loss): on the CPU
+4 layers, d = 256, T = 128, B = 8; on CUDA GPT-2 small (12 × 768), T = 256, B = 16. Before timing, each private
+method's clipped gradient (noise off, R = the median per-example norm) is compared with a float64 naive
+per-example loop on the same batch; a method off by more than the precision's tolerance is reported WRONG, one
+that raises is reported with its error and not timed.
 
 On the CPU it also times the per-example norms alone at the transformer's shapes (dpledger's against the textbook
 ghost norm with both full T × T Grams) and the noise draw alone for the MLP's 3.8 M parameters:
@@ -82,15 +89,55 @@ def gpt2_small_workload() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     return model, torch.randint(0, 50257, (16, 256)), torch.randint(0, 10, (16,))
 
 
-WORKLOADS = {"mlp": mlp_workload, "transformer": transformer_workload, "gpt2-small": gpt2_small_workload}
+class _LMLogits(nn.Module):
+    """GPT2LMHeadModel returning its logits (B, T, vocab), so every method calls it the same way. Position ids
+    are passed as (B, T): Opacus's hooks need every layer input batch-first (GPT-2's default (1, T) ids make its
+    hooks mode stop with a stack error); BK takes either."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        return self.model(input_ids=ids, position_ids=positions).logits
+
+
+def gpt2_workload(device: str = "cpu") -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """transformers' GPT-2 with its LM head tied to the token embedding, random init, dropout off: 4 × 256,
+    T = 128, B = 8 on the CPU; GPT-2 small (12 × 768, 12 heads), T = 256, B = 16 on CUDA. Targets are the
+    inputs shifted by one token."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    layers, dim, heads, steps, batch = (4, 256, 4, 128, 8) if device == "cpu" else (12, 768, 12, 256, 16)
+    config = GPT2Config(n_layer=layers, n_embd=dim, n_head=heads, n_positions=1024, resid_pdrop=0.0, embd_pdrop=0.0,
+                        attn_pdrop=0.0, attn_implementation="eager")
+    ids = torch.randint(0, config.vocab_size, (batch, steps + 1))
+    return _LMLogits(GPT2LMHeadModel(config)), ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+WORKLOADS = {"mlp": mlp_workload, "transformer": transformer_workload, "gpt2-small": gpt2_small_workload,
+             "gpt2": gpt2_workload}
+
+
+def build(workload: str, device: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The workload's model and batch on ``device`` (gpt2's size depends on the device)."""
+    model, x, y = WORKLOADS[workload](device) if workload == "gpt2" else WORKLOADS[workload]()
+    return model.to(device), x.to(device), y.to(device)
+
+
+def per_example_losses(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy per example; for sequence targets (language modelling) the mean over its tokens."""
+    if y.dim() == 1:
+        return F.cross_entropy(outputs, y, reduction="none")
+    return F.cross_entropy(outputs.transpose(1, 2), y, reduction="none").mean(1)
 
 
 def make_step(method: str, workload: str, device: str = "cpu", precision: str = "fp32") -> Callable[[], None]:
     """A closure performing one full training step (forward, backward, clipping, noise, optimizer) on
     ``device``, the forward under ``precision`` autocast on CUDA; CUDA steps end with a synchronize."""
     torch.manual_seed(0)
-    model, x, y = WORKLOADS[workload]()
-    model, x, y = model.to(device), x.to(device), y.to(device)
+    model, x, y = build(workload, device)
     cast = autocast(torch.device(device), precision)
     step = _method_step(method, model, x, y, cast)
     if device == "cpu":
@@ -103,51 +150,57 @@ def make_step(method: str, workload: str, device: str = "cpu", precision: str = 
     return synchronized
 
 
-def _method_step(method: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, cast) -> Callable[[], None]:
+def _method_step(method: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, cast, clip_norm: float = 1.0,
+                 sigma: float = 1.0) -> Callable[[], None]:
     batch = x.shape[0]
     if method == "non-private":
         return _plain_step(model, torch.optim.SGD(model.parameters(), lr=0.01), x, y, cast)
     if method == "bk":
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        engine = BKEngine(model, optimizer, clip_norm=1.0, noise_multiplier=1.0, normalizer=batch, seed=0)
+        engine = BKEngine(model, optimizer, clip_norm=clip_norm, noise_multiplier=sigma, normalizer=batch, seed=0)
 
         def bk_step() -> None:
             with cast:
-                losses = F.cross_entropy(model(x), y, reduction="none")
+                losses = per_example_losses(model(x), y)
             engine.private_step(losses)
 
+        bk_step.gradients = lambda: [v / batch for v in engine.last_noisy_sum]  # p.grad is released after a step
         return bk_step
     if method == "opacus-hooks":
-        return _opacus_hooks_step(model, x, y, cast)
+        return _opacus_hooks_step(model, x, y, cast, clip_norm, sigma)
     from opacus.grad_sample import GradSampleModuleFastGradientClipping
     from opacus.optimizers import DPOptimizerFastGradientClipping
     from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
-    wrapped = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="mean", max_grad_norm=1.0,
-                                                   use_ghost_clipping=True)
-    optimizer = DPOptimizerFastGradientClipping(torch.optim.SGD(wrapped.parameters(), lr=0.01), noise_multiplier=1.0,
-                                                max_grad_norm=1.0, expected_batch_size=batch, loss_reduction="mean")
+    wrapped = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="mean",
+                                                   max_grad_norm=clip_norm, use_ghost_clipping=True)
+    optimizer = DPOptimizerFastGradientClipping(torch.optim.SGD(wrapped.parameters(), lr=0.01), noise_multiplier=sigma,
+                                                max_grad_norm=clip_norm, expected_batch_size=batch, loss_reduction="mean")
     criterion = DPLossFastGradientClipping(wrapped, optimizer, nn.CrossEntropyLoss(reduction="mean"), loss_reduction="mean")
 
     def opacus_step() -> None:
         optimizer.zero_grad(set_to_none=True)
         with cast:
             outputs = wrapped(x)
-        criterion(outputs, y).backward()
+        if y.dim() == 1:
+            criterion(outputs, y).backward()
+        else:  # language modelling: Opacus takes the flattened tokens and the logits' shape (per-sequence mean)
+            criterion(outputs.reshape(-1, outputs.shape[-1]), y.reshape(-1), shape=outputs.shape).backward()
         optimizer.step()
 
     return opacus_step
 
 
-def _opacus_hooks_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cast) -> Callable[[], None]:
+def _opacus_hooks_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cast, clip_norm: float = 1.0,
+                       sigma: float = 1.0) -> Callable[[], None]:
     """Opacus's standard mode: per-example gradients from hooks in one backward pass, clipped and noised by
     DPOptimizer (what ``make_private`` builds with the default grad_sample_mode="hooks")."""
     from opacus.grad_sample import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
     wrapped = GradSampleModule(model, batch_first=True, loss_reduction="mean")
-    optimizer = DPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.01), noise_multiplier=1.0, max_grad_norm=1.0,
-                            expected_batch_size=x.shape[0], loss_reduction="mean")
+    optimizer = DPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.01), noise_multiplier=sigma,
+                            max_grad_norm=clip_norm, expected_batch_size=x.shape[0], loss_reduction="mean")
     return _plain_step(wrapped, optimizer, x, y, cast)
 
 
@@ -158,11 +211,69 @@ def _plain_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Ten
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         with cast:
-            loss = F.cross_entropy(model(x), y)
+            loss = per_example_losses(model(x), y).mean()
         loss.backward()
         optimizer.step()
 
     return step
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:200]
+
+
+def reference_gradient(workload: str, device: str) -> tuple[list[torch.Tensor], float]:
+    """Σ_i C_i g_i / B by a float64 naive loop (one autograd call per example) and the R it used: the median
+    per-example norm, so that about half of the examples are clipped. Two passes (norms, then the weighted sum),
+    so that no B per-example gradients are held at once."""
+    torch.manual_seed(0)
+    model, x, y = build(workload, device)
+    model = model.double()
+    params = list(model.parameters())
+
+    def example_grads(i: int) -> tuple[torch.Tensor, ...]:
+        return torch.autograd.grad(per_example_losses(model(x[i:i + 1]), y[i:i + 1]).sum(), params)
+
+    norms = [float(torch.sqrt(sum(g.square().sum() for g in example_grads(i)))) for i in range(x.shape[0])]
+    clip_norm = statistics.median(norms)
+    total = [torch.zeros_like(p) for p in params]
+    for i, norm in enumerate(norms):
+        factor = min(1.0, clip_norm / norm) / x.shape[0]
+        for out, grad in zip(total, example_grads(i)):
+            out.add_(grad, alpha=factor)
+    return total, clip_norm
+
+
+def check_gradients(workload: str, device: str, precision: str) -> dict[str, float | str]:
+    """Each private method's gradient (noise off) against :func:`reference_gradient`: the relative error of
+    the whole clipped sum, or the first line of the error the method raised."""
+    reference, clip_norm = reference_gradient(workload, device)
+    scale = torch.sqrt(sum(r.square().sum() for r in reference))
+    errors: dict[str, float | str] = {}
+    for method in (m for m in methods_for(workload) if m != "non-private"):
+        torch.manual_seed(0)
+        model, x, y = build(workload, device)
+        params = list(model.parameters())
+        try:
+            step = _method_step(method, model, x, y, autocast(torch.device(device), precision), clip_norm, 0.0)
+            step()
+        except Exception as error:  # noqa: BLE001 (a method that fails is reported, not fatal to the benchmark)
+            errors[method] = _first_line(error)
+            continue
+        grads = step.gradients() if hasattr(step, "gradients") else [p.grad for p in params]
+        if any(g is None for g in grads):
+            errors[method] = "no gradient for some parameters"
+            continue
+        difference = torch.sqrt(sum((g.double() - r).square().sum() for g, r in zip(grads, reference)))
+        errors[method] = float(difference / scale)
+        del step, model
+    return errors
+
+
+GRADIENT_TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2, "fp16": 5e-2}
+"""Relative error of a clipped sum beyond which a method is reported WRONG (float32 rounding is ~1e-6; half
+precision keeps 8 or 11 bits of mantissa)."""
 
 
 def _interleaved_medians(methods: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -178,9 +289,10 @@ def _interleaved_medians(methods: dict[str, Callable[[], object]], repeats: int)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def time_interleaved(workload: str, repeats: int, device: str = "cpu", precision: str = "fp32") -> dict[str, float]:
+def time_interleaved(workload: str, repeats: int, device: str = "cpu", precision: str = "fp32",
+                     methods: tuple[str, ...] | None = None) -> dict[str, float]:
     """Median seconds per step of each method, methods alternating within every repeat."""
-    steps = {m: make_step(m, workload, device, precision) for m in methods_for(workload)}
+    steps = {m: make_step(m, workload, device, precision) for m in (methods or methods_for(workload))}
     for step in steps.values():  # warm-up (a second one in _interleaved_medians)
         step()
     return _interleaved_medians(steps, repeats)
@@ -288,18 +400,21 @@ def time_ghost_norms(repeats: int) -> dict[str, dict[str, float]]:
     return results
 
 
-def _cpu_parts(args: argparse.Namespace, results: dict) -> None:
-    """The CPU-only parts: allocator setting, threads, the noise draw and the per-example norms alone."""
+def _cpu_parts(args: argparse.Namespace, results: dict, micro: bool) -> None:
+    """The CPU-only parts: allocator setting, threads and (``micro``) the noise draw and per-example norms alone."""
     retained = False if args.default_allocator else retain_freed_memory()
     print(f"freed heap memory retained between steps: {retained}", flush=True)
+    results["retain_freed_memory"] = retained
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if not micro:
+        return
     noise = time_noise(args.repeats)
     print(f"noise for the MLP's parameters: Philox/Box-Muller {1000 * noise['philox']:.2f} ms, torch normal_ "
           f"chunks {1000 * noise['torch-chunks']:.2f} ms ({noise['torch-chunks'] / noise['philox']:.2f}x), one "
           f"torch normal_ {1000 * noise['torch-normal']:.2f} ms ({noise['torch-normal'] / noise['philox']:.2f}x)",
           flush=True)
-    results.update(retain_freed_memory=retained, noise_seconds=noise)
+    results["noise_seconds"] = noise
     norms = time_ghost_norms(4 * args.repeats)
     results["ghost_norm_seconds"] = norms
     print("per-example norms at B = 32, T = 128: " + ", ".join(
@@ -311,7 +426,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--workloads", default=None, help=f"comma-separated, of {', '.join(WORKLOADS)} "
-                        "(default: mlp,transformer; on CUDA also gpt2-small)")
+                        "(default: mlp,transformer; on CUDA also gpt2-small and gpt2)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                         help="forward autocast on CUDA (norms stay float32)")
@@ -323,27 +438,42 @@ def main() -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     results: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                      "precision": args.precision}
+    workloads = args.workloads or ("mlp,transformer,gpt2-small,gpt2" if device == "cuda" else "mlp,transformer")
     if device == "cpu":
-        _cpu_parts(args, results)
-    workloads = args.workloads or ("mlp,transformer,gpt2-small" if device == "cuda" else "mlp,transformer")
+        _cpu_parts(args, results, micro=workloads != "gpt2")
     for workload in workloads.split(","):
-        seconds = time_interleaved(workload, args.repeats, device, args.precision)
-        fastest = min((m for m in OPACUS_METHODS if m in seconds), key=seconds.__getitem__)
-        row = {"seconds_per_step": seconds,
-               "bk_over_nonprivate": seconds["bk"] / seconds["non-private"],
-               "opacus_ghost_over_bk": seconds["opacus-ghost"] / seconds["bk"],
-               "opacus_fastest": fastest,
-               "opacus_fastest_over_bk": seconds[fastest] / seconds["bk"]}
+        row: dict = {}
+        methods = methods_for(workload)
+        if workload == "gpt2":
+            errors = check_gradients(workload, device, args.precision)
+            tolerance = GRADIENT_TOLERANCE[args.precision]
+            row["clipped_sum_relative_error"] = errors
+            row["wrong"] = [m for m, e in errors.items() if not isinstance(e, str) and e > tolerance]
+            row["failed"] = [m for m, e in errors.items() if isinstance(e, str)]
+            print(f"{workload}: clipped sum vs float64 naive loop (tolerance {tolerance:g}): " + ", ".join(
+                f"{m} {f'FAILED ({e})' if isinstance(e, str) else f'{e:.2e}'}{' WRONG' if m in row['wrong'] else ''}"
+                for m, e in errors.items()), flush=True)
+            methods = tuple(m for m in methods if not isinstance(errors.get(m, 0.0), str))
+        seconds = time_interleaved(workload, args.repeats, device, args.precision, methods)
+        correct = [m for m in OPACUS_METHODS if m in seconds and m not in row.get("wrong", ())]
+        row.update(seconds_per_step=seconds, bk_over_nonprivate=seconds["bk"] / seconds["non-private"],
+                   opacus_over_bk={m: seconds[m] / seconds["bk"] for m in OPACUS_METHODS if m in seconds})
+        if correct:
+            fastest = min(correct, key=seconds.__getitem__)
+            row.update(opacus_fastest_correct=fastest, opacus_fastest_correct_over_bk=seconds[fastest] / seconds["bk"])
         if not args.no_memory:
             memory = {m: (memory_in_subprocess(m, workload) if device == "cpu"
-                          else cuda_peak_memory(m, workload, args.precision)) for m in methods_for(workload)}
+                          else cuda_peak_memory(m, workload, args.precision)) for m in methods}
             row["peak_extra_mib"] = memory
             row["bk_extra_memory_over_nonprivate"] = memory["bk"] / memory["non-private"] - 1
         results[workload] = row
+        target = 1.25 if workload == "gpt2" and device == "cpu" else 1.15
         print(f"{workload}: " + ", ".join(f"{m} {1000 * s:.1f} ms" for m, s in seconds.items())
-              + f" | BK/non-private {row['bk_over_nonprivate']:.3f}x (target <= 1.15)"
-              + f" | Opacus ghost/BK {row['opacus_ghost_over_bk']:.3f}x"
-              + f" | fastest Opacus ({fastest})/BK {row['opacus_fastest_over_bk']:.3f}x (target >= 1.8)", flush=True)
+              + f" | BK/non-private {row['bk_over_nonprivate']:.3f}x (target <= {target})"
+              + "".join(f" | {m}/BK {r:.3f}x" for m, r in row["opacus_over_bk"].items())
+              + (f" | fastest correct Opacus ({row['opacus_fastest_correct']})/BK "
+                 f"{row['opacus_fastest_correct_over_bk']:.3f}x" if correct else " | no correct Opacus mode"),
+              flush=True)
         if "peak_extra_mib" in row:
             print(f"  peak transient {'RSS' if device == 'cpu' else 'CUDA memory'} MiB: {row['peak_extra_mib']}; "
                   f"BK extra over non-private "

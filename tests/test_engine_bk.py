@@ -202,20 +202,8 @@ def test_secure_noise_is_standard_normal_and_refuses_correlated_mechanisms():
         NoiseSource(10, seed=0, secure=True, mechanism="banded", num_steps=3)
 
 
-class _RawParameter(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(3))
-        self.linear = nn.Linear(3, 3)
-
-    def forward(self, x):
-        return self.linear(x) * self.scale
-
-
 @pytest.mark.parametrize("model,named", [
     (lambda: nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)), "1.weight"),
-    (lambda: _RawParameter(), "scale"),
-    (lambda: nn.MultiheadAttention(4, 2), "in_proj_weight"),
     (lambda: nn.Embedding(5, 3, sparse=True), "sparse"),
 ])
 def test_unsupported_trainable_parameter_stops_with_an_error_naming_it(model, named):

@@ -92,3 +92,26 @@ def compare(model, loss_fn, inputs, targets, *, clipping="flat", weights=None, *
     expected = naive_clipped_sum(model, loss_fn, inputs, targets, clip_norm, clipping=clipping, weights=weights)
     got, engine = bk_clipped_sum(model, loss_fn, inputs, targets, clip_norm, weights=weights, clipping=clipping, **engine_options)
     return relative_error(got, expected), engine
+
+
+def check_every_parameter(model, loss_fn, inputs, targets, *, clipping="flat", **engine_options):
+    """Float64 copies; the whole sum to 1e-10 and each trainable parameter exact and non-zero where the naive
+    loop's gradient is (the engine refusing instead raises, naming the parameter)."""
+    torch.manual_seed(0)
+    model = copy.deepcopy(model).double().train()
+    inputs = inputs.double() if inputs.is_floating_point() else inputs
+    clip_norm = median_norm(model, loss_fn, inputs, targets)
+    expected = naive_clipped_sum(model, loss_fn, inputs, targets, clip_norm, clipping=clipping)
+    got, engine = bk_clipped_sum(model, loss_fn, inputs, targets, clip_norm, clipping=clipping, **engine_options)
+    assert set(got) == {n for n, p in model.named_parameters() if p.requires_grad}
+    assert relative_error(got, expected) < 1e-10
+    # One by one: a parameter left at zero or unclipped would hide in the whole sum. A gradient that is zero in
+    # exact arithmetic (an attention key bias) is rounding noise in both: below 1e-8 of the largest it must
+    # only stay that small.
+    floor = 1e-8 * max(float(g.abs().max()) for g in expected.values())
+    for name in got:
+        scale = float(expected[name].abs().max())
+        assert float((got[name] - expected[name]).abs().max()) <= 1e-9 * max(scale, floor), name
+        if scale > floor:
+            assert float(got[name].abs().max()) > 0, name
+    return engine

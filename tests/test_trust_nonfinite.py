@@ -81,3 +81,34 @@ def test_clip_factors_of_nonfinite_norms_are_zero():
         assert factors[1] == 0 and factors[2] == 0
         assert torch.isfinite(factors).all()
     torch.testing.assert_close(clip_factors(norm_sq, 1.0, "flat")[[0, 3]], torch.tensor([0.5, 1.0]))
+
+
+def test_an_example_with_a_nan_input_through_the_generic_rule_is_dropped_not_refused():
+    """A custom norm (generic rule) on a NaN example: the recomputation check treats NaN = NaN, and the
+    example is dropped like any other non-finite one, so the update equals the one without it."""
+
+    class ScaleNorm(nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(width, dtype=torch.float64))
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return self.scale * h / h.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+
+    def run(x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 6), ScaleNorm(6), nn.Linear(6, 3)).double()
+        engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
+        engine.private_step(F.cross_entropy(model(x), y, reduction="none"))
+        return [v.clone() for v in engine.last_noisy_sum], engine
+
+    torch.manual_seed(1)
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.randint(0, 3, (5,))
+    poisoned = x.clone()
+    poisoned[2, 1] = float("nan")
+    with_nan, engine = run(poisoned, y)
+    keep = torch.tensor([0, 1, 3, 4])
+    without, _ = run(x[keep], y[keep])
+    assert engine.nonfinite_examples == 1
+    for a, b in zip(with_nan, without):
+        torch.testing.assert_close(a, b)

@@ -15,6 +15,7 @@ from dpledger.engine.consecutive import consecutive_batches, consecutive_indices
 from dpledger.engine.noise import NoiseSource
 from dpledger.engine.optimizers import OPTIMIZERS, make_optimizer
 from dpledger.engine.reference import ReferenceTrainer, clipped_sum, per_example_gradients
+from dpledger.engine.validators import replace_batchnorm
 
 __all__ = [
     "BKEngine",
@@ -30,5 +31,6 @@ __all__ = [
     "ReferenceTrainer",
     "clipped_sum",
     "per_example_gradients",
+    "replace_batchnorm",
     "retain_freed_memory",
 ]

@@ -4,38 +4,40 @@ One forward pass with hooks that keep each layer's input ``a``; ONE backward pas
 in which no parameter needs ``.grad`` (ghost differentiation, 003 §3.2), with tensor hooks that take
 each layer's output gradient ``b`` and at once compute its per-example norms — of a weight by the ghost
 norm where 2T² < p·d (keeping a and b for book-keeping), by instantiating per-example gradients elsewhere
-or where a parameter is shared (then a and b are freed right away); biases and normalisation parameters
-are always instantiated (they are small), once, for both their norm and their clipped sum. After the
+(then a and b are freed right away); a weight shared by several layers keeps the ghost norm with cross
+terms between its uses (``ghost_dot``) or is instantiated and summed; biases and normalisation parameters
+are always instantiated (they are small), once, for both their norm and their clipped sum. Modules owning
+parameters no specific rule covers get the generic exact rule (``layers/generic.py``: their own forward
+re-run per example after the pass, from all their saved inputs and output gradients). After the
 pass: clipping factors, and the clipped sum aᵀ·diag(C)·b formed directly (book-keeping), without a
 second backward pass, accumulated in place into one flat buffer that already holds the step's noise σ·R·z_t.
+What the engine refuses lives in ``validators.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpledger.engine.clipping import check_clipping, clip_factors, group_threshold, nonfinite_rows
+from dpledger.engine import validators
+from dpledger.engine.clipping import clip_factors, group_threshold, nonfinite_rows
 from dpledger.engine.distributed import GroupSum, group_sum
-from dpledger.engine.layers import LayerRule, add_weighted_sum, registered_base, rule_for
-from dpledger.engine.layers.embedding import MAX_NORM_REASON
+from dpledger.engine.layers import LayerRule, add_weighted_sum, generic, ghost_dot, rule_for
 from dpledger.engine.noise import NoiseSource
-from dpledger.errors import DpledgerError, ParamsError
+from dpledger.engine.validators import UnsupportedLayerError
+from dpledger.errors import ParamsError
 
 GhostMode = Literal["auto", "always", "never"]
 CanaryHook = Callable[[int], "Sequence[Tensor] | None"]
-
-
-class UnsupportedLayerError(DpledgerError):
-    """A trainable parameter sits in a layer the engine has no per-example rule for."""
 
 
 @dataclass
@@ -52,6 +54,26 @@ class _Call:
 
 
 @dataclass
+class _GenericCall:
+    """One forward call of a layer under the generic rule: all its inputs, its outputs and their gradients."""
+
+    name: str
+    module: nn.Module
+    params: dict[str, nn.Parameter]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    versions: list[tuple[Tensor, int]]
+    layout: generic.Layout
+    outputs: list[Tensor | None]
+    out_grads: list[Tensor | None]
+    autocast: list[tuple[str, torch.dtype]] = field(default_factory=list)
+
+
+GENERIC = "generic"
+"""The rule marker of layers handled by :mod:`dpledger.engine.layers.generic`."""
+
+
+@dataclass
 class _Pass:
     """What one backward pass collects: squared norms and instantiated gradients per parameter (by id),
     the ghost-norm calls kept for book-keeping, the first call whose batch dimension is wrong and the first
@@ -64,6 +86,8 @@ class _Pass:
     ghost_calls: list[_Call]
     mismatch: _Call | None = None
     modified: _Call | None = None
+    generic_calls: list[_GenericCall] = field(default_factory=list)
+    tied: dict[int, list[_Call]] = field(default_factory=dict)
 
 
 @dataclass
@@ -76,33 +100,20 @@ class _Owner:
     offset: int
 
 
-_GRADIENT_FREE = {Tensor.detach, Tensor.detach_, Tensor.data.__get__, Tensor.grad.__get__}
+_SEQUENCE_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.Transformer)
 
 
-class _OutsideUses(TorchFunctionMode):
-    """Active during the first recorded forward pass: finds the first trainable parameter that a differentiable
-    operation uses outside the forward of a layer owning it (e.g. a head tied by ``F.linear(h, embed.weight)``).
-    Ghost differentiation turns requires_grad off, so such a use would get no gradient at all, silently; only
-    the layers' own uses reach the per-example rules."""
-
-    def __init__(self, names: dict[int, str]) -> None:
-        super().__init__()
-        self.names = names
-        self.running: list[frozenset[int]] = []  # parameter ids of the hooked layers whose forward is running
-        self.found: str | None = None
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 (torch's protocol)
-        kwargs = kwargs or {}
-        result = func(*args, **kwargs)
-        if self.found is None and torch.is_grad_enabled() and func not in _GRADIENT_FREE and any(
-            isinstance(r, Tensor) and (r.is_floating_point() or r.is_complex()) for r in tree_flatten(result)[0]
-        ):
-            allowed = self.running[-1] if self.running else frozenset()
-            for value in tree_flatten((args, kwargs))[0]:
-                if isinstance(value, Tensor) and id(value) in self.names and id(value) not in allowed:
-                    self.found = self.names[id(value)]
-                    break
-        return result
+def _declared_batch_first(modules: dict[str, nn.Module], name: str) -> bool | None:
+    """``batch_first`` of the nearest enclosing torch transformer layer (nn.TransformerEncoderLayer with
+    batch_first=False passes (T, B, ...) tensors to its Linear and LayerNorm children), or None."""
+    parts = name.split(".") if name else []
+    for depth in range(len(parts) - 1, -1, -1):
+        parent = modules[".".join(parts[:depth])]
+        if isinstance(parent, nn.Transformer):
+            return parent.batch_first
+        if isinstance(parent, _SEQUENCE_LAYERS):  # the layers keep it only in their attention
+            return parent.self_attn.batch_first
+    return None
 
 
 def _norm_precision(tensor: Tensor) -> Tensor:
@@ -124,8 +135,9 @@ class BKEngine:
 
     Constructing the engine sets ``requires_grad=False`` on the trainable parameters (ghost
     differentiation; :meth:`detach` restores them); build the optimizer before. A trainable parameter
-    in a layer without a rule raises :class:`UnsupportedLayerError` naming it — never trained
-    without clipping, never silently frozen.
+    the engine cannot train exactly (a BatchNorm, a layer that mixes examples or draws random numbers in a
+    generic-rule forward) raises :class:`UnsupportedLayerError` naming it — never trained without
+    clipping, never silently frozen. ``layer_methods`` names each layer's method: ghost, instantiate, generic.
 
     Audit hooks: ``step(canary=[tensors])`` or ``canary_hook(step) -> [tensors] | None`` adds a
     caller-supplied vector (one tensor per trainable parameter, in ``parameter_names`` order) to
@@ -159,13 +171,7 @@ class BKEngine:
         canary_hook: CanaryHook | None = None,
         process_group: torch.distributed.ProcessGroup | GroupSum | None = None,
     ) -> None:
-        check_clipping(clipping, clip_norm, automatic_gamma)
-        if not noise_multiplier >= 0:
-            raise ParamsError(f"engine: noise_multiplier = {noise_multiplier!r} is invalid: it must be >= 0")
-        if not normalizer > 0:
-            raise ParamsError(f"engine: normalizer = {normalizer!r} is invalid: it must be > 0")
-        if ghost not in ("auto", "always", "never"):
-            raise ParamsError(f"engine: ghost = {ghost!r} is invalid: allowed values are auto, always, never")
+        validators.check_options(clipping, clip_norm, automatic_gamma, noise_multiplier, normalizer, ghost)
         self.model, self.optimizer = model, optimizer
         self.clip_norm, self.noise_multiplier, self.normalizer = float(clip_norm), float(noise_multiplier), normalizer
         self.clipping, self.automatic_gamma, self.ghost = clipping, automatic_gamma, ghost
@@ -197,18 +203,24 @@ class BKEngine:
         self._views = self._flat_views(self._buffer)
         self._view_of = {id(p): view for p, view in zip(self.params, self._views)}
         self._pending = False
-        self._handles = [module.register_forward_hook(self._forward_hook) for module in self._hooked_modules()]
+        self._recomputing = False
+        self._model_batch: int | None = None
+        self._handles = [
+            module.register_forward_hook(self._forward_hook, with_kwargs=True) for module in self._hooked_modules()
+        ]
+        self._handles.append(model.register_forward_pre_hook(self._note_batch, with_kwargs=True))
         self._handles += [
             module.register_forward_pre_hook(self._data_dependent_state_hook)
             for module in model.modules() if isinstance(module, (_BatchNorm, _InstanceNorm, nn.Embedding))
         ]
-        self._check: _OutsideUses | None = None
+        self._check: validators.OutsideUses | None = None
+        self._check_passed = False
         self._check_handles = [
             model.register_forward_pre_hook(self._begin_check),
             model.register_forward_hook(self._end_check, always_call=True),
         ]
         for module in self._hooked_modules():
-            own = frozenset(id(p) for p in module.parameters(recurse=False))
+            own = frozenset(id(p) for p in self._layer_params[id(module)].values())
             self._check_handles += [
                 module.register_forward_pre_hook(lambda m, i, own=own: self._enter_layer(own)),
                 module.register_forward_hook(lambda m, i, o: self._leave_layer(), always_call=True),
@@ -230,31 +242,33 @@ class BKEngine:
             owners[id(p)] = _Owner(full_names[id(p)], group=-1, numel=p.numel(), offset=offset)
             offset += p.numel()
         self._module_names: dict[int, str] = {}
-        self._rules: dict[int, LayerRule] = {}
+        self._rules: dict[int, LayerRule | str] = {}
+        self._layer_params: dict[int, dict[str, nn.Parameter]] = {}
+        self._sequence_first: set[int] = set()
         group_of_layer: dict[int, int] = {}
-        for layer_name, module in self.model.named_modules():
+        claimed: set[int] = set()
+        modules = dict(self.model.named_modules())
+        for layer_name, module in modules.items():
+            if id(module) in claimed:
+                continue
+            children = generic.claimed_children(module)
+            claimed.update(id(getattr(module, child)) for child in children)
             own = [(attr, p) for attr, p in module.named_parameters(recurse=False) if id(p) in trainable]
+            own += [(f"{child}.{attr}", p) for child in children
+                    for attr, p in getattr(module, child).named_parameters() if id(p) in trainable]
             if not own:
                 continue
-            rule = rule_for(module)
             label = f"{layer_name or '<model>'} ({type(module).__name__})"
-            if rule is None:
-                names = ", ".join(f"{layer_name}.{attr}".lstrip(".") for attr, _ in own)
-                base = registered_base(module)
-                why = "has no per-example rule" if base is None else (
-                    f"overrides how its base class {base.__name__} computes its output, so that class's "
-                    "per-example rule does not apply")
-                raise UnsupportedLayerError(
-                    f"engine: trainable parameter {names} is in layer {label}, which {why}; "
-                    "freeze it (requires_grad=False) or use a supported layer"
-                )
-            reason = rule.validate(module) if rule.validate else None
-            unknown = [attr for attr, _ in own if attr not in rule.parameters]
-            if reason or unknown:
-                why = reason or f"the rule knows only {', '.join(rule.parameters)}, not {', '.join(unknown)}"
-                raise UnsupportedLayerError(f"engine: layer {label} cannot be trained privately: {why}")
-            self._module_names[id(module)] = layer_name
-            self._rules[id(module)] = rule
+            rule = None if children else rule_for(module)
+            refusal = validators.layer_refusal(module, label, [f"{layer_name}.{attr}".lstrip(".") for attr, _ in own],
+                                               rule, [attr for attr, _ in own])
+            if refusal:
+                raise UnsupportedLayerError(refusal)
+            self._module_names[id(module)] = layer_name or "<model>"
+            self._rules[id(module)] = rule if rule is not None else GENERIC
+            if rule is not None and _declared_batch_first(modules, layer_name) is False:
+                self._sequence_first.add(id(module))
+            self._layer_params[id(module)] = dict(own)
             fresh = [p for _, p in own if owners[id(p)].group < 0]
             if fresh:  # a module whose parameters are all tied to earlier ones is no clipping group of its own
                 group_of_layer[id(module)] = len(group_of_layer)
@@ -285,24 +299,15 @@ class BKEngine:
         - an Embedding with ``max_norm``, which renormalises the looked-up rows in place."""
         if not self.model.training:
             return
-        if isinstance(module, _BatchNorm):
-            reason = None if not module.training and module.running_mean is not None else (
-                "normalises with batch statistics, which mix examples (and padding rows) into every per-example "
-                "gradient; put it in eval mode with running statistics or use GroupNorm/LayerNorm")
-        elif isinstance(module, _InstanceNorm):
-            reason = None if not (module.training and module.track_running_stats) else (
-                "updates its running statistics from the private batch without noise; use "
-                "track_running_stats=False or put it in eval mode")
-        else:
-            reason = None if module.max_norm is None else f"{MAX_NORM_REASON}; use max_norm=None"
+        reason = validators.data_dependent_state(module)
         if reason:
             name = next((n for n, m in self.model.named_modules() if m is module), "?") or "<model>"
             raise UnsupportedLayerError(f"engine: layer {name} ({type(module).__name__}) {reason}")
 
     def _begin_check(self, model: nn.Module, inputs: tuple[Any, ...]) -> None:
         """First training forward pass of the model: watch for parameters used outside their layers."""
-        if self._check is None and torch.is_grad_enabled() and self.model.training:
-            self._check = _OutsideUses({id(p): o.name for p, o in zip(self.params, self._owner_list())})
+        if self._check is None and not self._check_passed and torch.is_grad_enabled() and self.model.training:
+            self._check = validators.OutsideUses({id(p): o.name for p, o in zip(self.params, self._owner_list())})
             self._check.__enter__()
 
     def _enter_layer(self, own: frozenset[int]) -> None:
@@ -322,28 +327,101 @@ class BKEngine:
             return
         if check.found is not None:
             self._calls = []
-            raise UnsupportedLayerError(
-                f"engine: trainable parameter {check.found} is used outside the forward of its layer (e.g. a head "
-                "tied by F.linear(h, embed.weight)), where it would get no gradient; tie modules instead "
-                "(head.weight = embed.weight), or use it under torch.no_grad() or detached"
-            )
-        for handle in self._check_handles:
-            handle.remove()
-        self._check_handles = []
+            raise UnsupportedLayerError(validators.outside_use_message(check.found))
+        self._check_passed = True  # its hooks are removed by the next backward: not while torch iterates over them
 
-    def _forward_hook(self, module: nn.Module, inputs: tuple[Any, ...], output: Tensor) -> Tensor | None:
+    def _note_batch(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The batch size B of this forward pass: the leading size of the model's first tensor input."""
+        first = next((leaf for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, Tensor) and leaf.dim()), None)
+        self._model_batch = None if first is None else first.shape[0]
+
+    def _broadcast(self, tensor: Tensor, dim: int) -> Tensor:
+        """A tensor of size 1 along the batch dimension ``dim`` while the batch has B > 1 examples (BERT's
+        position embeddings, T5's relative position bias) as B copies, so that its gradient is each example's
+        own rather than their sum; downstream it broadcasts the same."""
+        batch = self._model_batch
+        if batch is None or batch <= 1 or tensor.dim() <= dim or tensor.shape[dim] != 1:
+            return tensor
+        return tensor.expand(*tensor.shape[:dim], batch, *tensor.shape[dim + 1:]).contiguous()
+
+    def _forward_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
         # The model's mode, not the layer's: a layer put in eval mode inside a training model still trains
         # (skipping it would leave its parameters only noise); an evaluation pass of the model is skipped.
-        if not torch.is_grad_enabled() or not self.model.training:
+        if self._recomputing or not torch.is_grad_enabled() or not self.model.training:
             return None
+        name, rule = self._module_names[id(module)], self._rules[id(module)]
+        if rule == GENERIC:
+            return self._record_generic(name, module, args, kwargs, output)
+        inputs = args[0] if args else next(iter(kwargs.values()), None)
+        if not isinstance(inputs, Tensor) or not isinstance(output, Tensor):
+            raise UnsupportedLayerError(
+                f"engine: layer {name} ({type(module).__name__}) was called without a tensor input or output")
         if not output.requires_grad:
             output = output + self._origin(output)
-        params = {attr: p for attr, p in module.named_parameters(recurse=False) if id(p) in self._owners}
-        call = _Call(self._module_names[id(module)], module, self._rules[id(module)], params, inputs[0].detach(),
-                     version=inputs[0]._version)
+        if inputs.dim() and inputs.shape[0] == 1 and output.dim() and output.shape[0] == 1:
+            inputs, output = self._broadcast(inputs, 0), self._broadcast(output, 0)
+        version = inputs._version
+        if id(module) in self._sequence_first and inputs.dim() > 1:  # (T, B, ...): the rules want batch first
+            inputs = inputs.transpose(0, 1)
+            call = _Call(name, module, rule, self._layer_params[id(module)], inputs.detach(), version=version)
+            output.register_hook(lambda grad: self._take_backprops(call, grad.transpose(0, 1)))
+        else:
+            call = _Call(name, module, rule, self._layer_params[id(module)], inputs.detach(), version=version)
+            output.register_hook(lambda grad: self._take_backprops(call, grad))
         self._calls.append(call)
-        output.register_hook(lambda grad: self._take_backprops(call, grad))
         return output
+
+    def _record_generic(self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                        output: Any) -> Any:
+        """Keep every input and output of a generic-rule call; hooks collect each output's gradient."""
+        reason = generic.check_call(module, args, kwargs)
+        if reason:
+            raise UnsupportedLayerError(f"engine: layer {name} ({type(module).__name__}): {reason}")
+        input_leaves, input_spec = tree_flatten((args, kwargs))
+        input_leaves = [v.detach() if isinstance(v, Tensor) else v for v in input_leaves]
+        leaves, spec = tree_flatten(output)
+        layout = generic.layout_of(module, args, kwargs, output)
+        call = _GenericCall(
+            name, module, self._layer_params[id(module)], *tree_unflatten(input_leaves, input_spec),
+            versions=[(t, t._version) for t in input_leaves if isinstance(t, Tensor)], layout=layout,
+            outputs=[None] * len(leaves), out_grads=[None] * len(leaves),
+            autocast=[(device, torch.get_autocast_dtype(device)) for device in ("cpu", "cuda")
+                      if torch.is_autocast_enabled(device)],
+        )
+        for k, leaf in enumerate(leaves):
+            if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
+                continue
+            # A fresh node (a view, or the origin added): a hook on the module's own tensor would also collect the
+            # gradient of the module's internal uses of it (attention weights it multiplies by the values), which
+            # the re-run forward counts again.
+            leaf = leaf.view_as(leaf) if leaf.requires_grad else leaf + self._origin(leaf)
+            leaf = leaves[k] = self._broadcast(leaf, layout.outputs[k])
+            call.outputs[k] = leaf.detach()
+            leaf.register_hook(lambda grad, k=k: call.out_grads.__setitem__(k, grad.detach()))
+        self._calls.append(call)
+        return tree_unflatten(leaves, spec)
+
+    def _generic_grads(self, call: _GenericCall, batch: int) -> dict[str, Tensor]:
+        """Per-example gradients of a generic-rule call, or a refusal naming its layer."""
+        label = f"{call.name} ({type(call.module).__name__})"
+        if any(t._version != version for t, version in call.versions):
+            raise UnsupportedLayerError(validators.in_place_message(label))
+        self._recomputing = True
+        try:
+            with contextlib.ExitStack() as stack:
+                for device, dtype in call.autocast:
+                    stack.enter_context(torch.autocast(device, dtype=dtype))
+                return generic.per_example_grads(call.module, call.params, call.args, call.kwargs, call.layout,
+                                                 call.outputs, call.out_grads, batch)
+        except generic.GenericRuleError as error:
+            raise UnsupportedLayerError(f"engine: layer {label} cannot be trained privately: {error}") from None
+        except RuntimeError as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise UnsupportedLayerError(
+                f"engine: layer {label}: re-running its forward one example at a time (generic rule) failed: {first}"
+                " (random operations such as dropout inside it must be off)") from error
+        finally:
+            self._recomputing = False
 
     def _take_backprops(self, call: _Call, grad: Tensor) -> None:
         """Backward hook: this call's per-example norms now, so instantiated layers free a and b at once."""
@@ -354,20 +432,22 @@ class BKEngine:
         if call.activations.shape[0] != state.batch:
             state.mismatch = state.mismatch or call
             return
-        if call.activations._version != call.version:
-            # The saved input was changed in place after the layer used it (e.g. ``h += layer(h)``). With the
-            # parameters not requiring gradients torch's own backward of a Linear never reads that input, so
-            # only this check stops the per-example gradients being formed from the changed values.
+        if call.activations._version != call.version:  # see validators.in_place_message
             state.modified = state.modified or call
             return
+        # Half-precision a and b are promoted for the computations only; a ghost call keeps them as they came
+        # (GPT-2's head keeps a B × T × vocabulary b until book-keeping: twice the memory in float32).
+        kept = call.activations, call.backprops
         call.activations, call.backprops = _norm_precision(call.activations), _norm_precision(call.backprops)
         shared = any(state.use_count[id(p)] > 1 for p in call.params.values())
+        tied = "weight" in call.params and id(call.params["weight"]) in state.tied
         names = frozenset(call.params)
-        ghost = self._use_ghost(call, shared)
+        ghost = self._use_ghost(call, shared, tied)
         self.layer_methods[call.name] = "ghost" if ghost else "instantiate"
         if ghost:
             norm_sq = call.rule.ghost_norm(call.module, call.activations, call.backprops)
-            state.norm_sq[id(call.params["weight"])] = norm_sq
+            key = id(call.params["weight"])
+            state.norm_sq[key] = state.norm_sq[key] + norm_sq if key in state.norm_sq else norm_sq
             state.ghost_calls.append(call)
             names -= {"weight"}
         if names:
@@ -375,8 +455,7 @@ class BKEngine:
             for attr, grads in instantiated.items():
                 key = id(call.params[attr])
                 state.per_example[key] = state.per_example[key] + grads if key in state.per_example else grads
-        if not ghost:
-            call.activations = call.backprops = None
+        call.activations, call.backprops = kept if ghost else (None, None)
 
     def backward(self, losses: Tensor, weights: Tensor | None = None) -> Tensor:
         """Back-propagate Σ_i w_i·L_i once and add Σ_i C_i·w_i·g_i to this step's clipped sum.
@@ -387,6 +466,10 @@ class BKEngine:
         """
         if losses.dim() != 1:
             raise ParamsError(f"engine: losses must be per-example, shape (B,), got {tuple(losses.shape)}")
+        if self._check_passed:
+            for handle in self._check_handles:
+                handle.remove()
+            self._check_handles = []
         calls, self._calls = self._calls, []
         if not calls:
             raise ParamsError(
@@ -396,6 +479,8 @@ class BKEngine:
         batch = losses.shape[0]
         use_count = Counter(id(p) for c in calls for p in c.params.values())
         state = self._pass = _Pass(batch, use_count, {}, {}, [])
+        state.generic_calls = [c for c in calls if isinstance(c, _GenericCall)]
+        state.tied = self._tied_ghost(calls, use_count)
         self.last_workspace_elements = 0
         total = losses.sum() if weights is None else (losses * weights.to(losses.dtype)).sum()
         try:
@@ -406,16 +491,24 @@ class BKEngine:
                 origin.grad = None
         if state.mismatch is not None:
             raise ParamsError(
-                f"engine: layer {state.mismatch.name} saw batch dimension {state.mismatch.activations.shape[0]} but "
-                f"there are {batch} losses; inputs must be batch-first"
+                f"engine: layer {state.mismatch.name} ({type(state.mismatch.module).__name__}) saw batch dimension "
+                f"{state.mismatch.activations.shape[0]} but there are {batch} losses; its input must be batch-first "
+                "(or of size 1 there, shared by the batch)"
             )
         if state.modified is not None:
             call = state.modified
-            raise UnsupportedLayerError(
-                f"engine: layer {call.name} ({type(call.module).__name__}): its input was changed in place after the "
-                "layer used it (e.g. h += layer(h)), so its per-example gradients cannot be formed; use an "
-                "out-of-place operation (h = h + layer(h))"
-            )
+            raise UnsupportedLayerError(validators.in_place_message(f"{call.name} ({type(call.module).__name__})"))
+        for key, tied_calls in state.tied.items():
+            factors = [c.rule.tied_factors(c.module, _norm_precision(c.activations), _norm_precision(c.backprops))
+                       for c in tied_calls if c.backprops is not None]  # a use whose output got no gradient adds nothing
+            for first in range(len(factors)):
+                for second in range(first + 1, len(factors)):
+                    state.norm_sq[key] = state.norm_sq[key] + 2 * ghost_dot(factors[first], factors[second])
+        for call in state.generic_calls:
+            self.layer_methods[call.name] = GENERIC
+            for attr, grads in self._generic_grads(call, batch).items():
+                key = id(call.params[attr])
+                state.per_example[key] = state.per_example[key] + grads if key in state.per_example else grads
         norm_sq = state.norm_sq
         for key, grads in state.per_example.items():
             norm_sq[key] = grads.reshape(batch, -1).square().sum(1)
@@ -428,7 +521,27 @@ class BKEngine:
         self.last_norms = flat.sqrt()
         return self.last_norms
 
-    def _use_ghost(self, call: _Call, shared: bool) -> bool:
+    def _tied_ghost(self, calls: list[Any], use_count: Counter) -> dict[int, list[_Call]]:
+        """Shared weights kept on the ghost norm (id -> the calls using them): every use is a layer whose rule
+        writes its gradient as ``tied_factors``, and ("auto") the Grams (2T² per use, 2·T·T' per pair) are
+        smaller than one instantiated gradient. Other shared weights are instantiated and summed."""
+        if self.ghost == "never":
+            return {}
+        users: dict[int, list[_Call]] = {}
+        for call in calls:
+            if isinstance(call, _Call) and "weight" in call.params and use_count[id(call.params["weight"])] > 1:
+                users.setdefault(id(call.params["weight"]), []).append(call)
+        tied = {}
+        for key, group in users.items():
+            if len(group) != use_count[key] or any(c.rule.tied_factors is None for c in group):
+                continue
+            steps = [c.rule.ghost_cost(c.module, c.activations)[0] for c in group]
+            if self.ghost == "always" or sum(steps) * len(group) < group[0].rule.ghost_cost(group[0].module,
+                                                                                          group[0].activations)[1]:
+                tied[key] = group
+        return tied
+
+    def _use_ghost(self, call: _Call, shared: bool, tied: bool = False) -> bool:
         """Ghost norm or instantiation for this call; adds the chosen branch's per-example workspace
         (2T² Gram entries or p·d gradient entries, 003 §3.3) to ``last_workspace_elements``."""
         batch = call.activations.shape[0]
@@ -436,7 +549,9 @@ class BKEngine:
             self.last_workspace_elements += batch * sum(p.numel() for p in call.params.values())
             return False
         ghost_elements, instantiated_elements = call.rule.ghost_cost(call.module, call.activations)
-        if shared or self.ghost == "never":
+        if tied:  # the weight's group chose the ghost norm (_tied_ghost)
+            use = True
+        elif shared or self.ghost == "never":
             use = False
         elif self.ghost == "always":
             use = True
@@ -500,8 +615,8 @@ class BKEngine:
             self._accumulate(key, grads.dtype, lambda out: add_weighted_sum(out, factors[key], grads))
         for call in ghost_calls:
             key = id(call.params["weight"])
-            self._accumulate(key, call.backprops.dtype, lambda out: call.rule.clipped_sum(
-                call.module, call.activations, call.backprops, factors[key], out))
+            a, b = _norm_precision(call.activations), _norm_precision(call.backprops)
+            self._accumulate(key, b.dtype, lambda out: call.rule.clipped_sum(call.module, a, b, factors[key], out))
             call.activations = call.backprops = None
 
     def _accumulate(self, key: int, dtype: torch.dtype, add: Callable[[Tensor], None]) -> None:

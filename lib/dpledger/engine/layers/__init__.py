@@ -18,6 +18,7 @@ PerExampleGrads = Callable[[nn.Module, Tensor, Tensor, frozenset], dict[str, Ten
 GhostNorm = Callable[[nn.Module, Tensor, Tensor], Tensor]
 ClippedSum = Callable[[nn.Module, Tensor, Tensor, Tensor, Tensor], None]
 GhostCost = Callable[[nn.Module, Tensor], tuple[int, int]]
+TiedFactors = Callable[[nn.Module, Tensor, Tensor], tuple[str, Tensor, Tensor]]
 Validate = Callable[[nn.Module], "str | None"]
 
 
@@ -36,6 +37,9 @@ class LayerRule:
     (normalisation layers: tiny per-example gradients).
     ``validate(layer)`` returns why this particular layer cannot be handled, or None; ``parameters``
     names the direct parameters the rule produces gradients for (any other one is an error).
+    ``tied_factors(layer, a, b)`` -> (kind, A, M) writes the weight gradient as g_i = M_iᵀ A_i, with M dense
+    (B, T, rows) ("dense") or one-hot given by (B, T) row indices ("onehot"), so that a weight shared by several
+    layers (GPT-2's head tied to its token embedding) keeps the ghost norm: see :func:`ghost_dot`.
     """
 
     per_example_grads: PerExampleGrads
@@ -44,6 +48,7 @@ class LayerRule:
     ghost_cost: GhostCost | None = None
     validate: Validate | None = None
     parameters: tuple[str, ...] = ("weight", "bias")
+    tied_factors: TiedFactors | None = None
 
     @property
     def has_ghost(self) -> bool:
@@ -51,6 +56,9 @@ class LayerRule:
 
 
 RULES: dict[type[nn.Module], LayerRule] = {}
+RULES_BY_NAME: dict[str, LayerRule] = {}
+"""Rules of layer classes from optional libraries, keyed by ``module.qualname`` (e.g.
+``transformers.pytorch_utils.Conv1D``), so that the engine never imports those libraries itself."""
 
 
 def register(*layer_types: type[nn.Module], rule: LayerRule) -> LayerRule:
@@ -60,6 +68,17 @@ def register(*layer_types: type[nn.Module], rule: LayerRule) -> LayerRule:
     return rule
 
 
+def register_by_name(*qualified_names: str, rule: LayerRule) -> LayerRule:
+    """As :func:`register`, for classes named ``module.qualname`` that are not imported here."""
+    for name in qualified_names:
+        RULES_BY_NAME[name] = rule
+    return rule
+
+
+def _registered(cls: type) -> LayerRule | None:
+    return RULES.get(cls) or RULES_BY_NAME.get(f"{cls.__module__}.{cls.__qualname__}")
+
+
 FORWARD_METHODS = ("forward", "_conv_forward")
 """The methods that compute a layer's output: a subclass that overrides one (e.g. ``F.linear(2 * x, ...)``,
 torch's QAT layers) no longer computes what its registered base class's rule assumes."""
@@ -67,7 +86,7 @@ torch's QAT layers) no longer computes what its registered base class's rule ass
 
 def registered_base(layer: nn.Module) -> type[nn.Module] | None:
     """The nearest registered class in ``layer``'s MRO, or None."""
-    return next((cls for cls in type(layer).__mro__ if cls in RULES), None)
+    return next((cls for cls in type(layer).__mro__ if _registered(cls) is not None), None)
 
 
 def rule_for(layer: nn.Module) -> LayerRule | None:
@@ -76,7 +95,25 @@ def rule_for(layer: nn.Module) -> LayerRule | None:
     base = registered_base(layer)
     if base is None or any(getattr(type(layer), m, None) is not getattr(base, m, None) for m in FORWARD_METHODS):
         return None
-    return RULES[base]
+    return _registered(base)
+
+
+def ghost_dot(first: tuple[str, Tensor, Tensor], second: tuple[str, Tensor, Tensor]) -> Tensor:
+    """⟨g_i, g'_i⟩ per example for two calls' gradients of ONE shared weight, g = Mᵀ A (``tied_factors``), without
+    forming them: Σ_{s,t} (A_s·A'_t)(M_s·M'_t), where M_s·M'_t is a dot product of dense rows, the entry
+    M_s[row'_t] of a dense row at a one-hot row index, or 1{row_s = row'_t} for two one-hot rows. Then
+    ‖Σ_c g_c‖² = Σ_c ‖g_c‖² + 2 Σ_{c<c'} ⟨g_c, g_c'⟩ (norms of tied weights combine before squaring, 003 §5)."""
+    (kind, a, m), (other_kind, a2, m2) = first, second
+    gram_a = torch.bmm(a, a2.transpose(1, 2))
+    if kind == other_kind == "dense":
+        gram_m = torch.bmm(m, m2.transpose(1, 2))
+    elif kind == "dense":
+        gram_m = m.gather(2, m2.unsqueeze(1).expand(-1, m.shape[1], -1))
+    elif other_kind == "dense":
+        gram_m = m2.gather(2, m.unsqueeze(1).expand(-1, m2.shape[1], -1)).transpose(1, 2)
+    else:
+        gram_m = (m.unsqueeze(2) == m2.unsqueeze(1)).to(gram_a.dtype)
+    return (gram_a * gram_m.to(gram_a.dtype)).sum((1, 2))
 
 
 def add_weighted_sum(out: Tensor, factors: Tensor, per_example: Tensor) -> None:
@@ -96,6 +133,7 @@ def add_scaled_product(out: Tensor, factors: Tensor, b: Tensor, a: Tensor) -> No
     out.addmm_(b.reshape(-1, b.shape[-1]).T, a.reshape(-1, a.shape[-1]))
 
 
-from dpledger.engine.layers import conv, embedding, linear, normalization  # noqa: E402,F401  (registers rules)
+from dpledger.engine.layers import conv, embedding, hf_conv1d, linear, normalization  # noqa: E402,F401  (registers rules)
 
-__all__ = ["LayerRule", "RULES", "add_scaled_product", "add_weighted_sum", "register", "registered_base", "rule_for"]
+__all__ = ["LayerRule", "RULES", "RULES_BY_NAME", "add_scaled_product", "add_weighted_sum", "register",
+           "register_by_name", "registered_base", "rule_for"]

@@ -49,6 +49,11 @@ def clipped_sum(layer: nn.Embedding, a: Tensor, b: Tensor, factors: Tensor, out:
     out.index_add_(0, tokens.reshape(-1), weighted.reshape(-1, layer.embedding_dim))
 
 
+def tied_factors(layer: nn.Embedding, a: Tensor, b: Tensor) -> tuple[str, Tensor, Tensor]:
+    tokens, grads = _tokens_and_grads(layer, a, b)
+    return "onehot", grads, tokens
+
+
 def ghost_cost(layer: nn.Embedding, a: Tensor) -> tuple[int, int]:
     """Per example: at most T summed rows of ``dim`` against the dense (vocab × dim) gradient."""
     return a[0].numel() * layer.embedding_dim, layer.num_embeddings * layer.embedding_dim
@@ -73,6 +78,7 @@ def validate(layer: nn.Embedding) -> str | None:
 RULE = register(
     nn.Embedding,
     rule=LayerRule(
-        per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost, validate=validate
+        per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost, validate=validate,
+        tied_factors=tied_factors,
     ),
 )

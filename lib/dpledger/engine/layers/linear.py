@@ -70,6 +70,11 @@ def clipped_sum(layer: nn.Linear, a: Tensor, b: Tensor, factors: Tensor, out: Te
     add_scaled_product(out, factors, b, a)
 
 
+def tied_factors(layer: nn.Linear, a: Tensor, b: Tensor) -> tuple[str, Tensor, Tensor]:
+    a, b = as_sequences(a, b)
+    return "dense", a, b
+
+
 def ghost_cost(layer: nn.Linear, a: Tensor) -> tuple[int, int]:
     steps = a[0].numel() // a.shape[-1]
     return 2 * steps * steps, layer.in_features * layer.out_features
@@ -77,5 +82,6 @@ def ghost_cost(layer: nn.Linear, a: Tensor) -> tuple[int, int]:
 
 RULE = register(
     nn.Linear,
-    rule=LayerRule(per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost),
+    rule=LayerRule(per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost,
+                   tied_factors=tied_factors),
 )

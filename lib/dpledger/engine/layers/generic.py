@@ -1,0 +1,193 @@
+"""The generic exact rule: per-example gradients of ONE module's own parameters by re-running its forward.
+
+For a module that owns trainable parameters no specific rule covers (custom norms such as LlamaRMSNorm or
+T5LayerNorm, ViTEmbeddings' cls token and position embeddings, layer-scale parameters, torch's
+MultiheadAttention and RNNs), example i's gradient is the vector-Jacobian product of the module's forward on
+example i's slice of the saved inputs (every positional and keyword argument) with example i's output
+gradient: ``torch.func.vjp`` under ``vmap`` over the examples, or a loop over them where an operator has no
+batching rule (torch's fused RNN kernels). Only the module's own parameters (and those of children it uses
+functionally, :data:`CLAIMED_CHILDREN`) are differentiated; its child layers run with their real weights and
+keep their own (ghost) rules, so this is never one fallback over the whole model.
+
+Batch layout: each input and output tensor is batched along the module's batch dimension (1 where the module
+says ``batch_first=False``, as torch's RNNs and MultiheadAttention; RNN hidden states always along 1) when its
+size there is B, and otherwise shared by all examples (masks, position ids). The recomputed outputs must equal
+the ones the forward pass produced: a module that mixes examples, or whose layout is not the one assumed, is
+refused naming it rather than given a wrong gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, vjp, vmap
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+CLAIMED_CHILDREN: dict[str, Callable[[nn.Module], tuple[str, ...]]] = {
+    "torch.nn.modules.activation.MultiheadAttention": lambda m: ("out_proj",),
+    "transformers.models.t5.modeling_t5.T5Attention": (
+        lambda m: ("relative_attention_bias",) if m.has_relative_attention_bias else ()),
+}
+"""Children whose parameters a module uses functionally, not by calling them (MultiheadAttention passes
+``out_proj.weight`` to ``F.multi_head_attention_forward``), or on inputs without a batch dimension (T5's
+relative attention bias is looked up from (query, key) positions and broadcast over the batch): their
+parameters belong to the parent's generic rule. Keyed by qualified class name so that nothing imports
+``transformers``."""
+
+
+def qualified_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def claimed_children(module: nn.Module) -> tuple[str, ...]:
+    """Names of the children of ``module`` whose parameters its generic rule differentiates."""
+    for cls in type(module).__mro__:
+        claim = CLAIMED_CHILDREN.get(qualified_name(cls))
+        if claim is not None:
+            return claim(module)
+    return ()
+
+
+class GenericRuleError(Exception):
+    """The generic rule cannot form exact per-example gradients for this call (the engine names the layer)."""
+
+
+@dataclass
+class Layout:
+    """Candidate batch dimension of each flattened input and output tensor of one call."""
+
+    inputs: list[int]
+    outputs: list[int]
+
+
+RNN_ARGUMENTS = ("input", "hx")
+ATTENTION_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask")
+
+
+def _leaf_dims(values: list[tuple[int | str, Any]], dim_of: Callable[[int | str], int]) -> list[int]:
+    """One dimension per pytree leaf, the same for every leaf of one argument (in tree_flatten's order)."""
+    return [dim_of(key) for key, value in values for _ in tree_flatten(value)[0]]
+
+
+def layout_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Layout:
+    """Batch dimensions by argument: torch's RNNs have the sequence (input, output) along 0 or 1 by
+    ``batch_first`` and the hidden states (layers, B, H) along 1; MultiheadAttention has query, key, value and
+    its output along 0 or 1 by ``batch_first``, masks and attention weights along 0; any other module 0."""
+    main = 0 if getattr(module, "batch_first", True) else 1
+    if isinstance(module, nn.RNNBase):
+        names, batched, out_dims = RNN_ARGUMENTS, {"input"}, (main, 1)
+    elif isinstance(module, nn.MultiheadAttention):
+        names, batched, out_dims = ATTENTION_ARGUMENTS, {"query", "key", "value"}, (main, 0)
+    else:
+        names, batched, out_dims, main = (), set(), (0,), 0
+
+    def input_dim(key: int | str) -> int:
+        name = names[key] if isinstance(key, int) and key < len(names) else key
+        return main if name in batched else (1 if name == "hx" else 0)
+
+    inputs = _leaf_dims([*enumerate(args), *kwargs.items()], input_dim)
+    parts = list(enumerate(output)) if isinstance(output, (tuple, list)) else [(0, output)]
+    outputs = _leaf_dims(parts, lambda k: out_dims[min(k, len(out_dims) - 1)])
+    return Layout(inputs, outputs)
+
+
+def check_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Why this call's inputs cannot be split per example, or None."""
+    if isinstance(module, nn.RNNBase) and any(isinstance(a, nn.utils.rnn.PackedSequence) for a in args):
+        return "a PackedSequence input has no per-example layout; pad the batch instead"
+    if isinstance(module, nn.MultiheadAttention):
+        mask = kwargs.get("attn_mask", args[5] if len(args) > 5 else None)
+        if isinstance(mask, Tensor) and mask.dim() == 3:
+            return "a 3-D attn_mask (batch × heads, L, S) mixes the batch and head dimensions; use a 2-D mask"
+    return None
+
+
+def _batched_dims(leaves: list[Any], candidates: list[int], batch: int) -> list[int | None]:
+    """The vmap dimension of each leaf: its candidate when it has size B there, None (shared) otherwise."""
+    dims: list[int | None] = []
+    for leaf, dim in zip(leaves, candidates):
+        batched = isinstance(leaf, Tensor) and leaf.dim() > dim and leaf.shape[dim] == batch
+        dims.append(dim if batched else None)
+    return dims
+
+
+def per_example_grads(
+    module: nn.Module,
+    params: dict[str, Tensor],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    layout: Layout,
+    outputs: list[Tensor | None],
+    out_grads: list[Tensor | None],
+    batch: int,
+) -> dict[str, Tensor]:
+    """{parameter path: (B, *shape)} for ``params`` (paths relative to ``module``), from the saved call.
+
+    ``layout``: :func:`layout_of` the call; ``outputs``/``out_grads``: the forward's flattened output
+    tensors and their gradients (None where the output got none or is not a floating tensor)."""
+    input_leaves, input_spec = tree_flatten((args, kwargs))
+    in_dims = _batched_dims(input_leaves, layout.inputs, batch)
+    used = [k for k, g in enumerate(out_grads) if g is not None]
+    out_dims = [layout.outputs[k] for k in used]
+    for k, dim in zip(used, out_dims):
+        if outputs[k].dim() <= dim or outputs[k].shape[dim] != batch:
+            raise GenericRuleError(
+                f"output {k} has shape {tuple(outputs[k].shape)}, with no batch dimension of size {batch} at {dim}")
+    tensor_slots = [i for i, d in enumerate(in_dims) if d is not None]
+    primals = {name: p.detach() for name, p in params.items()}
+    if not used:  # called, but none of its outputs reached the loss: every example's gradient is zero
+        return {name: p.new_zeros(batch, *p.shape) for name, p in primals.items()}
+
+    def example(batched: list[Tensor], cotangents: list[Tensor]) -> tuple[dict[str, Tensor], list[Tensor]]:
+        leaves = list(input_leaves)
+        for slot, value in zip(tensor_slots, batched):
+            leaves[slot] = value.unsqueeze(in_dims[slot])
+        call_args, call_kwargs = tree_unflatten(leaves, input_spec)
+
+        def forward(weights: dict[str, Tensor]) -> tuple[Tensor, ...]:
+            flat = tree_flatten(functional_call(module, weights, call_args, call_kwargs))[0]
+            return tuple(flat[k].squeeze(dim) for k, dim in zip(used, out_dims))
+
+        recomputed, pullback = vjp(forward, primals)
+        return pullback(tuple(c.to(r.dtype) for c, r in zip(cotangents, recomputed)))[0], list(recomputed)
+
+    batched_inputs = [input_leaves[i] for i in tensor_slots]
+    cotangents = [out_grads[k] for k in used]
+    if isinstance(module, nn.RNNBase):  # torch's fused RNN kernels have no batching rule: one example at a time
+        results = [example([x.select(in_dims[s], i) for s, x in zip(tensor_slots, batched_inputs)],
+                           [g.select(d, i) for g, d in zip(cotangents, out_dims)]) for i in range(batch)]
+        grads = {name: torch.stack([r[0][name] for r in results]) for name in primals}
+        recomputed = [torch.stack([r[1][j] for r in results], dim=d) for j, d in enumerate(out_dims)]
+    else:
+        grads, recomputed = vmap(
+            example, in_dims=([in_dims[i] for i in tensor_slots], out_dims), out_dims=(0, out_dims),
+            randomness="error",
+        )(batched_inputs, cotangents)
+    for k, value in zip(used, recomputed):
+        if not _close(value, outputs[k]):
+            raise GenericRuleError(
+                f"recomputing output {k} one example at a time does not give the batch's output, so the layer mixes "
+                "examples or its inputs are not batch-first"
+            )
+    return grads
+
+
+def _close(recomputed: Tensor, saved: Tensor) -> bool:
+    """Same up to rounding: relative 1e-6 in float64, 1e-3 in float32, 3e-2 in half precision. Non-finite
+    entries must be non-finite in both (an example with a NaN input is then dropped by the engine, not
+    mistaken for a layer that mixes examples)."""
+    if not saved.numel():
+        return True
+    recomputed = recomputed.to(saved.dtype)
+    finite = torch.isfinite(saved)
+    if not torch.equal(finite, torch.isfinite(recomputed)):
+        return False
+    if not finite.any():
+        return True
+    tolerance = {torch.float64: 1e-6, torch.float32: 1e-3}.get(saved.dtype, 3e-2)
+    scale = saved[finite].abs().max().clamp_min(1.0)
+    return bool((recomputed[finite] - saved[finite]).abs().max() <= tolerance * scale)

@@ -1,0 +1,153 @@
+"""What the engine refuses, kept apart from the engine (as Opacus keeps ``validators/``), and the one fix it offers.
+
+Checks that run on construction (options, layers the engine cannot train), on the first training forward pass
+(parameters used outside their layers), during training (layers whose forward pass changes the model from the
+data) and after the backward pass (inputs changed in place), plus :func:`replace_batchnorm`, the explicit
+one-call fix for BatchNorm (which mixes examples, so no per-example gradient exists).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from dpledger.engine.clipping import check_clipping
+from dpledger.engine.layers import LayerRule
+from dpledger.engine.layers.embedding import MAX_NORM_REASON
+from dpledger.errors import DpledgerError, ParamsError
+
+
+class UnsupportedLayerError(DpledgerError):
+    """A trainable parameter sits in a layer the engine cannot train privately (it names the layer and why)."""
+
+
+GHOST_MODES = ("auto", "always", "never")
+BATCHNORM_FIX = (
+    "replace it with GroupNorm by dpledger.engine.replace_batchnorm(model), or put it in eval mode with running "
+    "statistics and freeze it"
+)
+
+
+def check_options(clipping: str, clip_norm: float, automatic_gamma: float, noise_multiplier: float,
+                  normalizer: float, ghost: str) -> None:
+    """The engine's numeric and mode options, each refused with one line naming it."""
+    check_clipping(clipping, clip_norm, automatic_gamma)
+    if not noise_multiplier >= 0:
+        raise ParamsError(f"engine: noise_multiplier = {noise_multiplier!r} is invalid: it must be >= 0")
+    if not normalizer > 0:
+        raise ParamsError(f"engine: normalizer = {normalizer!r} is invalid: it must be > 0")
+    if ghost not in GHOST_MODES:
+        raise ParamsError(f"engine: ghost = {ghost!r} is invalid: allowed values are {', '.join(GHOST_MODES)}")
+
+
+def layer_refusal(module: nn.Module, label: str, names: list[str], rule: LayerRule | None,
+                  attrs: list[str]) -> str | None:
+    """Why a layer owning the trainable parameters ``names`` (attributes ``attrs``) cannot be trained, or None:
+    a BatchNorm (it mixes examples; the fix is :func:`replace_batchnorm`), or a rule that refuses this layer's
+    configuration or does not know one of its parameters. Layers without a rule get the generic rule."""
+    if isinstance(module, _BatchNorm):
+        return (f"engine: trainable parameter {', '.join(names)} is in layer {label}, a BatchNorm: it mixes examples, "
+                f"so no per-example gradient exists; {BATCHNORM_FIX}")
+    if rule is None:
+        return None
+    reason = rule.validate(module) if rule.validate else None
+    unknown = [attr for attr in attrs if attr not in rule.parameters]
+    if reason or unknown:
+        why = reason or f"the rule knows only {', '.join(rule.parameters)}, not {', '.join(unknown)}"
+        return f"engine: layer {label} cannot be trained privately: {why}"
+    return None
+
+
+def data_dependent_state(module: nn.Module) -> str | None:
+    """Why ``module`` (a BatchNorm, InstanceNorm or Embedding), run while the model trains and even with frozen
+    parameters, changes the model from the data without noise or mixes examples; None when it does not:
+
+    - a BatchNorm that normalises with (and updates running stats from) the batch: every example's
+      gradient then depends on the other examples and the padding rows, so clipping no longer bounds one
+      example's contribution (and the running stats in the released model come from the data);
+    - an InstanceNorm that tracks running statistics (its normalisation is per example, but the running
+      stats in the released model are computed from the data without noise);
+    - an Embedding with ``max_norm``, which renormalises the looked-up rows in place."""
+    if isinstance(module, _BatchNorm):
+        return None if not module.training and module.running_mean is not None else (
+            "normalises with batch statistics, which mix examples (and padding rows) into every per-example "
+            f"gradient; {BATCHNORM_FIX}")
+    if isinstance(module, _InstanceNorm):
+        return None if not (module.training and module.track_running_stats) else (
+            "updates its running statistics from the private batch without noise; use "
+            "track_running_stats=False or put it in eval mode")
+    return None if module.max_norm is None else f"{MAX_NORM_REASON}; use max_norm=None"
+
+
+def outside_use_message(name: str) -> str:
+    return (f"engine: trainable parameter {name} is used outside the forward of its layer (e.g. a head "
+            "tied by F.linear(h, embed.weight)), where it would get no gradient; tie modules instead "
+            "(head.weight = embed.weight), or use it under torch.no_grad() or detached")
+
+
+def in_place_message(label: str) -> str:
+    """The saved input was changed in place after the layer used it (e.g. ``h += layer(h)``). With the parameters
+    not requiring gradients torch's own backward of a Linear never reads that input, so only the engine's version
+    check stops the per-example gradients being formed from the changed values."""
+    return (f"engine: layer {label}: its input was changed in place after the layer used it (e.g. h += layer(h)), "
+            "so its per-example gradients cannot be formed; use an out-of-place operation (h = h + layer(h))")
+
+
+_GRADIENT_FREE = {Tensor.detach, Tensor.detach_, Tensor.data.__get__, Tensor.grad.__get__}
+
+
+class OutsideUses(TorchFunctionMode):
+    """Active during the first recorded forward pass: finds the first trainable parameter that a differentiable
+    operation uses outside the forward of a layer owning it (e.g. a head tied by ``F.linear(h, embed.weight)``).
+    Ghost differentiation turns requires_grad off, so such a use would get no gradient at all, silently; only
+    the layers' own uses reach the per-example rules."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        super().__init__()
+        self.names = names
+        self.running: list[frozenset[int]] = []  # parameter ids of the hooked layers whose forward is running
+        self.found: str | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if self.found is None and torch.is_grad_enabled() and func not in _GRADIENT_FREE and any(
+            isinstance(r, Tensor) and (r.is_floating_point() or r.is_complex()) for r in tree_flatten(result)[0]
+        ):
+            allowed = self.running[-1] if self.running else frozenset()
+            for value in tree_flatten((args, kwargs))[0]:
+                if isinstance(value, Tensor) and id(value) in self.names and id(value) not in allowed:
+                    self.found = self.names[id(value)]
+                    break
+        return result
+
+
+MAX_GROUPS = 32
+"""GroupNorm's usual group count (Wu & He 2018); fewer when the channel count has no such divisor."""
+
+
+def _group_count(channels: int) -> int:
+    """The largest divisor of ``channels`` that is at most :data:`MAX_GROUPS`."""
+    return max(g for g in range(1, min(channels, MAX_GROUPS) + 1) if channels % g == 0)
+
+
+def replace_batchnorm(model: nn.Module) -> nn.Module:
+    """Replace every BatchNorm (1d/2d/3d, SyncBatchNorm) of ``model`` in place by a GroupNorm over the same channels
+    (the largest group count ≤ 32 dividing them), with the same ``eps`` and ``affine``; returns ``model``.
+
+    GroupNorm normalises each example on its own, so per-example gradients exist and the engine trains it exactly.
+    Fresh weights (ones, zeros): a pretrained BatchNorm's statistics do not carry over; fine-tune afterwards."""
+    for name, child in list(model.named_children()):
+        if isinstance(child, _BatchNorm):
+            norm = nn.GroupNorm(_group_count(child.num_features), child.num_features, eps=child.eps, affine=child.affine)
+            reference = child.weight if child.affine else next(iter(child.buffers()), None)
+            if reference is not None:
+                norm = norm.to(device=reference.device, dtype=reference.dtype)
+            setattr(model, name, norm)
+        else:
+            replace_batchnorm(child)
+    return model
