@@ -14,7 +14,7 @@ from dpledger.audit.result import epsilon_versus_observations, tradeoff_points
 from dpledger.audit.samplers import audited_sampler
 from dpledger.params import Params
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
-from dpledger.sampling.guard import check_schedule, check_schedule_sizes
+from dpledger.sampling.guard import check_schedule
 from dpledger.sampling.registry import options_for
 from dpledger.sampling.schedule import Schedule
 
@@ -29,8 +29,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     """Compute the audit and write artifacts/audit/, metrics/audit.json and plots/audit/."""
     audit = params.audit
     record, schedule = _inputs(root)
-    check = check_schedule(record.sampler, schedule, allow_mismatch=True)
-    check_schedule_sizes(schedule, dataset_size=record.dataset_size, batch_size=record.batch_size, epochs=record.epochs)
+    check = check_schedule(record.description, schedule, allow_mismatch=True)
     options = options_for(schedule.sampler, **schedule.sampler_params)
     sizes = {"dataset_size": schedule.dataset_size, "batch_size": record.batch_size, "epochs": record.epochs}
     audited = audited_sampler(schedule.sampler, noise_multiplier=record.noise_multiplier, options=options, seed=params.seed, **sizes)

@@ -43,7 +43,7 @@ from dpledger.models import Task, build_task_model, task_for
 from dpledger.params import Params
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
-from dpledger.sampling.guard import check_schedule, check_schedule_sizes
+from dpledger.sampling.guard import check_schedule
 from dpledger.sampling.schedule import Schedule
 
 CALIBRATION = Path("artifacts/calibration/calibration.json")
@@ -71,7 +71,6 @@ def _load_inputs(params: Params, root: Path) -> tuple[CalibrationRecord, Schedul
             f"train: the schedule indexes {schedule.dataset_size} examples but the training set has {data.train_size}; "
             "re-run the schedule stage"
         )
-    check_schedule_sizes(schedule, dataset_size=record.dataset_size, batch_size=record.batch_size, epochs=record.epochs)
     if schedule.num_steps > record.steps:
         raise DpledgerError(
             f"train: the schedule has {schedule.num_steps} steps but calibration accounted for {record.steps}; "
@@ -169,7 +168,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
 def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     """Train (or resume) as rank ``ranks.rank``; rank 0 writes artifacts/train, metrics/train.json and plots/train."""
     record, schedule, data = _load_inputs(params, root)
-    check = check_schedule(record.sampler, schedule, allow_mismatch=params.train.allow_sampler_mismatch)
+    check = check_schedule(record.description, schedule, allow_mismatch=params.train.allow_sampler_mismatch)
     device = ranks.device(select_device(params.train.device))
     if device.type == "cpu":
         retain_freed_memory()

@@ -61,6 +61,9 @@ def load_inputs(root: str | Path) -> ReportInputs:
         metrics[stage] = loaded or {}
         status[stage] = state
     details = {stage: _read_json(root, path, problems)[0] for stage, path in DETAIL_FILES.items()}
+    record = details.get("calibrate")
+    if isinstance(record, dict) and isinstance(record.get("description"), dict):
+        details["calibrate"] = {**record["description"], **record}  # σ, sampler, mechanism read at the top level
     return ReportInputs(
         root=root,
         metrics=metrics,
