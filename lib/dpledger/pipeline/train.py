@@ -41,14 +41,15 @@ from dpledger.engine.device import autocast, select_device
 from dpledger.errors import DpledgerError
 from dpledger.models import Task, build_task_model, task_for
 from dpledger.params import Params
+from dpledger.pipeline import paths
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.sampling.guard import check_schedule
 from dpledger.sampling.schedule import Schedule
 
-CALIBRATION = Path("artifacts/calibration/calibration.json")
-SCHEDULE = Path("artifacts/schedule")
-OUT = Path("artifacts/train")
+CALIBRATION = paths.CALIBRATION
+SCHEDULE = paths.SCHEDULE_DIR
+OUT = paths.TRAIN_DIR
 
 
 def epsilon_spent(record: CalibrationRecord, steps_done: int) -> float:
@@ -250,8 +251,8 @@ def _write_outputs(root, ledger, record, check, model, task, tensors, engine, re
     assumptions = [s for s in (check.warning(), check.assumption()) if s]
     io.write_json(out / "ledger.json", {**summary, "schedule_position": ledger.schedule_position, "task": task.name,
                                          "layer_methods": engine.layer_methods, "assumptions": assumptions})
-    _write_plots(root / "plots/train", history, task.metric)
-    io.write_json(root / "metrics/train.json", metrics)
+    _write_plots(root / paths.plots("train"), history, task.metric)
+    io.write_json(root / paths.metrics("train"), metrics)
     return metrics
 
 

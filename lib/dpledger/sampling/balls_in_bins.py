@@ -19,16 +19,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from dpledger.sampling.base import (
-    INDEX_DTYPE,
-    Batch,
-    BatchSampler,
-    Membership,
-    permutation,
-    random_stream,
-    real_batch,
-    require_int,
-)
+from dpledger.sampling.base import INDEX_DTYPE, Batch, BatchSampler, Membership, permutation, random_stream
+from dpledger.sampling.base import real_batch, require_int
 
 PADDING_INDEX = 0
 
