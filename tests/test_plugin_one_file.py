@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import yaml
-
 from dpledger.params import parse_params
 from dpledger.pipeline import run_stage
 
