@@ -37,16 +37,13 @@ def genuine_record(*, noise_multiplier: float, sampler: str, steps: int, batch_s
     """A record whose ε is what its accountant gives at its σ (train and audit recompute it): PLD where it
     applies, else Monte Carlo's claim is left at 3.0 (the seal, not a recomputation, protects it)."""
     accountant = "pld" if sampler in ("poisson", "fixed") and mechanism == "identity" else "montecarlo"
-    epsilon = 3.0
-    if accountant == "pld":
-        description = describe(sampler=sampler, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs)
-        epsilon = get_accountant("pld").epsilon(description.with_steps(steps).with_noise(noise_multiplier), delta).epsilon
+    description = describe(sampler=sampler, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs,
+                           mechanism=mechanism, mechanism_params=mechanism_params)
+    description = description.with_steps(steps).with_noise(noise_multiplier)
+    epsilon = get_accountant("pld").epsilon(description, delta).epsilon if accountant == "pld" else 3.0
     curve = [(s, epsilon * (s / steps) ** 0.5) for s in range(10, steps, 10)] + [(steps, epsilon)]
-    return CalibrationRecord(
-        noise_multiplier=noise_multiplier, epsilon=epsilon, delta=delta, accountant=accountant, sampler=sampler,
-        assumptions=["fixture"], steps=steps, batch_size=batch_size, dataset_size=dataset_size, epochs=epochs,
-        mechanism=mechanism, mechanism_params=mechanism_params or {}, epsilon_curve=curve,
-    )
+    return CalibrationRecord(description=description, epsilon=epsilon, delta=delta, accountant=accountant,
+                             assumptions=["fixture"], epsilon_curve=curve)
 
 
 def make_project(root: Path, *, train: dict | None = None, epochs: int = 2, batch_size: int = 64,

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from dpledger.accounting.description import describe
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.errors import DpledgerError, SamplerMismatchError
 from dpledger.pipeline import run_stage
@@ -51,8 +52,8 @@ def test_stage_trains_and_writes_metrics_plots_and_ledger(tmp_path):
 
 
 def test_epsilon_spent_reads_the_curve_pessimistically():
-    record = CalibrationRecord(noise_multiplier=1.0, epsilon=3.0, delta=1e-5, accountant="pld", sampler="poisson",
-                               assumptions=[], steps=100, batch_size=10, dataset_size=100, epochs=10,
+    description = describe(sampler="poisson", noise_multiplier=1.0, dataset_size=100, batch_size=10, epochs=10)
+    record = CalibrationRecord(description=description, epsilon=3.0, delta=1e-5, accountant="pld", assumptions=[],
                                epsilon_curve=[(10, 0.5), (50, 1.5), (90, 2.5)])
     assert epsilon_spent(record, 0) == 0.0
     assert epsilon_spent(record, 10) == 0.5
@@ -93,14 +94,14 @@ def test_schedule_built_for_other_sizes_is_refused(tmp_path, batch_size, epochs)
 
 def test_pad_truncate_schedule_normalises_by_fixed_batch_size_and_ignores_padding(tmp_path):
     rng = np.random.default_rng(0)
-    steps, size = 30, 32
+    steps, size = 45, 32  # one epoch of b = ⌈1438 / 32⌉ bins
     indices = rng.integers(0, TRAIN_SIZE, steps * size)
     padding = rng.random(steps * size) < 0.2
     schedule = Schedule(indices=indices, offsets=np.arange(0, steps * size + 1, size), padding=padding,
-                        sampler="balls-in-bins", sampler_params={"batch_size": size, "epochs": 2, "pad_truncate": True},
-                        seed=0, dataset_size=TRAIN_SIZE, steps_per_epoch=15, normalizer=size)
-    params = make_project(tmp_path, schedule=schedule, accounted="balls-in-bins", batch_size=size, epochs=2)
-    assert run_stage("train", params, tmp_path)["steps_done"] == 30
+                        sampler="balls-in-bins", sampler_params={"batch_size": size, "epochs": 1, "pad_truncate": True},
+                        seed=0, dataset_size=TRAIN_SIZE, steps_per_epoch=steps, normalizer=size)
+    params = make_project(tmp_path, schedule=schedule, accounted="balls-in-bins", batch_size=size, epochs=1)
+    assert run_stage("train", params, tmp_path)["steps_done"] == steps
 
 
 def test_changed_config_restarts_instead_of_resuming(tmp_path):

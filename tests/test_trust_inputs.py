@@ -32,12 +32,14 @@ def test_an_edited_sigma_is_refused_with_one_line(tmp_path):
 
 
 def test_an_edited_sigma_with_a_resealed_record_is_refused_by_recomputing_the_claim(tmp_path):
+    from dataclasses import replace
+
     from dpledger.accounting.record import CalibrationRecord
     from dpledger.pipeline.inputs_check import seal_record
 
     params = make_project(tmp_path, epochs=1, noise_multiplier=1.244)
     record = CalibrationRecord.load(tmp_path / CALIBRATION)
-    seal_record(tmp_path / "artifacts/calibration", CalibrationRecord(**{**record.to_dict(), "noise_multiplier": 0.3}))
+    seal_record(tmp_path / "artifacts/calibration", replace(record, description=record.description.with_noise(0.3)))
     with pytest.raises(DpledgerError, match=r"gives ε = "):
         run_stage("train", params, tmp_path)
 

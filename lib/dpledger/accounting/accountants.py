@@ -47,25 +47,12 @@ class Accountant(Protocol):
     def delta(self, description: MechanismDescription, epsilon: float) -> float: ...
 
 
-def _sampler_sentence(description: MechanismDescription) -> str:
-    d = description
-    return {
-        "poisson": f"Poisson sampling: each example joins each step independently with probability q = {d.sample_rate:.6g}",
-        "fixed": (f"fixed-size sampling: each step uses a fresh uniformly random subset of B = {d.batch_size} of "
-                  f"N = {d.dataset_size} examples (not a shuffle)"),
-        "balls-in-bins": (f"balls-in-bins: each example is put in one of b = {d.batches_per_epoch} bins once, and "
-                          f"the bins are reused in the same order every epoch ({d.epochs} epochs)"),
-        "balls-in-bins-redrawn": (f"balls-in-bins redrawn every epoch: each epoch puts every example in one of "
-                                  f"b = {d.batches_per_epoch} bins afresh ({d.epochs} epochs)"),
-    }[d.sampler]
-
-
 def _base_assumptions(description: MechanismDescription) -> list[str]:
     adjacency = ADJACENCY if description.group_size == 1 else (
         f"add or remove up to k = {description.group_size} examples (group privacy; both directions accounted)"
     )
     return [
-        _sampler_sentence(description),
+        description.sampling_sentence(),
         f"adjacency: {adjacency}",
         f"noise N(0, (σ·clip norm)²) with σ = {description.noise_multiplier:.6g} added once per step to the sum "
         f"of per-example clipped gradients, {description.steps} steps",

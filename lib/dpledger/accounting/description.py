@@ -6,6 +6,11 @@ Conventions (shared by calibrate, schedule and the CLI):
 - steps = epochs × batches_per_epoch with batches_per_epoch = ceil(dataset_size / batch_size); for
   balls-in-bins these are the b bins of 004 §3.1;
 - adjacency: add or remove up to ``group_size`` examples (k = 1 is example-level DP).
+
+The accounted samplers (:data:`ACCOUNTED_SAMPLINGS`) are this module's vocabulary, as dp-accounting's
+``DpEvent`` classes are its own: each names one sampling law and says it in the ledger's words. A sampler
+in :mod:`dpledger.sampling` refers to one by name (``accounted_as``); accountants say which they cover in
+their ``unsupported()``. The meaning of a name never changes: a new law gets a new name.
 """
 
 from __future__ import annotations
@@ -16,7 +21,42 @@ from typing import Any
 
 from dpledger.errors import ParamsError
 
-SAMPLERS = ("poisson", "fixed", "balls-in-bins", "balls-in-bins-redrawn")
+
+@dataclass(frozen=True)
+class AccountedSampling:
+    """One sampling law the accountants know: its name and its sentence in the ledger.
+
+    ``law`` is formatted with the description's q, B, N, b and E. ``whole_epochs``: the law draws
+    per epoch (bins), so a run is a whole number of epochs (steps = epochs × b).
+    """
+
+    name: str
+    law: str
+    whole_epochs: bool = False
+
+    def sentence(self, description: "MechanismDescription") -> str:
+        d = description
+        return self.law.format(q=f"{d.sample_rate:.6g}", B=d.batch_size, N=d.dataset_size, b=d.batches_per_epoch,
+                               E=d.epochs)
+
+
+ACCOUNTED_SAMPLINGS = {
+    law.name: law
+    for law in (
+        AccountedSampling("poisson", "Poisson sampling: each example joins each step independently with probability "
+                                     "q = {q}"),
+        AccountedSampling("fixed", "fixed-size sampling: each step uses a fresh uniformly random subset of B = {B} "
+                                   "of N = {N} examples (not a shuffle)"),
+        AccountedSampling("balls-in-bins", "balls-in-bins: each example is put in one of b = {b} bins once, and the "
+                                           "bins are reused in the same order every epoch ({E} epochs)",
+                          whole_epochs=True),
+        AccountedSampling("balls-in-bins-redrawn", "balls-in-bins redrawn every epoch: each epoch puts every example "
+                                                   "in one of b = {b} bins afresh ({E} epochs)", whole_epochs=True),
+    )
+}
+SAMPLERS = tuple(ACCOUNTED_SAMPLINGS)
+SAMPLING_FIELDS = ("sampler", "dataset_size", "batch_size", "sample_rate", "batches_per_epoch", "epochs", "steps")
+AT_MOST_ACCOUNTED = ("epochs", "steps")  # fewer is a prefix of the accounted run, which the claim covers
 
 
 @dataclass(frozen=True)
@@ -49,6 +89,34 @@ class MechanismDescription:
     def with_group(self, group_size: int) -> "MechanismDescription":
         return replace(self, group_size=group_size)
 
+    def sampling_sentence(self) -> str:
+        """How batches are drawn, in the ledger's words (see :data:`ACCOUNTED_SAMPLINGS`)."""
+        return ACCOUNTED_SAMPLINGS[self.sampler].sentence(self)
+
+    def sampling_differences(self, used: "MechanismDescription") -> list[str]:
+        """Every sampling field in which the run ``used`` describes leaves the run this one accounts for:
+        another sampler or size, or more epochs or steps. Where the samplers differ only n, B and the
+        epochs are compared (the laws' own fields, q, b and steps, then differ by nature); b only for laws
+        drawn per epoch (a per-step law's accountant reads q and the steps, not b)."""
+        if used.sampler != self.sampler:
+            compared: tuple[str, ...] = ("sampler", "dataset_size", "batch_size", "epochs")
+        elif ACCOUNTED_SAMPLINGS[self.sampler].whole_epochs:
+            compared = SAMPLING_FIELDS
+        else:
+            compared = tuple(name for name in SAMPLING_FIELDS if name != "batches_per_epoch")
+        differences = []
+        for name in compared:
+            accounted, actual = getattr(self, name), getattr(used, name)
+            if name in AT_MOST_ACCOUNTED:
+                differs = actual > accounted
+            elif isinstance(accounted, float):
+                differs = not math.isclose(actual, accounted, rel_tol=1e-12)
+            else:
+                differs = actual != accounted
+            if differs:
+                differences.append(f"{name} {actual} (accounted {accounted})")
+        return differences
+
 
 def describe(
     *,
@@ -66,13 +134,7 @@ def describe(
 ) -> MechanismDescription:
     """Build a description from whichever sizes are given; inconsistent or missing sizes raise ParamsError."""
     if sampler not in SAMPLERS:
-        hint = (
-            " (shuffling has no tight accountant: audits show Poisson accounting under-states its epsilon; "
-            "build batches with balls-in-bins and account with montecarlo, or use poisson)"
-            if sampler == "shuffle"
-            else ""
-        )
-        raise ParamsError(f"sampler = {sampler!r} is invalid: allowed values are {', '.join(SAMPLERS)}{hint}")
+        raise ParamsError(f"sampler = {sampler!r} is invalid: allowed values are {', '.join(SAMPLERS)}")
     _positive("noise_multiplier", noise_multiplier, allow_zero=True)
     for name, value in (("dataset_size", dataset_size), ("batch_size", batch_size), ("steps", steps),
                         ("epochs", epochs), ("batches_per_epoch", batches_per_epoch), ("group_size", group_size)):
@@ -107,7 +169,7 @@ def describe(
             f"{(epochs - 1) * batches_per_epoch + 1} to {epochs * batches_per_epoch} steps (give one of the two)"
         )
     epochs = epochs or max(1, math.ceil(steps / batches_per_epoch))
-    if sampler.startswith("balls-in-bins") and steps != epochs * batches_per_epoch:
+    if ACCOUNTED_SAMPLINGS[sampler].whole_epochs and steps != epochs * batches_per_epoch:
         raise ParamsError(
             f"steps = {steps} is invalid for {sampler}: it must equal epochs × batches_per_epoch = "
             f"{epochs} × {batches_per_epoch}"

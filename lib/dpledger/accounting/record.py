@@ -7,6 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from dpledger import io
+from dpledger.accounting.description import MechanismDescription
+
+DESCRIBED = ("noise_multiplier", "sampler", "steps", "batch_size", "dataset_size", "epochs", "mechanism",
+             "mechanism_params")
 
 
 @dataclass(frozen=True)
@@ -24,34 +28,40 @@ class AccountantResult:
 class CalibrationRecord:
     """Noise multiplier and privacy claim handed from calibrate to train, audit and report.
 
-    ``epsilon`` is the claim: the value proven by ``accountant`` for ``sampler`` at ``delta`` with
-    ``noise_multiplier`` (noise std = noise_multiplier * clip norm on the summed clipped gradient).
-    ``mechanism`` names the correlation matrix (``identity`` is DP-SGD). ``epsilon_curve`` lists
-    (steps taken, epsilon proven after that many steps) so training can log the epsilon spent.
+    ``epsilon`` is the claim: the value proven by ``accountant`` at ``delta`` for ``description``, the
+    one description of the run (sampler, sizes, steps, σ = its noise_multiplier, mechanism) that the
+    accountant consumed; the sampler, sizes and σ read below are its fields, never copies.
+    ``epsilon_curve`` lists (steps taken, epsilon proven after that many steps) so training can log
+    the epsilon spent.
     """
 
-    noise_multiplier: float
+    description: MechanismDescription
     epsilon: float
     delta: float
     accountant: str
-    sampler: str
     assumptions: list[str]
-    steps: int
-    batch_size: int
-    dataset_size: int
-    epochs: int
-    mechanism: str = "identity"
-    mechanism_params: dict[str, Any] = field(default_factory=dict)
     accountants: list[AccountantResult] = field(default_factory=list)
     group: list[dict[str, Any]] = field(default_factory=list)
     epsilon_curve: list[tuple[int, float]] = field(default_factory=list)
+
+    def __getattr__(self, name: str) -> Any:
+        """``noise_multiplier``, ``sampler``, ``steps``, ``batch_size``, ``dataset_size``, ``epochs``,
+        ``mechanism`` and ``mechanism_params`` are the description's fields, read through the record."""
+        if name in DESCRIBED:
+            return getattr(self.description, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "CalibrationRecord":
+        """The record :meth:`to_dict` wrote. One written before records carried their description is refused
+        (a TypeError, which :func:`dpledger.io.reading_artifact` turns into one line: re-run calibrate)."""
         raw = dict(raw)
+        if "description" not in raw:
+            raise TypeError("the record carries no mechanism description (written by an older dpledger?)")
+        raw["description"] = MechanismDescription(**raw["description"])
         raw["accountants"] = [AccountantResult(**a) for a in raw.get("accountants", [])]
         return cls(**raw)
 

@@ -4,8 +4,10 @@ The audited pair of datasets follows the sampler (002 §3.2, §7): with fixed ba
 sequential, partial shuffle, fixed-size subsets) the conjectured worst case D = (+1, −1, …, −1),
 D' = (⊥, −1, …, −1), whose −1 background marks the batch holding ⊥; with random batch sizes (Poisson,
 balls-in-bins) the proven worst case (+1, 0, …, 0), (⊥, 0, …, 0); for batch-then-shuffle the
-paper's adapted worst case (the target's whole batch +1, every other record −1). Samplers without a
-closed form (plugins, pad/truncate, a dropped last batch that can hold the record) are run for real:
+paper's adapted worst case (the target's whole batch +1, every other record −1). Each sampler states
+its law of membership itself (:meth:`dpledger.sampling.base.BatchSampler.membership`); the model here
+follows from that law, never from the sampler's name. Samplers without a closed form (plugins that
+state none, pad/truncate, a dropped last batch that can hold the record) are run for real:
 the record's step memberships come from the sampler itself (``PatternModel``), one sampler run per
 game, so those audits are slower.
 """
@@ -20,6 +22,7 @@ import numpy as np
 
 from dpledger.audit.models import BgmModel, PatternModel, SlotModel, StepMixtureModel
 from dpledger.errors import ParamsError
+from dpledger.sampling.base import BatchSampler
 from dpledger.sampling.plugin import PluginSampler
 from dpledger.sampling.registry import build_sampler
 
@@ -49,20 +52,6 @@ class AuditedSampler:
         return isinstance(self.model, PatternModel)
 
 
-def _epoch_sizes(dataset_size: int, batch_size: int, drop_last: bool) -> list[int]:
-    full, rest = divmod(dataset_size, batch_size)
-    return [batch_size] * full + ([] if drop_last or rest == 0 else [rest])
-
-
-def _slot_weights_of_positions(positions: int, batch_size: int, steps: int) -> tuple[float, ...] | None:
-    """Weights of the slots a record at a uniform position in [0, positions) lands in; None if some
-    position falls in a dropped batch."""
-    slots = np.arange(positions) // batch_size
-    if slots.max() >= steps:
-        return None
-    return tuple(np.bincount(slots, minlength=steps).astype(np.float64) / positions)
-
-
 def audited_sampler(
     sampler: str,
     *,
@@ -76,7 +65,7 @@ def audited_sampler(
     """The batched-Gaussian model of ``sampler`` (a built-in name or ``module:callable``)."""
     options = dict(options or {})
     built = build_sampler(sampler, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, seed=seed, **options)
-    analytic = _analytic_model(sampler, built, noise_multiplier) if sampler in _ANALYTIC else None
+    analytic = _analytic_model(built, noise_multiplier)
     if analytic is None:
         model = _pattern_model(sampler, dataset_size, batch_size, epochs, noise_multiplier, options, seed)
         analytic = (model, PAIR_ZERO, "memberships drawn by running the sampler itself (one run per game)")
@@ -90,49 +79,23 @@ def _steps_per_epoch(built: Any, model: BgmModel) -> int:
     return built.steps_per_epoch
 
 
-def _analytic_model(name: str, built: Any, sigma: float) -> tuple[BgmModel, str, str] | None:
-    """The closed-form model of a built-in sampler, or None where its law has no closed form here."""
-    n, size, epochs, steps = built.dataset_size, built.batch_size, built.epochs, built.steps_per_epoch
-    if name == "poisson":
-        model = StepMixtureModel(sigma, steps * epochs, built.sample_rate, 1.0, 0.0)
-        return model, PAIR_ZERO, "each step independently with probability q"
-    if name == "fixed":
-        return StepMixtureModel(sigma, steps * epochs, size / n, 2.0, 1.0), PAIR_MINUS_ONE, "each step independently with probability B/n"
-    if name in ("balls-in-bins", "balls-in-bins-redrawn"):
-        if built.pad_truncate:
-            return None
-        fixed = name == "balls-in-bins"
-        model = SlotModel(sigma, epochs, (1.0,) * steps, 1.0, 0.0, same_slot_every_epoch=fixed)
-        where = "one uniform bin, the same in every epoch" if fixed else "one uniform bin, redrawn every epoch"
-        return model, PAIR_ZERO, where
-    sizes = _epoch_sizes(n, size, built.drop_last)
-    if name == "shuffle":
-        weights = _slot_weights_of_positions(n, size, len(sizes))
-        if weights is None:
-            return None
-        return SlotModel(sigma, epochs, weights, 2.0, 1.0), PAIR_MINUS_ONE, "one slot per epoch, probability ∝ batch size"
-    if name == "sequential":
-        weights = (1.0,) + (0.0,) * (len(sizes) - 1)
-        model = SlotModel(sigma, epochs, weights, 2.0, 1.0, same_slot_every_epoch=True)
-        return model, PAIR_MINUS_ONE, "the first batch of every epoch"
-    if name == "partial-shuffle":
-        weights = _slot_weights_of_positions(min(built.buffer_size, n), size, len(sizes))
-        if weights is None:
-            return None
-        where = f"a uniform position among the first K = {built.buffer_size} of every epoch (002 §7.1)"
-        return SlotModel(sigma, epochs, weights, 2.0, 1.0), PAIR_MINUS_ONE, where
-    if name == "batch-then-shuffle":
-        if len(set(sizes)) != 1:
-            return None
-        first = sizes[0]
-        model = SlotModel(sigma, epochs, (1.0,) * len(sizes), 2.0 * first, 2.0 * first - 1.0)
-        return model, PAIR_BATCH, "the first batch, at a uniform slot every epoch (002 §7.2)"
-    return None
-
-
-_ANALYTIC = frozenset(
-    {"poisson", "fixed", "balls-in-bins", "balls-in-bins-redrawn", "shuffle", "sequential", "partial-shuffle", "batch-then-shuffle"}
-)
+def _analytic_model(built: BatchSampler, sigma: float) -> tuple[BgmModel, str, str] | None:
+    """The closed-form model of the sampler's own law of membership (:meth:`BatchSampler.membership`), or None."""
+    law = built.membership()
+    if law is None:
+        return None
+    if law.moves_with_batch is not None:
+        shift, pair = 2.0 * law.moves_with_batch, PAIR_BATCH
+    elif law.fixed_batch_size:
+        shift, pair = 2.0, PAIR_MINUS_ONE
+    else:
+        shift, pair = 1.0, PAIR_ZERO
+    if law.step_probability is not None:
+        model: BgmModel = StepMixtureModel(sigma, built.num_steps, law.step_probability, shift, shift - 1.0)
+    else:
+        model = SlotModel(sigma, built.epochs, law.slot_weights, shift, shift - 1.0,
+                          same_slot_every_epoch=law.same_slot_every_epoch)
+    return model, pair, law.placement
 
 
 def record_memberships(

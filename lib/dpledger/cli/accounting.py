@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
-from typing import Annotated, Any, Optional
+from dataclasses import MISSING, dataclass, fields
+from typing import Annotated, Any, Callable, Optional, get_type_hints
 
 import typer
 
@@ -21,19 +23,14 @@ def _default(key: str) -> Any:
     return CalibrateParams.model_fields[key].default
 
 
-def _description(sampler: str, noise_multiplier: float, sample_rate: Optional[float], steps: Optional[int],
-                 dataset_size: Optional[int], batch_size: Optional[int], batches_per_epoch: Optional[int],
-                 epochs: Optional[int], group_size: int, mechanism: str, bands: int,
-                 mechanism_params: Optional[str]):
-    from dpledger.accounting import describe
+def _matrix(mechanism: str, bands: int, mechanism_params: Optional[str]) -> dict[str, Any]:
+    """mechanism_params of C from --mechanism, --bands and --mechanism-params (JSON)."""
     from dpledger.mechanisms import MECHANISMS, banded_params
 
     if mechanism not in MECHANISMS:
         raise ParamsError(f"--mechanism = {mechanism!r} is invalid: allowed values are {', '.join(MECHANISMS)}")
     if not 1 <= bands <= MAX_BANDS:
         raise ParamsError(f"--bands = {bands} is invalid: it must be an integer in [1, {MAX_BANDS}]")
-    if steps is None and epochs is None:
-        raise ParamsError("--epochs (or --steps) is missing: say how long the run is; nothing defaults to one epoch")
     if mechanism_params is not None:
         try:
             matrix = json.loads(mechanism_params)
@@ -43,26 +40,11 @@ def _description(sampler: str, noise_multiplier: float, sample_rate: Optional[fl
             raise ParamsError("--mechanism-params is invalid: it must be a JSON object such as "
                               "'{\"coefficients\": [1, 0.5]}' (toeplitz) or "
                               "'{\"buffer_decays\": [0.9], \"output_scales\": [0.2]}' (blt)")
-    elif mechanism in ("toeplitz", "blt"):
+        return matrix
+    if mechanism in ("toeplitz", "blt"):
         raise ParamsError(f"--mechanism-params is missing: mechanism {mechanism} needs its coefficients as JSON "
                           f"(e.g. '{{\"buffer_decays\": [0.9], \"output_scales\": [0.2]}}' for blt)")
-    else:
-        matrix = banded_params(bands) if mechanism == "banded" else {}
-    return describe(sampler=sampler, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
-                    dataset_size=dataset_size, batch_size=batch_size, batches_per_epoch=batches_per_epoch,
-                    epochs=epochs, group_size=group_size, mechanism=mechanism, mechanism_params=matrix)
-
-
-def _accountant(name: str, description, samples: int, failure_probability: Optional[float], seed: int,
-                evr_delta_ratio: float, discretization: float, device: str):
-    from dpledger.accounting import default_accountant, get_accountant
-
-    if not 1e-6 <= discretization <= 1e-1:
-        raise ParamsError(f"--discretization = {discretization} is invalid: it must lie in [1e-6, 0.1]")
-    if name == "auto":
-        name = default_accountant(description.sampler, description.mechanism)
-    return get_accountant(name, samples=samples, failure_probability=failure_probability, seed=seed,
-                          evr_delta_ratio=evr_delta_ratio, discretization=discretization, device=device)
+    return banded_params(bands) if mechanism == "banded" else {}
 
 
 def _check_delta(delta: float, dataset_size: Optional[int]) -> list[str]:
@@ -85,20 +67,8 @@ def _failure_text(details: dict[str, Any]) -> str:
     return f"; holds except with probability {details['mc_failure_probability']:.3g} (Monte Carlo)"
 
 
-def _emit(payload: dict[str, Any], as_json: bool, headline: str) -> None:
-    if as_json:
-        typer.echo(strict_json.dumps(payload))
-        return
-    for warning in payload["warnings"]:
-        typer.echo(warning)
-    typer.echo(headline)
-    for sentence in payload["assumptions"]:
-        typer.echo(f"  - {sentence}")
-
-
 SAMPLER_HELP = "poisson | fixed | balls-in-bins (bins fixed across epochs) | balls-in-bins-redrawn"
 
-# Options shared by ``epsilon`` and ``noise``: declared once so both commands describe a run the same way.
 Delta = Annotated[float, typer.Option("--delta", help="target δ")]
 SampleRate = Annotated[Optional[float], typer.Option("--sample-rate", help="q (or give dataset and batch size)")]
 Steps = Annotated[Optional[int], typer.Option("--steps", help="steps (default epochs × batches per epoch)")]
@@ -122,88 +92,138 @@ Discretization = Annotated[float, typer.Option("--discretization", help="PLD val
 AsJson = Annotated[bool, typer.Option("--json", help="print a JSON object")]
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """The options ``epsilon`` and ``noise`` share: how the run is described and which accountant reads it.
+
+    Declared once: each field is one command-line option of both commands (:func:`_shared_command`).
+    """
+
+    delta: Delta
+    sample_rate: SampleRate = None
+    steps: Steps = None
+    accountant: AccountantName = _default("accountant")
+    sampler: Sampler = "poisson"
+    group_size: GroupSize = 1
+    dataset_size: DatasetSize = None
+    batch_size: BatchSize = None
+    batches_per_epoch: BatchesPerEpoch = None
+    epochs: Epochs = None
+    mechanism: Mechanism = "identity"
+    bands: Bands = 1
+    mechanism_params: MechanismParams = None
+    samples: MonteCarloSamples = _default("mc_samples")
+    failure_probability: FailureProbability = _default("mc_failure_probability")
+    evr_delta_ratio: EvrDeltaRatio = _default("evr_delta_ratio")
+    seed: Seed = 0
+    discretization: Discretization = _default("pld_discretization")
+    device: Device = _default("mc_device")
+    as_json: AsJson = False
+
+    def warnings(self) -> list[str]:
+        """Refuse a δ outside (0, 1) (NaN included) or a dataset size below 1; warn (returned lines) when δ >= 1/n."""
+        return _check_delta(self.delta, self.dataset_size)
+
+    def description(self, noise_multiplier: float):
+        """The run these options describe, at ``noise_multiplier``; an unaccounted sampler is refused with its reason."""
+        from dpledger.accounting.description import SAMPLERS, describe
+        from dpledger.sampling import SAMPLERS as BUILT_SAMPLERS
+
+        if self.sampler not in SAMPLERS:
+            known = BUILT_SAMPLERS.get(self.sampler)
+            reason = f" ({known.unaccounted_reason})" if known else ""
+            raise ParamsError(f"--sampler = {self.sampler!r} is invalid: allowed values are {', '.join(SAMPLERS)}"
+                              f"{reason}")
+        if self.steps is None and self.epochs is None:
+            raise ParamsError("--epochs (or --steps) is missing: say how long the run is; nothing defaults to one epoch")
+        return describe(sampler=self.sampler, noise_multiplier=noise_multiplier, sample_rate=self.sample_rate,
+                        steps=self.steps, dataset_size=self.dataset_size, batch_size=self.batch_size,
+                        batches_per_epoch=self.batches_per_epoch, epochs=self.epochs, group_size=self.group_size,
+                        mechanism=self.mechanism,
+                        mechanism_params=_matrix(self.mechanism, self.bands, self.mechanism_params))
+
+    def chosen_accountant(self, description):
+        """The accountant named by --accountant (``auto`` resolved for the description) with these settings."""
+        from dpledger.accounting import default_accountant, get_accountant
+
+        if not 1e-6 <= self.discretization <= 1e-1:
+            raise ParamsError(f"--discretization = {self.discretization} is invalid: it must lie in [1e-6, 0.1]")
+        name = default_accountant(description.sampler, description.mechanism) if self.accountant == "auto" \
+            else self.accountant
+        return get_accountant(name, samples=self.samples, failure_probability=self.failure_probability,
+                              seed=self.seed, evr_delta_ratio=self.evr_delta_ratio,
+                              discretization=self.discretization, device=self.device)
+
+    def emit(self, payload: dict[str, Any], headline: str) -> None:
+        """Print the payload as JSON (--json), or the warnings, the headline and the assumptions."""
+        if self.as_json:
+            typer.echo(strict_json.dumps(payload))
+            return
+        for warning in payload["warnings"]:
+            typer.echo(warning)
+        typer.echo(headline)
+        for sentence in payload["assumptions"]:
+            typer.echo(f"  - {sentence}")
+
+
+def _shared_command(app: typer.Typer, name: str, first: inspect.Parameter,
+                    body: Callable[[Any, RunOptions], None]) -> None:
+    """Register command ``name``: its own option ``first``, then every :class:`RunOptions` field as an option;
+    ``body(first_value, options)`` runs it."""
+    hints = get_type_hints(RunOptions, include_extras=True)
+    shared = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name],
+                                default=inspect.Parameter.empty if f.default is MISSING else f.default)
+              for f in fields(RunOptions)]
+
+    def command(**values: Any) -> None:
+        body(values.pop(first.name), RunOptions(**values))
+
+    command.__signature__ = inspect.Signature([first.replace(kind=inspect.Parameter.KEYWORD_ONLY), *shared])
+    command.__doc__ = body.__doc__
+    app.command(name)(command)
+
+
+def _epsilon(noise_multiplier: float, options: RunOptions) -> None:
+    """Print ε at δ for DP-SGD / DP-FTRL with the given noise, sampling and sizes."""
+    warnings = options.warnings()
+    if not (math.isfinite(noise_multiplier) and noise_multiplier >= MIN_NOISE):
+        raise ParamsError(f"--noise-multiplier = {noise_multiplier} is invalid: it must be a finite number >= "
+                          f"{MIN_NOISE:g} (below it ε is in the hundreds and the accountants' grids explode)")
+    description = options.description(noise_multiplier)
+    chosen = options.chosen_accountant(description)
+    result = chosen.epsilon(description, options.delta)
+    payload = {"epsilon": result.epsilon, "delta": options.delta, "accountant": chosen.name,
+               "sampler": options.sampler, "noise_multiplier": noise_multiplier, "steps": description.steps,
+               "sample_rate": description.sample_rate, "group_size": options.group_size, "warnings": warnings,
+               "assumptions": result.assumptions, "details": result.details}
+    options.emit(payload, f"epsilon = {result.epsilon:.6g} at delta = {options.delta:g} ({chosen.name}, "
+                          f"{options.sampler}{_failure_text(result.details)})")
+
+
+def _noise(epsilon: float, options: RunOptions) -> None:
+    """Print the smallest noise multiplier σ whose proven ε at δ is at most the target."""
+    from dpledger.accounting import calibrate_noise
+
+    warnings = options.warnings()
+    description = options.description(1.0)
+    chosen = options.chosen_accountant(description)
+    calibration = calibrate_noise(chosen, description, epsilon, options.delta)
+    result = calibration.result
+    payload = {"noise_multiplier": calibration.noise_multiplier, "epsilon": result.epsilon, "delta": options.delta,
+               "target_epsilon": epsilon, "accountant": chosen.name, "sampler": options.sampler,
+               "steps": description.steps, "sample_rate": description.sample_rate,
+               "group_size": options.group_size, "warnings": warnings, "assumptions": result.assumptions,
+               "details": result.details}
+    options.emit(payload, f"noise_multiplier = {calibration.noise_multiplier:.6g} (epsilon = {result.epsilon:.6g} "
+                          f"at delta = {options.delta:g}; {chosen.name}, {options.sampler}"
+                          f"{_failure_text(result.details)})")
+
+
 def register(app: typer.Typer) -> None:
     """Add ``epsilon`` and ``noise`` to the ``dpledger`` app."""
-
-    @app.command("epsilon")
-    def epsilon(
-        noise_multiplier: Annotated[float, typer.Option("--noise-multiplier", help="σ: noise std / clip norm")],
-        delta: Delta,
-        sample_rate: SampleRate = None,
-        steps: Steps = None,
-        accountant: AccountantName = _default("accountant"),
-        sampler: Sampler = "poisson",
-        group_size: GroupSize = 1,
-        dataset_size: DatasetSize = None,
-        batch_size: BatchSize = None,
-        batches_per_epoch: BatchesPerEpoch = None,
-        epochs: Epochs = None,
-        mechanism: Mechanism = "identity",
-        bands: Bands = 1,
-        mechanism_params: MechanismParams = None,
-        samples: MonteCarloSamples = _default("mc_samples"),
-        failure_probability: FailureProbability = _default("mc_failure_probability"),
-        evr_delta_ratio: EvrDeltaRatio = _default("evr_delta_ratio"),
-        seed: Seed = 0,
-        discretization: Discretization = _default("pld_discretization"),
-        device: Device = _default("mc_device"),
-        as_json: AsJson = False,
-    ) -> None:
-        """Print ε at δ for DP-SGD / DP-FTRL with the given noise, sampling and sizes."""
-        warnings = _check_delta(delta, dataset_size)
-        if not (math.isfinite(noise_multiplier) and noise_multiplier >= MIN_NOISE):
-            raise ParamsError(f"--noise-multiplier = {noise_multiplier} is invalid: it must be a finite number >= "
-                              f"{MIN_NOISE:g} (below it ε is in the hundreds and the accountants' grids explode)")
-        description = _description(sampler, noise_multiplier, sample_rate, steps, dataset_size, batch_size,
-                                   batches_per_epoch, epochs, group_size, mechanism, bands, mechanism_params)
-        chosen = _accountant(accountant, description, samples, failure_probability, seed, evr_delta_ratio,
-                             discretization, device)
-        result = chosen.epsilon(description, delta)
-        payload = {"epsilon": result.epsilon, "delta": delta, "accountant": chosen.name, "sampler": sampler,
-                   "noise_multiplier": noise_multiplier, "steps": description.steps,
-                   "sample_rate": description.sample_rate, "group_size": group_size, "warnings": warnings,
-                   "assumptions": result.assumptions, "details": result.details}
-        _emit(payload, as_json, f"epsilon = {result.epsilon:.6g} at delta = {delta:g} ({chosen.name}, {sampler}"
-                                f"{_failure_text(result.details)})")
-
-    @app.command("noise")
-    def noise(
-        epsilon: Annotated[float, typer.Option("--epsilon", help="target ε")],
-        delta: Delta,
-        sample_rate: SampleRate = None,
-        steps: Steps = None,
-        accountant: AccountantName = _default("accountant"),
-        sampler: Sampler = "poisson",
-        group_size: GroupSize = 1,
-        dataset_size: DatasetSize = None,
-        batch_size: BatchSize = None,
-        batches_per_epoch: BatchesPerEpoch = None,
-        epochs: Epochs = None,
-        mechanism: Mechanism = "identity",
-        bands: Bands = 1,
-        mechanism_params: MechanismParams = None,
-        samples: MonteCarloSamples = _default("mc_samples"),
-        failure_probability: FailureProbability = _default("mc_failure_probability"),
-        evr_delta_ratio: EvrDeltaRatio = _default("evr_delta_ratio"),
-        seed: Seed = 0,
-        discretization: Discretization = _default("pld_discretization"),
-        device: Device = _default("mc_device"),
-        as_json: AsJson = False,
-    ) -> None:
-        """Print the smallest noise multiplier σ whose proven ε at δ is at most the target."""
-        from dpledger.accounting import calibrate_noise
-
-        warnings = _check_delta(delta, dataset_size)
-        description = _description(sampler, 1.0, sample_rate, steps, dataset_size, batch_size, batches_per_epoch,
-                                   epochs, group_size, mechanism, bands, mechanism_params)
-        chosen = _accountant(accountant, description, samples, failure_probability, seed, evr_delta_ratio,
-                             discretization, device)
-        calibration = calibrate_noise(chosen, description, epsilon, delta)
-        result = calibration.result
-        payload = {"noise_multiplier": calibration.noise_multiplier, "epsilon": result.epsilon, "delta": delta,
-                   "target_epsilon": epsilon, "accountant": chosen.name, "sampler": sampler,
-                   "steps": description.steps, "sample_rate": description.sample_rate, "group_size": group_size,
-                   "warnings": warnings, "assumptions": result.assumptions, "details": result.details}
-        _emit(payload, as_json, f"noise_multiplier = {calibration.noise_multiplier:.6g} "
-                                f"(epsilon = {result.epsilon:.6g} at delta = {delta:g}; {chosen.name}, {sampler}"
-                                f"{_failure_text(result.details)})")
+    noise_multiplier = Annotated[float, typer.Option("--noise-multiplier", help="σ: noise std / clip norm")]
+    target = Annotated[float, typer.Option("--epsilon", help="target ε")]
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    _shared_command(app, "epsilon", inspect.Parameter("noise_multiplier", keyword, annotation=noise_multiplier),
+                    _epsilon)
+    _shared_command(app, "noise", inspect.Parameter("epsilon", keyword, annotation=target), _noise)

@@ -1,21 +1,32 @@
-"""calibrate: the privacy budget and the mechanism the accountant describes."""
+"""calibrate: the privacy budget and the mechanism the accountant describes.
+
+The samplers ``calibrate.sampler`` may name are the accounting vocabulary's laws; which accountant
+covers which sampler and mechanism is asked of the accountants themselves (their ``unsupported()``),
+so nothing here restates either list.
+"""
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from dpledger.accounting.description import SAMPLERS as ACCOUNTED_SAMPLERS
+from dpledger.accounting.description import describe
 from dpledger.params.bounds import MAX_LIST_LENGTH
 from dpledger.params.core import Section
+from dpledger.sampling.registry import SAMPLERS
 
-AccountedSampler = Literal["poisson", "fixed", "balls-in-bins", "balls-in-bins-redrawn"]
-ACCOUNTED_SAMPLERS: tuple[str, ...] = get_args(AccountedSampler)
-NO_ACCOUNTANT_REASON = (
-    "shuffling (one permutation per epoch) has no tight accountant and audits show Poisson accounting "
-    "under-states its epsilon several-fold; build batches with balls-in-bins (accountant allocation) or poisson"
-)
+
+def coverage_refusal(accountant: str, sampler: str, mechanism: str = "identity") -> str | None:
+    """Why ``accountant`` (``auto`` resolved) cannot account ``sampler`` with ``mechanism``, in its own words
+    (:meth:`unsupported`), or None where it can."""
+    from dpledger.accounting.accountants import default_accountant, get_accountant
+
+    name = default_accountant(sampler, mechanism) if accountant == "auto" else accountant
+    probe = describe(sampler=sampler, dataset_size=2, batch_size=1, epochs=1, mechanism=mechanism)
+    return get_accountant(name).unsupported(probe)
 
 
 class CalibrateParams(Section):
@@ -54,35 +65,30 @@ class CalibrateParams(Section):
     @classmethod
     def _accounted_sampler(cls, value: str, info: ValidationInfo) -> str:
         if value not in ACCOUNTED_SAMPLERS:
-            reason = f"; {NO_ACCOUNTANT_REASON}" if "shuffle" in value else ""
+            reason = f"; {SAMPLERS[value].unaccounted_reason}" if value in SAMPLERS else ""
             raise PydanticCustomError(
                 "sampler", "allowed values are {allowed}{reason}", {"allowed": ", ".join(ACCOUNTED_SAMPLERS), "reason": reason}
             )
         accountant = info.data.get("accountant")
-        bins = ("balls-in-bins", "balls-in-bins-redrawn")
-        fits = {"pld": ("poisson", "fixed"), "rdp": ("poisson",), "allocation": bins, "montecarlo": bins}
-        if accountant in fits and value not in fits[accountant]:
+        if accountant not in (None, "auto") and coverage_refusal(accountant, value) is not None:
+            covered = [sampler for sampler in ACCOUNTED_SAMPLERS if coverage_refusal(accountant, sampler) is None]
             raise PydanticCustomError(
                 "sampler",
-                "calibrate.accountant = {accountant} supports samplers {allowed} (balls-in-bins needs allocation or "
-                "montecarlo; auto picks)",
-                {"accountant": accountant, "allowed": ", ".join(fits[accountant])},
+                "calibrate.accountant = {accountant} supports samplers {allowed} (auto picks one that covers "
+                "calibrate.sampler)",
+                {"accountant": accountant, "allowed": ", ".join(covered)},
             )
         return value
 
     @field_validator("mechanism")
     @classmethod
-    def _correlated_needs_fixed_bins(cls, value: str, info: ValidationInfo) -> str:
-        if value != "identity" and info.data.get("sampler") != "balls-in-bins":
-            raise PydanticCustomError(
-                "mechanism",
-                "correlated noise needs calibrate.sampler = balls-in-bins (bins fixed across epochs, 004 Lemma 3.2)",
-                {},
-            )
-        if value != "identity" and info.data.get("accountant") == "allocation":
-            raise PydanticCustomError(
-                "mechanism", "calibrate.accountant = allocation covers C = I only; correlated noise needs montecarlo", {}
-            )
+    def _mechanism_covered(cls, value: str, info: ValidationInfo) -> str:
+        sampler, accountant = info.data.get("sampler"), info.data.get("accountant")
+        if value == "identity" or sampler is None or accountant is None:
+            return value
+        reason = coverage_refusal(accountant, sampler, value)
+        if reason is not None:
+            raise PydanticCustomError("mechanism", "{reason}", {"reason": reason})
         return value
 
     @field_validator("group_sizes")

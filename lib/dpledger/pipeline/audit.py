@@ -13,24 +13,24 @@ from dpledger.audit.bgm import audit_bgm
 from dpledger.audit.result import epsilon_versus_observations, tradeoff_points
 from dpledger.audit.samplers import audited_sampler
 from dpledger.params import Params
+from dpledger.pipeline import paths
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
-from dpledger.sampling.guard import check_schedule, check_schedule_sizes
+from dpledger.sampling.guard import check_schedule
 from dpledger.sampling.registry import options_for
 from dpledger.sampling.schedule import Schedule
 
 
 def _inputs(root: Path) -> tuple[CalibrationRecord, Schedule]:
     """The calibration record and the schedule, each verified (see ``pipeline.inputs_check``)."""
-    record = verified_record(root / "artifacts" / "calibration" / "calibration.json", "audit")
-    return record, verified_schedule(root / "artifacts" / "schedule", "audit")
+    record = verified_record(root / paths.CALIBRATION, "audit")
+    return record, verified_schedule(root / paths.SCHEDULE_DIR, "audit")
 
 
 def run(params: Params, root: Path) -> dict[str, Any]:
     """Compute the audit and write artifacts/audit/, metrics/audit.json and plots/audit/."""
     audit = params.audit
     record, schedule = _inputs(root)
-    check = check_schedule(record.sampler, schedule, allow_mismatch=True)
-    check_schedule_sizes(schedule, dataset_size=record.dataset_size, batch_size=record.batch_size, epochs=record.epochs)
+    check = check_schedule(record.description, schedule, allow_mismatch=True)
     options = options_for(schedule.sampler, **schedule.sampler_params)
     sizes = {"dataset_size": schedule.dataset_size, "batch_size": record.batch_size, "epochs": record.epochs}
     audited = audited_sampler(schedule.sampler, noise_multiplier=record.noise_multiplier, options=options, seed=params.seed, **sizes)
@@ -70,15 +70,15 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         )
         details["dpsgd"] = {**dpsgd.to_dict(), "assumptions": list(dpsgd.assumptions) + correlated}
         metrics.update({f"dpsgd_{key}": value for key, value in _flat(dpsgd.summary()).items() if key != "sampler"})
-    with io.atomic_dir(root / "plots" / "audit") as folder:
+    with io.atomic_dir(root / paths.plots("audit")) as folder:
         title = f"BGM audit, sampler '{schedule.sampler}', N = {result.observations:,}"
         plots.write_tradeoff(
             folder, tradeoff_points(scores, audit.confidence), epsilon_claimed=record.epsilon,
             epsilon_emp=result.epsilon_emp, delta=record.delta, title=title,
         )
         plots.write_epsilon_vs_observations(folder, measured, result.judgement.projection, epsilon_claimed=record.epsilon)
-    io.write_json(root / "artifacts" / "audit" / "audit.json", details)
-    io.write_json(root / "metrics" / "audit.json", metrics)
+    io.write_json(root / paths.AUDIT, details)
+    io.write_json(root / paths.metrics("audit"), metrics)
     return metrics
 
 

@@ -157,11 +157,8 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     curve = epsilon_curve(params, described, result.epsilon)
     rows = rmse_rows(params, described, matrix) if cal.sampler == "balls-in-bins" else []
     record = CalibrationRecord(
-        noise_multiplier=sigma, epsilon=result.epsilon, delta=cal.delta, accountant=name,
-        sampler=cal.sampler, assumptions=assumptions, steps=described.steps, batch_size=params.batching.batch_size,
-        dataset_size=dataset.train_size, epochs=params.batching.epochs, mechanism=cal.mechanism,
-        mechanism_params=matrix, accountants=[result] + others,
-        group=[g.to_dict() for g in groups], epsilon_curve=curve,
+        description=described, epsilon=result.epsilon, delta=cal.delta, accountant=name, assumptions=assumptions,
+        accountants=[result] + others, group=[g.to_dict() for g in groups], epsilon_curve=curve,
     )
     metrics = _metrics(record, described, result, others, groups, poisson_same_noise)
     metrics["delta_at_least_one_over_n"] = warning is not None

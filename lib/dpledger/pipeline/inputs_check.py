@@ -1,6 +1,6 @@
 """Verify, don't trust, what train and audit read: the calibration record and the schedule.
 
-- The claim is recomputed for the σ, sampler, sizes and mechanism the record names with the record's own
+- The claim is recomputed for the description the record carries (σ, sampler, sizes, mechanism) with the record's own
   accountant (and its settings, from the record's result details) wherever that accountant is
   deterministic — every accountant but Monte Carlo, so a new deterministic one is checked without change
   here — and a record whose ε does not follow from its σ is refused (e.g. σ hand-edited from 1.244 to 0.3).
@@ -19,11 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 
 from dpledger import io
-from dpledger.accounting import MonteCarloAccountant, describe, get_accountant
+from dpledger.accounting import MonteCarloAccountant, get_accountant
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.errors import DpledgerError
 from dpledger.sampling.schedule import Schedule
@@ -79,12 +78,8 @@ def reproduce_claim(record: CalibrationRecord, stage: str) -> float | None:
     accountant = get_accountant(record.accountant, **(chosen.details if chosen else {}))
     if isinstance(accountant, MonteCarloAccountant):
         return None
-    description = describe(sampler=record.sampler, dataset_size=record.dataset_size, batch_size=record.batch_size,
-                           epochs=record.epochs)
-    description = description.with_steps(record.steps).with_noise(record.noise_multiplier)
-    description = replace(description, mechanism=record.mechanism, mechanism_params=record.mechanism_params)
     try:
-        epsilon = accountant.epsilon(description, record.delta).epsilon
+        epsilon = accountant.epsilon(record.description, record.delta).epsilon
     except DpledgerError as error:
         raise DpledgerError(f"{stage}: the calibration record cannot be re-accounted ({error}); "
                             "re-run the calibrate stage") from None

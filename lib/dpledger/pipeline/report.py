@@ -7,11 +7,12 @@ from typing import Any
 
 from dpledger import io
 from dpledger.params import Params
+from dpledger.pipeline import paths
 from dpledger.report import write_report
 
 
 def run(params: Params, root: Path) -> dict[str, Any]:
     """Write the report and metrics/report.json (warning counts); return those metrics."""
     metrics = write_report(params, root).metrics()
-    io.write_json(Path(root) / "metrics" / "report.json", metrics)
+    io.write_json(Path(root) / paths.metrics("report"), metrics)
     return metrics

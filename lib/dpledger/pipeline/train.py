@@ -41,14 +41,15 @@ from dpledger.engine.device import autocast, select_device
 from dpledger.errors import DpledgerError
 from dpledger.models import Task, build_task_model, task_for
 from dpledger.params import Params
+from dpledger.pipeline import paths
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
-from dpledger.sampling.guard import check_schedule, check_schedule_sizes
+from dpledger.sampling.guard import check_schedule
 from dpledger.sampling.schedule import Schedule
 
-CALIBRATION = Path("artifacts/calibration/calibration.json")
-SCHEDULE = Path("artifacts/schedule")
-OUT = Path("artifacts/train")
+CALIBRATION = paths.CALIBRATION
+SCHEDULE = paths.SCHEDULE_DIR
+OUT = paths.TRAIN_DIR
 
 
 def epsilon_spent(record: CalibrationRecord, steps_done: int) -> float:
@@ -71,7 +72,6 @@ def _load_inputs(params: Params, root: Path) -> tuple[CalibrationRecord, Schedul
             f"train: the schedule indexes {schedule.dataset_size} examples but the training set has {data.train_size}; "
             "re-run the schedule stage"
         )
-    check_schedule_sizes(schedule, dataset_size=record.dataset_size, batch_size=record.batch_size, epochs=record.epochs)
     if schedule.num_steps > record.steps:
         raise DpledgerError(
             f"train: the schedule has {schedule.num_steps} steps but calibration accounted for {record.steps}; "
@@ -169,7 +169,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
 def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     """Train (or resume) as rank ``ranks.rank``; rank 0 writes artifacts/train, metrics/train.json and plots/train."""
     record, schedule, data = _load_inputs(params, root)
-    check = check_schedule(record.sampler, schedule, allow_mismatch=params.train.allow_sampler_mismatch)
+    check = check_schedule(record.description, schedule, allow_mismatch=params.train.allow_sampler_mismatch)
     device = ranks.device(select_device(params.train.device))
     if device.type == "cpu":
         retain_freed_memory()
@@ -251,8 +251,8 @@ def _write_outputs(root, ledger, record, check, model, task, tensors, engine, re
     assumptions = [s for s in (check.warning(), check.assumption()) if s]
     io.write_json(out / "ledger.json", {**summary, "schedule_position": ledger.schedule_position, "task": task.name,
                                          "layer_methods": engine.layer_methods, "assumptions": assumptions})
-    _write_plots(root / "plots/train", history, task.metric)
-    io.write_json(root / "metrics/train.json", metrics)
+    _write_plots(root / paths.plots("train"), history, task.metric)
+    io.write_json(root / paths.metrics("train"), metrics)
     return metrics
 
 

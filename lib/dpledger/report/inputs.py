@@ -11,14 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpledger.pipeline import paths
+
 UPSTREAM_STAGES = ("calibrate", "schedule", "train", "verify", "audit")
 DETAIL_FILES = {
-    "calibrate": Path("artifacts/calibration/calibration.json"),
-    "schedule": Path("artifacts/schedule/schedule.json"),
-    "verify": Path("artifacts/verify/verify.json"),
-    "audit": Path("artifacts/audit/audit.json"),
+    "calibrate": paths.CALIBRATION,
+    "schedule": paths.SCHEDULE_HEADER,
+    "verify": paths.VERIFY,
+    "audit": paths.AUDIT,
 }
-TRAIN_ARTIFACTS = Path("artifacts/train")
 _LARGEST_TRAIN_JSON = 1_000_000
 
 
@@ -54,20 +55,23 @@ def load_inputs(root: str | Path) -> ReportInputs:
     metrics: dict[str, dict[str, Any]] = {}
     status: dict[str, str] = {}
     for stage in UPSTREAM_STAGES:
-        loaded, state = _read_json(root, Path("metrics") / f"{stage}.json", problems)
+        loaded, state = _read_json(root, paths.metrics(stage), problems)
         if loaded is not None and not isinstance(loaded, dict):
             problems.append(f"metrics/{stage}.json is not a JSON object")
             loaded, state = None, "unreadable: not a JSON object"
         metrics[stage] = loaded or {}
         status[stage] = state
     details = {stage: _read_json(root, path, problems)[0] for stage, path in DETAIL_FILES.items()}
+    record = details.get("calibrate")
+    if isinstance(record, dict) and isinstance(record.get("description"), dict):
+        details["calibrate"] = {**record["description"], **record}  # σ, sampler, mechanism read at the top level
     return ReportInputs(
         root=root,
         metrics=metrics,
         status=status,
         details=details,
         train_files=_read_train_files(root, problems),
-        plots={stage: sorted((root / "plots" / stage).glob("*.png")) for stage in UPSTREAM_STAGES},
+        plots={stage: sorted((root / paths.plots(stage)).glob("*.png")) for stage in UPSTREAM_STAGES},
         problems=problems,
     )
 
@@ -86,7 +90,7 @@ def _read_json(root: Path, relative: Path, problems: list[str]) -> tuple[Any, st
 
 
 def _read_train_files(root: Path, problems: list[str]) -> dict[str, Any]:
-    folder = root / TRAIN_ARTIFACTS
+    folder = root / paths.TRAIN_DIR
     if not folder.is_dir():
         return {}
     found = {}

@@ -19,7 +19,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from dpledger.sampling.base import INDEX_DTYPE, Batch, BatchSampler, permutation, random_stream, real_batch, require_int
+from dpledger.sampling.base import INDEX_DTYPE, Batch, BatchSampler, Membership, permutation, random_stream
+from dpledger.sampling.base import real_batch, require_int
 
 PADDING_INDEX = 0
 
@@ -46,6 +47,8 @@ class BallsInBinsSampler(BatchSampler):
     name = "balls-in-bins"
     accounted_as = "balls-in-bins"
     description = "each example in one of b = ⌈n/B⌉ random bins, the same bins every epoch (004)"
+    placement = "one uniform bin, the same in every epoch"
+    same_bins_every_epoch = True
     OPTIONS = ("bins", "pad_truncate")
 
     def __init__(self, *, bins: int | None = None, pad_truncate: bool = False, **sizes: Any) -> None:
@@ -64,6 +67,13 @@ class BallsInBinsSampler(BatchSampler):
 
     def options(self) -> dict[str, Any]:
         return {"bins": self.bins, "pad_truncate": self.pad_truncate}
+
+    def membership(self) -> Membership | None:
+        """One uniform bin; pad/truncate has no closed form (a truncated record sits out its epoch)."""
+        if self.pad_truncate:
+            return None
+        return Membership(self.placement, False, slot_weights=(1.0,) * self.bins,
+                          same_slot_every_epoch=self.same_bins_every_epoch)
 
     def epoch_bins(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         return self.fixed_bins
@@ -85,6 +95,8 @@ class BallsInBinsRedrawnSampler(BallsInBinsSampler):
     name = "balls-in-bins-redrawn"
     accounted_as = "balls-in-bins-redrawn"
     description = "each example in one of b = ⌈n/B⌉ random bins, redrawn every epoch"
+    placement = "one uniform bin, redrawn every epoch"
+    same_bins_every_epoch = False
 
     def epoch_bins(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         return draw_bins(random_stream(self.seed, epoch), self.dataset_size, self.bins)

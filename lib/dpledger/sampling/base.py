@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any, ClassVar, Iterator, NamedTuple
 
 import numpy as np
 
+from dpledger.accounting.description import ACCOUNTED_SAMPLINGS
 from dpledger.errors import ParamsError
 
 INDEX_DTYPE = np.int64
@@ -64,8 +66,31 @@ def require_int(name: str, value: Any, low: int, high: int | None = None, *, wha
     return value
 
 
+@dataclass(frozen=True)
+class Membership:
+    """Where one example (the audited record) lands under a sampler: the law the audit's closed form uses.
+
+    Either each step independently with ``step_probability``, or one slot per epoch drawn with
+    ``slot_weights`` (the same slot every epoch when ``same_slot_every_epoch``). ``fixed_batch_size``:
+    batch sizes do not depend on which examples are drawn (002 §3.2: the audit's pair then has a −1
+    background). ``moves_with_batch``: the size of the batch the record always shares, where batches
+    are fixed once and only reordered (002 §7.2), else None. ``placement`` says it in words.
+    """
+
+    placement: str
+    fixed_batch_size: bool
+    step_probability: float | None = None
+    slot_weights: tuple[float, ...] = ()
+    same_slot_every_epoch: bool = False
+    moves_with_batch: int | None = None
+
+
 class BatchSampler(ABC):
-    """A batch sampler over ``dataset_size`` examples for ``epochs`` epochs.
+    """A batch sampler over ``dataset_size`` examples for ``epochs`` epochs, and the one place that says
+    what it is: ``name``, ``description`` (in words), ``accounted_as`` (the accounted sampling law of
+    :data:`dpledger.accounting.description.ACCOUNTED_SAMPLINGS` it is, whose sentence the ledger
+    prints; None with ``unaccounted_reason`` when no sound accountant exists) and :meth:`membership`
+    (the audit's closed-form model). Every list of samplers elsewhere is derived from these.
 
     Iterating yields each step's real (non-padding) indices as a list, so an instance is a
     ``torch.utils.data.DataLoader`` ``batch_sampler``; :meth:`batches` yields full :class:`Batch`
@@ -75,8 +100,15 @@ class BatchSampler(ABC):
 
     name: ClassVar[str]
     accounted_as: ClassVar[str | None] = None
+    unaccounted_reason: ClassVar[str] = "no sound accountant exists for it"
     description: ClassVar[str] = ""
     OPTIONS: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.accounted_as is not None and cls.accounted_as not in ACCOUNTED_SAMPLINGS:
+            raise TypeError(f"{cls.__name__}.accounted_as = {cls.accounted_as!r} is not an accounted sampler "
+                            f"({', '.join(ACCOUNTED_SAMPLINGS)})")
 
     def __init__(self, *, dataset_size: int, batch_size: int, epochs: int, seed: int) -> None:
         self.dataset_size = require_int("dataset_size", dataset_size, 1)
@@ -101,6 +133,10 @@ class BatchSampler(ABC):
     def options(self) -> dict[str, Any]:
         """The sampler's own options (beyond sizes and seed), for the schedule header."""
         return {}
+
+    def membership(self) -> Membership | None:
+        """The audited record's law of membership in closed form, or None: the audit then runs the sampler."""
+        return None
 
     def params(self) -> dict[str, Any]:
         """Everything that, with the seed, determines the batches."""

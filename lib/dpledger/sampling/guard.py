@@ -1,25 +1,28 @@
-"""The one check, shared by calibrate, train and audit, that the sampler accounted is the sampler used.
+"""The one check, shared by train and audit, that the run accounted is the run the schedule makes.
 
-Accounted samplers (what ``calibrate.sampler`` may name) are ``poisson``, ``fixed``, ``balls-in-bins``
-and ``balls-in-bins-redrawn``. A schedule's sampler is compared by the accounted sampler it *is*:
-its own name for a built-in one (``shuffle``, ``sequential``, ``partial-shuffle`` and
-``batch-then-shuffle`` are none of the four: no sound accountant exists for them), the declared
-``accounted_as`` for a plugin. Pad/truncate is a variant of balls-in-bins and keeps that name: the
-accounting concerns the summed gradient, where a padding or truncated row is a zero gradient (004 §5.2.1).
+Accounted samplers (what ``calibrate.sampler`` may name) are the accounting vocabulary's laws
+(:data:`dpledger.accounting.description.ACCOUNTED_SAMPLINGS`). A schedule is described in that
+vocabulary (:func:`schedule_description`): its law is the ``accounted_as`` its sampler class declares
+(None, for samplers no sound accountant covers: then its own name), or the declared ``accounted_as`` of a
+plugin; its sizes are those it was built with. :func:`check_schedule` compares that description with the
+record's in one comparison naming every field that differs. Pad/truncate is a variant of balls-in-bins
+and keeps that law: the accounting concerns the summed gradient, where a padding or truncated row is a
+zero gradient (004 §5.2.1).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dpledger.accounting.description import ACCOUNTED_SAMPLINGS, MechanismDescription
 from dpledger.errors import SamplerMismatchError
+from dpledger.sampling.registry import SAMPLERS
 
 if TYPE_CHECKING:
     from dpledger.sampling.schedule import Schedule
 
-ACCOUNTED_SAMPLERS = ("poisson", "fixed", "balls-in-bins", "balls-in-bins-redrawn")
+ACCOUNTED_SAMPLERS = tuple(ACCOUNTED_SAMPLINGS)
 
 
 @dataclass(frozen=True)
@@ -74,18 +77,6 @@ class SamplerCheck:
         return {"sampler_accounted": self.accounted, "sampler_used": self.used, "sampler_mismatch": not self.matches}
 
 
-def check_sampler(accounted: str, used: str, *, allow_mismatch: bool, used_as: str | None = None) -> SamplerCheck:
-    """Compare the two samplers; raise unless they match or the mismatch is explicitly allowed."""
-    check = SamplerCheck(accounted=accounted, used=used, allowed_mismatch=allow_mismatch, used_as=used_as)
-    if not check.matches and not allow_mismatch:
-        raise SamplerMismatchError(
-            f"the accountant (calibrate.sampler) assumed '{accounted}' but the schedule was built with "
-            f"{check.describe_used()} (schedule.sampler); make them equal, or set train.allow_sampler_mismatch: true "
-            f"to train anyway and have the report flag the mismatch"
-        )
-    return check
-
-
 def declared_equivalent(sampler: str, sampler_params: dict[str, Any]) -> str | None:
     """The accounted sampler a plugin schedule declared (``accounted_as``), or None."""
     if ":" not in sampler:
@@ -93,42 +84,41 @@ def declared_equivalent(sampler: str, sampler_params: dict[str, Any]) -> str | N
     return sampler_params.get("accounted_as")
 
 
-def check_schedule(accounted: str, schedule: "Schedule", *, allow_mismatch: bool) -> SamplerCheck:
-    """:func:`check_sampler` for a built schedule: plugins compare by their declared ``accounted_as``."""
-    return check_sampler(
-        accounted,
-        schedule.sampler,
-        allow_mismatch=allow_mismatch,
-        used_as=declared_equivalent(schedule.sampler, schedule.sampler_params),
+def schedule_description(schedule: "Schedule") -> MechanismDescription:
+    """The run the schedule's batches make, in the accountants' vocabulary (σ unknown: 0): its law and its
+    sizes as built (q = the Poisson rate it drew with, else B/n; b = its steps per epoch)."""
+    params = schedule.sampler_params
+    built = SAMPLERS.get(schedule.sampler)
+    law = built.accounted_as if built is not None else declared_equivalent(schedule.sampler, params)
+    batch_size = params.get("batch_size")
+    rate = batch_size / schedule.dataset_size if isinstance(batch_size, int) else None
+    return MechanismDescription(
+        sampler=law or schedule.sampler, noise_multiplier=0.0, steps=schedule.num_steps,
+        sample_rate=params.get("sample_rate", rate), batches_per_epoch=schedule.steps_per_epoch,
+        epochs=params.get("epochs"), dataset_size=schedule.dataset_size, batch_size=batch_size,
     )
 
 
-def check_schedule_sizes(schedule: "Schedule", *, dataset_size: int, batch_size: int, epochs: int) -> None:
-    """Refuse a schedule built for other sizes than the accountant's (n, B, epochs): q = B/n, b = ⌈n/B⌉.
+def check_schedule(accounted: MechanismDescription, schedule: "Schedule", *, allow_mismatch: bool) -> SamplerCheck:
+    """Compare the schedule's description with the accounted one; refuse, naming every field that differs,
+    unless only the sampler differs and the mismatch is explicitly allowed (the report then flags it).
 
     The sampler name alone does not pin the claim down: a schedule of the right sampler at a larger B
-    (a larger q, fewer bins) within the accounted number of steps spends more privacy than proven.
-    Unlike a sampler mismatch this cannot be allowed: no report could say what ε such a run has.
+    (a larger q, fewer bins) within the accounted number of steps spends more privacy than proven, so a
+    size that differs is never allowed: no report could say what ε such a run has.
     """
-    params = schedule.sampler_params
-    used = {
-        "dataset_size": schedule.dataset_size, "batch_size": params.get("batch_size"), "epochs": params.get("epochs")
-    }
-    problems = []
-    if used["dataset_size"] != dataset_size:
-        problems.append(f"dataset_size {used['dataset_size']} (accounted {dataset_size})")
-    if used["batch_size"] != batch_size:
-        problems.append(f"batch_size {used['batch_size']} (accounted {batch_size})")
-    if used["epochs"] is None or used["epochs"] > epochs:
-        problems.append(f"epochs {used['epochs']} (accounted {epochs})")
-    rate = params.get("sample_rate")
-    if rate is not None and not math.isclose(rate, batch_size / dataset_size, rel_tol=1e-12):
-        problems.append(f"sample_rate {rate} (accounted q = B/n = {batch_size / dataset_size})")
-    bins = params.get("bins")
-    if bins is not None and bins != math.ceil(dataset_size / batch_size):
-        problems.append(f"bins {bins} (accounted b = ⌈n/B⌉ = {math.ceil(dataset_size / batch_size)})")
-    if problems:
+    used = schedule_description(schedule)
+    check = SamplerCheck(accounted=accounted.sampler, used=schedule.sampler, allowed_mismatch=allow_mismatch,
+                         used_as=declared_equivalent(schedule.sampler, schedule.sampler_params))
+    differences = accounted.sampling_differences(used)
+    sizes_differ = len(differences) > (0 if check.matches else 1)
+    if sizes_differ or not (check.matches or allow_mismatch):
+        if not check.matches:
+            differences[0] = f"sampler {check.describe_used()} (accounted '{accounted.sampler}')"
+        hint = ("re-run the schedule and calibrate stages with the same data and batching" if sizes_differ else
+                "make calibrate.sampler and schedule.sampler equal, or set train.allow_sampler_mismatch: true to "
+                "train anyway and have the report flag the mismatch")
         raise SamplerMismatchError(
-            f"the schedule was built with {', '.join(problems)}: the claimed epsilon does not describe it; "
-            "re-run the schedule and calibrate stages with the same data and batching"
+            f"the schedule was built with {', '.join(differences)}: the claimed epsilon does not describe it; {hint}"
         )
+    return check

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from dpledger.errors import ParamsError
-from dpledger.sampling.base import PerStepSampler
+from dpledger.sampling.base import Membership, PerStepSampler
 
 
 def uniform_subset(rng: np.random.Generator, population: int, size: int) -> np.ndarray:
@@ -42,6 +42,9 @@ class PoissonSampler(PerStepSampler):
     def options(self) -> dict[str, Any]:
         return {"sample_rate": self.sample_rate}
 
+    def membership(self) -> Membership:
+        return Membership("each step independently with probability q", False, step_probability=self.sample_rate)
+
     def draw(self, rng: np.random.Generator) -> np.ndarray:
         size = int(rng.binomial(self.dataset_size, self.sample_rate))
         return uniform_subset(rng, self.dataset_size, size)
@@ -53,6 +56,10 @@ class FixedSizeSampler(PerStepSampler):
     name = "fixed"
     accounted_as = "fixed"
     description = "B distinct examples drawn uniformly, fresh every step"
+
+    def membership(self) -> Membership:
+        return Membership("each step independently with probability B/n", True,
+                          step_probability=self.batch_size / self.dataset_size)
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
         return uniform_subset(rng, self.dataset_size, self.batch_size)

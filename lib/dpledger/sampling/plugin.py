@@ -2,9 +2,10 @@
 
 Protocol: ``callable(dataset_size: int, batch_size: int, epochs: int, seed: int) -> Iterable[np.ndarray]``
 yields each step's batch indices (distinct integers in [0, dataset_size)), deterministically for a
-given seed. The callable may carry ``accounted_as``, the accounted sampler (poisson, fixed,
-balls-in-bins, balls-in-bins-redrawn) it declares itself equivalent to; the guard then compares by
-that name, and the report states that the equivalence is declared, not proven.
+given seed. The callable may carry ``accounted_as``, the accounted sampler (one of
+:data:`dpledger.accounting.description.SAMPLERS`) it declares itself equivalent to, and ``description``,
+a sentence saying what it does; the guard then compares by the declared name, and the report states
+that the equivalence is declared, not proven.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from dpledger.accounting.description import SAMPLERS as ACCOUNTED_SAMPLERS
 from dpledger.errors import ParamsError
 from dpledger.plugins import is_plugin_name, load_callable
 from dpledger.sampling.base import Batch, BatchSampler, real_batch, require_int
-from dpledger.sampling.guard import ACCOUNTED_SAMPLERS
 
 __all__ = ["PluginSampler", "checked_batch", "is_plugin_name", "load_plugin"]
 
@@ -72,6 +73,7 @@ class PluginSampler(BatchSampler):
         self.name = name  # type: ignore[misc]
         self.plugin = load_plugin(name)
         self.declared_as: str | None = getattr(self.plugin, "accounted_as", None)
+        self.description = getattr(self.plugin, "description", type(self).description)  # type: ignore[misc]
 
     def options(self) -> dict[str, Any]:
         return {"accounted_as": self.declared_as}

@@ -22,6 +22,7 @@ from dpledger.sampling.base import (
     INDEX_DTYPE,
     Batch,
     BatchSampler,
+    Membership,
     permutation,
     random_stream,
     real_batch,
@@ -30,6 +31,10 @@ from dpledger.sampling.base import (
 )
 
 LAST_BATCH_POLICIES = ("keep", "drop")
+SHUFFLE_REASON = (
+    "shuffling (one permutation per epoch) has no tight accountant and audits show Poisson accounting "
+    "under-states its epsilon several-fold; build batches with balls-in-bins (accountant allocation) or poisson"
+)
 
 
 def batched(chunks: Iterable[np.ndarray], batch_size: int, *, drop_last: bool) -> Iterator[np.ndarray]:
@@ -76,6 +81,19 @@ class OrderedSampler(BatchSampler):
         """The examples of epoch ``epoch`` in the order they are batched, as consecutive chunks."""
         raise NotImplementedError
 
+    def epoch_sizes(self) -> list[int]:
+        """The batch sizes of one epoch: full batches, then the short last one unless dropped."""
+        full, rest = divmod(self.dataset_size, self.batch_size)
+        return [self.batch_size] * full + ([] if self.drop_last or rest == 0 else [rest])
+
+    def slot_weights(self, positions: int) -> tuple[float, ...] | None:
+        """Weights of the batches a record at a uniform position in [0, positions) of the epoch's order
+        lands in; None if some position falls in a dropped batch."""
+        slots = np.arange(positions) // self.batch_size
+        if slots.max() >= self.steps_per_epoch:
+            return None
+        return tuple(np.bincount(slots, minlength=self.steps_per_epoch).astype(np.float64) / positions)
+
     def epoch_batches(self, epoch: int) -> Iterator[Batch]:
         for indices in batched(self.epoch_order(epoch), self.batch_size, drop_last=self.drop_last):
             yield real_batch(indices)
@@ -86,6 +104,12 @@ class ShuffleSampler(OrderedSampler):
 
     name = "shuffle"
     description = "one permutation per epoch, fixed batches (no tight accountant; Poisson accounting understates ε)"
+    unaccounted_reason = SHUFFLE_REASON
+
+    def membership(self) -> Membership | None:
+        weights = self.slot_weights(self.dataset_size)
+        return None if weights is None else Membership("one slot per epoch, probability ∝ batch size", True,
+                                                       slot_weights=weights)
 
     def epoch_order(self, epoch: int) -> Iterable[np.ndarray]:
         return [permutation(random_stream(self.seed, epoch), self.dataset_size)]
@@ -96,6 +120,10 @@ class SequentialSampler(OrderedSampler):
 
     name = "sequential"
     description = "dataset order every epoch, no randomness"
+
+    def membership(self) -> Membership:
+        weights = (1.0,) + (0.0,) * (self.steps_per_epoch - 1)
+        return Membership("the first batch of every epoch", True, slot_weights=weights, same_slot_every_epoch=True)
 
     def epoch_order(self, epoch: int) -> Iterable[np.ndarray]:
         n, size = self.dataset_size, self.batch_size
@@ -116,6 +144,11 @@ class PartialShuffleSampler(OrderedSampler):
     def options(self) -> dict[str, Any]:
         return {**super().options(), "buffer_size": self.buffer_size}
 
+    def membership(self) -> Membership | None:
+        weights = self.slot_weights(min(self.buffer_size, self.dataset_size))
+        where = f"a uniform position among the first K = {self.buffer_size} of every epoch (002 §7.1)"
+        return None if weights is None else Membership(where, True, slot_weights=weights)
+
     def epoch_order(self, epoch: int) -> Iterable[np.ndarray]:
         rng = random_stream(self.seed, epoch)
         n, window = self.dataset_size, self.buffer_size
@@ -128,6 +161,14 @@ class BatchThenShuffleSampler(OrderedSampler):
 
     name = "batch-then-shuffle"
     description = "known-bad: fixed consecutive batches, only their order shuffled (002 §7.2)"
+
+    def membership(self) -> Membership | None:
+        """The record's whole batch moves with it; closed form only where all batches have one size."""
+        sizes = self.epoch_sizes()
+        if len(set(sizes)) != 1:
+            return None
+        return Membership("the first batch, at a uniform slot every epoch (002 §7.2)", True,
+                          slot_weights=(1.0,) * len(sizes), moves_with_batch=sizes[0])
 
     def epoch_batches(self, epoch: int) -> Iterator[Batch]:
         order = random_stream(self.seed, epoch).permutation(self.steps_per_epoch)
