@@ -28,10 +28,14 @@ def module_file(name: str) -> Path | None:
 
 def imported_modules(path: Path) -> set[str]:
     """Every module an import statement in ``path`` names, at any depth (function-level imports count:
-    they run when the function does), with ``from m import x`` also naming ``m.x`` in case it is a module."""
+    they run when the function does), with ``from m import x`` also naming ``m.x`` in case it is a module; a
+    package that loads its names lazily from a ``_HOMES`` table counts as importing every module it names."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_HOMES" for t in node.targets):
+            package = ".".join(path.relative_to(SOURCE_ROOTS["dpledger"]).parent.parts)
+            names |= {f"{package}.{home.value}" for home in node.value.values}  # a lazy package (PEP 562)
+        elif isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}

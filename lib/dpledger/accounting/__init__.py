@@ -1,36 +1,36 @@
-"""The privacy ledger: accountants (PLD, RDP, random allocation, Monte Carlo), group-level ε, σ calibration and the record."""
+"""The privacy ledger: accountants (PLD, RDP, random allocation, Monte Carlo), group-level ε, σ calibration and the record.
 
-from dpledger.accounting.accountants import (
-    ACCOUNTANTS,
-    AllocationAccountant,
-    MonteCarloAccountant,
-    PldAccountant,
-    RdpAccountant,
-    default_accountant,
-    get_accountant,
-    require_support,
-)
-from dpledger.accounting.calibrate import Calibration, calibrate_noise
-from dpledger.accounting.description import SAMPLERS, MechanismDescription, describe
-from dpledger.accounting.group import GroupEpsilon, group_table
-from dpledger.accounting.record import AccountantResult, CalibrationRecord
+The names below are loaded on first use (PEP 562): params validation imports only the description
+vocabulary, and should not pay for torch and dp-accounting, which the accountants load.
+"""
 
-__all__ = [
-    "ACCOUNTANTS",
-    "SAMPLERS",
-    "AccountantResult",
-    "AllocationAccountant",
-    "Calibration",
-    "CalibrationRecord",
-    "GroupEpsilon",
-    "MechanismDescription",
-    "MonteCarloAccountant",
-    "PldAccountant",
-    "RdpAccountant",
-    "calibrate_noise",
-    "default_accountant",
-    "describe",
-    "get_accountant",
-    "group_table",
-    "require_support",
-]
+from importlib import import_module
+from typing import Any
+
+_HOMES = {
+    "ACCOUNTANTS": "accountants",
+    "AllocationAccountant": "accountants",
+    "MonteCarloAccountant": "accountants",
+    "PldAccountant": "accountants",
+    "RdpAccountant": "accountants",
+    "default_accountant": "accountants",
+    "get_accountant": "accountants",
+    "require_support": "accountants",
+    "Calibration": "calibrate",
+    "calibrate_noise": "calibrate",
+    "SAMPLERS": "description",
+    "MechanismDescription": "description",
+    "describe": "description",
+    "GroupEpsilon": "group",
+    "group_table": "group",
+    "AccountantResult": "record",
+    "CalibrationRecord": "record",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)
