@@ -2,9 +2,8 @@
 
 A BK step keeps its ghost layers' activations and output gradients until the backward pass ends, then
 frees them together. glibc sees that much free memory at the top of its heap (more than its dynamic trim
-threshold, at most 64 MiB) and gives it back to the OS, so the next step faults the same pages in again:
-on the benchmark transformer about 8 000 minor page faults, 6–16 ms of a 370–380 ms step on a 2-core
-Zen 3 CPU (``benchmarks/RESULTS.md``, "Allocator pass"). A non-private step frees its memory piecemeal
+threshold, at most 64 MiB) and gives it back to the OS, so the next step faults the same pages in again
+(the cost is measured in ``benchmarks/RESULTS.md``, "Allocator pass"). A non-private step frees its memory piecemeal
 during the backward pass and never trims. Keeping the memory costs nothing the step does not already
 need: the process stays at its peak, which every step reaches anyway.
 """

@@ -2,9 +2,9 @@
 
 Identity noise on the CPU in float32 (the common case) comes from ``philox_normal``: Philox4x32-10
 counter-based bits and a vectorized float32 Box–Muller, a pure function of (seed, step, position),
-drawn on disjoint blocks by numba's thread pool; about 3× cheaper than torch's ``normal_`` on the
-same threads and 5× cheaper than one ``normal_`` call (whose uniforms come from a serial Mersenne
-Twister), with tails to 9.5σ instead of 5.8σ. Other devices and dtypes cut the vector into fixed
+drawn on disjoint blocks by numba's thread pool; cheaper than torch's ``normal_`` on the same threads
+and than one ``normal_`` call, whose uniforms come from a serial Mersenne Twister (benchmarks/RESULTS.md),
+with tails to 9.5σ instead of 5.8σ. Other devices and dtypes cut the vector into fixed
 chunks of ``NOISE_CHUNK`` entries, chunk k drawn by torch in float64 from its own generator seeded with
 (seed, t, k), then rounded: torch's float32 draws cap |z| at 5.8σ (CPU) or 6.8σ (CUDA), and noise with a
 cap leaks a δ no accountant counts (``dpledger.mechanisms.noise``). Either way a resumed run draws the

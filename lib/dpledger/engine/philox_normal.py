@@ -246,8 +246,8 @@ _layer: str | None = None
 
 def pool_is_usable() -> bool:
     """Whether ``threads`` > 1 may use numba's pool here: only on its OpenMP or TBB layer (thread-safe;
-    measured right after a torch op, a 2-thread draw costs 2.5 ms on the OpenMP pool but 4.9 ms on
-    Python threads or on numba's workqueue layer, as much as one thread), and not in a forked child
+    on Python threads or on numba's workqueue layer a 2-thread draw right after a torch op costs as
+    much as one thread: benchmarks/RESULTS.md), and not in a forked child
     (GNU OpenMP aborts there). Otherwise the caller splits the blocks over its own threads."""
     global _layer
     if _forked:

@@ -33,8 +33,8 @@ def sequence_ghost_norm(a: Tensor, b: Tensor) -> Tensor:
     T = 1 is ‖a_i‖²‖b_i‖².
 
     On CPU both Grams are symmetric, so only the blocks on and above the diagonal are formed, row block
-    by row block (a block of 32 rows against every later column): about 5/8 of the flops at T = 128,
-    1.2–1.3× faster than both full Grams there (off-diagonal blocks count twice)."""
+    by row block (a block of 32 rows against every later column): about 5/8 of the flops at T = 128
+    (off-diagonal blocks count twice; timings in benchmarks/RESULTS.md)."""
     if a.shape[1] == 1:
         return torch.linalg.vector_norm(a, dim=(1, 2)).square() * torch.linalg.vector_norm(b, dim=(1, 2)).square()
     steps = a.shape[1]
