@@ -51,37 +51,41 @@ def sequence_ghost_norm(a: Tensor, b: Tensor) -> Tensor:
     return total
 
 
-def per_example_grads(layer: nn.Linear, a: Tensor, b: Tensor, names: frozenset) -> dict[str, Tensor]:
-    a, b = as_sequences(a, b)
-    grads = {}
-    if "weight" in names:
-        grads["weight"] = torch.bmm(b.transpose(1, 2), a)
-    if "bias" in names:
-        grads["bias"] = step_sum(b)
-    return grads
+def sequence_rule(transposed: bool) -> LayerRule:
+    """The rule of s = a W + b over (B, ..., d) inputs, for either weight layout: nn.Linear stores W as
+    (p, d), so example i's weight gradient is b_iᵀ a_i; ``transposed`` (transformers' Conv1D) stores it as
+    (d, p), the gradient a_iᵀ b_i. The ghost norm and cost are the same; the factors swap places."""
+
+    def oriented(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        """(left, right) of the weight gradient leftᵀ right, as (B, T, ·) sequences."""
+        a, b = as_sequences(a, b)
+        return (a, b) if transposed else (b, a)
+
+    def per_example_grads(layer: nn.Module, a: Tensor, b: Tensor, names: frozenset) -> dict[str, Tensor]:
+        left, right = oriented(a, b)
+        grads = {}
+        if "weight" in names:
+            grads["weight"] = torch.bmm(left.transpose(1, 2), right)
+        if "bias" in names:
+            grads["bias"] = step_sum(right if transposed else left)
+        return grads
+
+    def ghost_norm(layer: nn.Module, a: Tensor, b: Tensor) -> Tensor:
+        return sequence_ghost_norm(*as_sequences(a, b))
+
+    def clipped_sum(layer: nn.Module, a: Tensor, b: Tensor, factors: Tensor, out: Tensor) -> None:
+        add_scaled_product(out, factors, *oriented(a, b))
+
+    def tied_factors(layer: nn.Module, a: Tensor, b: Tensor) -> tuple[str, Tensor, Tensor]:
+        left, right = oriented(a, b)
+        return "dense", right, left
+
+    def ghost_cost(layer: nn.Module, a: Tensor) -> tuple[int, int]:
+        steps = a[0].numel() // a.shape[-1]
+        return 2 * steps * steps, layer.weight.numel()
+
+    return LayerRule(per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost,
+                     tied_factors=tied_factors)
 
 
-def ghost_norm(layer: nn.Linear, a: Tensor, b: Tensor) -> Tensor:
-    return sequence_ghost_norm(*as_sequences(a, b))
-
-
-def clipped_sum(layer: nn.Linear, a: Tensor, b: Tensor, factors: Tensor, out: Tensor) -> None:
-    a, b = as_sequences(a, b)
-    add_scaled_product(out, factors, b, a)
-
-
-def tied_factors(layer: nn.Linear, a: Tensor, b: Tensor) -> tuple[str, Tensor, Tensor]:
-    a, b = as_sequences(a, b)
-    return "dense", a, b
-
-
-def ghost_cost(layer: nn.Linear, a: Tensor) -> tuple[int, int]:
-    steps = a[0].numel() // a.shape[-1]
-    return 2 * steps * steps, layer.in_features * layer.out_features
-
-
-RULE = register(
-    nn.Linear,
-    rule=LayerRule(per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost,
-                   tied_factors=tied_factors),
-)
+RULE = register(nn.Linear, rule=sequence_rule(transposed=False))
