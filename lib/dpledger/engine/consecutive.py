@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 from torch import Tensor, nn
@@ -25,20 +26,56 @@ def consecutive_batches(inputs: Tensor, targets: Tensor, batch_size: int, steps:
         yield inputs[rows], targets[rows]
 
 
+LossFn = Callable[[Tensor, Tensor], Tensor]
+"""``loss_fn(outputs, targets)``: per-example losses."""
+
+
+@dataclass(frozen=True)
+class ConsecutiveRun:
+    """The settings of one protocol run: clipping norm C, noise multiplier σ, batch size B, steps, learning
+    rate, noise seed and optimizer name."""
+
+    clip_norm: float
+    noise_multiplier: float
+    batch_size: int
+    steps: int
+    lr: float
+    seed: int
+    optimizer: str = "sgd"
+
+
+def protocol_trainer(body: Callable[..., None]) -> Callable[..., None]:
+    """Give ``body(model, inputs, targets, loss_fn, run, **options)`` the keyword signature of the verify
+    protocol (:mod:`dpledger.verify.protocol`): ``train(model, inputs, targets, *, loss_fn, clip_norm,
+    noise_multiplier, batch_size, steps, lr, seed, optimizer="sgd", **options)``, the settings gathered into
+    a :class:`ConsecutiveRun`. The signature is real (no ``__wrapped__``), so it can be inspected."""
+
+    def train(
+        model: nn.Module,
+        inputs: Tensor,
+        targets: Tensor,
+        *,
+        loss_fn: LossFn,
+        clip_norm: float,
+        noise_multiplier: float,
+        batch_size: int,
+        steps: int,
+        lr: float,
+        seed: int,
+        optimizer: str = "sgd",
+        **options,
+    ) -> None:
+        run = ConsecutiveRun(clip_norm, noise_multiplier, batch_size, steps, lr, seed, optimizer)
+        body(model, inputs, targets, loss_fn, run, **options)
+
+    train.__name__, train.__qualname__ = body.__name__, body.__qualname__
+    train.__module__, train.__doc__ = body.__module__, body.__doc__
+    return train
+
+
+@protocol_trainer
 def train_consecutive(
-    model: nn.Module,
-    inputs: Tensor,
-    targets: Tensor,
-    *,
-    loss_fn: Callable[[Tensor, Tensor], Tensor],
-    clip_norm: float,
-    noise_multiplier: float,
-    batch_size: int,
-    steps: int,
-    lr: float,
-    seed: int,
-    optimizer: str = "sgd",
-    reference: bool = False,
+    model: nn.Module, inputs: Tensor, targets: Tensor, loss_fn: LossFn, run: ConsecutiveRun, reference: bool = False
 ) -> None:
     """Train ``model`` in place with DP-SGD (the BK engine; ``reference=True``: the per-example reference).
 
@@ -46,17 +83,18 @@ def train_consecutive(
     lr · (Σ clipped per-example gradients + σ·C·N(0, I)) / batch_size, noise seeded by ``seed``.
     """
     model.train()
-    torch_optimizer = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
+    torch_optimizer = make_optimizer(run.optimizer, [p for p in model.parameters() if p.requires_grad], run.lr)
+    settings = {"clip_norm": run.clip_norm, "noise_multiplier": run.noise_multiplier, "normalizer": run.batch_size,
+                "seed": run.seed}
+    batches = consecutive_batches(inputs, targets, run.batch_size, run.steps)
     if reference:
-        trainer = ReferenceTrainer(model, torch_optimizer, loss_fn=loss_fn, clip_norm=clip_norm,
-                                   noise_multiplier=noise_multiplier, normalizer=batch_size, seed=seed)
-        for batch_inputs, batch_targets in consecutive_batches(inputs, targets, batch_size, steps):
+        trainer = ReferenceTrainer(model, torch_optimizer, loss_fn=loss_fn, **settings)
+        for batch_inputs, batch_targets in batches:
             trainer.step(batch_inputs, batch_targets)
         return
-    engine = BKEngine(model, torch_optimizer, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                      normalizer=batch_size, seed=seed)
+    engine = BKEngine(model, torch_optimizer, **settings)
     try:
-        for batch_inputs, batch_targets in consecutive_batches(inputs, targets, batch_size, steps):
+        for batch_inputs, batch_targets in batches:
             engine.private_step(loss_fn(model(batch_inputs), batch_targets))
     finally:
         engine.detach()

@@ -7,46 +7,38 @@ the protocol's consecutive slices (no Poisson loader), so runs differ only in th
 from __future__ import annotations
 
 import warnings
-from typing import Callable
 
 import torch
 from torch import nn
 
-from dpledger.engine.consecutive import consecutive_batches
+from dpledger.engine.consecutive import (
+    ConsecutiveRun,
+    LossFn,
+    consecutive_batches,
+    protocol_trainer,
+)
 
 
-def train(
-    model: nn.Module,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    clip_norm: float,
-    noise_multiplier: float,
-    batch_size: int,
-    steps: int,
-    lr: float,
-    seed: int,
-    optimizer: str = "sgd",
-) -> None:
+@protocol_trainer
+def train(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn, run: ConsecutiveRun) -> None:
     """DP-SGD with Opacus: noise σC on the clipped sum, divided by the batch size ("mean" reduction)."""
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
     wrapped = GradSampleModule(model, loss_reduction="mean")
     optimizers = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
-    if optimizer not in optimizers:
-        raise ValueError(f"optimizer {optimizer!r} is not supported; use 'sgd' or 'adam'")
+    if run.optimizer not in optimizers:
+        raise ValueError(f"optimizer {run.optimizer!r} is not supported; use 'sgd' or 'adam'")
     private = DPOptimizer(
-        optimizers[optimizer](wrapped.parameters(), lr=lr),
-        noise_multiplier=noise_multiplier,
-        max_grad_norm=clip_norm,
-        expected_batch_size=batch_size,
+        optimizers[run.optimizer](wrapped.parameters(), lr=run.lr),
+        noise_multiplier=run.noise_multiplier,
+        max_grad_norm=run.clip_norm,
+        expected_batch_size=run.batch_size,
         loss_reduction="mean",
-        generator=torch.Generator().manual_seed(seed),
+        generator=torch.Generator().manual_seed(run.seed),
     )
     try:
-        for batch_inputs, batch_targets in consecutive_batches(inputs, targets, batch_size, steps):
+        for batch_inputs, batch_targets in consecutive_batches(inputs, targets, run.batch_size, run.steps):
             private.zero_grad(set_to_none=True)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")

@@ -24,12 +24,14 @@ import shlex
 import string
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
+from dpledger.engine.consecutive import ConsecutiveRun, LossFn
 from dpledger.errors import ParamsError
 from dpledger.verify.errors import TrainerError
 from dpledger.verify.task import weighted_half_mse
@@ -47,24 +49,9 @@ MODEL_DESCRIPTION = "torch.nn.Sequential(Linear(8, 16), Tanh(), Linear(16, 2))"
 LOSS_DESCRIPTION = "per-example loss w·½‖outputs − y‖² with targets[:, :-1] = y and targets[:, -1] = w"
 
 
-class Trainer(Protocol):
-    """A DP-SGD trainer under test (see the module docstring)."""
-
-    def __call__(
-        self,
-        model: nn.Module,
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
-        *,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        clip_norm: float,
-        noise_multiplier: float,
-        batch_size: int,
-        steps: int,
-        lr: float,
-        seed: int,
-        optimizer: str = "sgd",
-    ) -> None: ...
+Trainer = Callable[..., None]
+"""A DP-SGD trainer under test: a callable with the signature in the module docstring (the built-in ones
+get it from :func:`dpledger.engine.consecutive.protocol_trainer`)."""
 
 
 def load_trainer(spec: str) -> Trainer:
@@ -150,36 +137,25 @@ class CommandTrainer:
     def __repr__(self) -> str:
         return f"command: {self.template}"
 
-    def __call__(
-        self,
-        model: nn.Module,
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
-        *,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        clip_norm: float,
-        noise_multiplier: float,
-        batch_size: int,
-        steps: int,
-        lr: float,
-        seed: int,
-        optimizer: str = "sgd",
-    ) -> None:
+    def __call__(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *, loss_fn: LossFn,
+                 **settings: Any) -> None:
+        """Train ``model`` through the command; ``settings`` are the fields of a :class:`ConsecutiveRun`."""
+        run = ConsecutiveRun(**settings)
         if loss_fn is not weighted_half_mse:
             raise TrainerError("a command trainer only knows the weighted_half_mse loss of the data file")
         with tempfile.TemporaryDirectory(prefix="dpledger-verify-") as folder:
             paths = {name: str(Path(folder) / f"{name}.pt") for name in ("init", "data", "out")}
             torch.save(model.state_dict(), paths["init"])
-            torch.save(data_file_payload(inputs, targets, optimizer), paths["data"])
+            torch.save(data_file_payload(inputs, targets, run.optimizer), paths["data"])
             values = dict(
                 paths,
-                clip_norm=repr(float(clip_norm)),
-                noise_multiplier=repr(float(noise_multiplier)),
-                batch_size=str(int(batch_size)),
-                steps=str(int(steps)),
-                lr=repr(float(lr)),
-                seed=str(int(seed)),
-                optimizer=optimizer,
+                clip_norm=repr(float(run.clip_norm)),
+                noise_multiplier=repr(float(run.noise_multiplier)),
+                batch_size=str(int(run.batch_size)),
+                steps=str(int(run.steps)),
+                lr=repr(float(run.lr)),
+                seed=str(int(run.seed)),
+                optimizer=run.optimizer,
             )
             command = [argument.format(**values) for argument in self.arguments]
             try:

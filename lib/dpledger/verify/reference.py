@@ -9,13 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dpledger.engine.consecutive import consecutive_batches
+from dpledger.engine.consecutive import (
+    ConsecutiveRun,
+    LossFn,
+    consecutive_batches,
+    protocol_trainer,
+)
 
 
 @dataclass(frozen=True)
@@ -75,19 +80,13 @@ def _make_optimizer(name: str, parameters, lr: float) -> torch.optim.Optimizer:
     raise ValueError(f"optimizer {name!r} is not supported; use 'sgd' or 'adam'")
 
 
+@protocol_trainer
 def train_with_flaws(
     model: nn.Module,
     inputs: torch.Tensor,
     targets: torch.Tensor,
-    *,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    clip_norm: float,
-    noise_multiplier: float,
-    batch_size: int,
-    steps: int,
-    lr: float,
-    seed: int,
-    optimizer: str = "sgd",
+    loss_fn: LossFn,
+    run: ConsecutiveRun,
     flaws: Flaws = CORRECT,
 ) -> None:
     """DP-SGD on consecutive batches (the protocol of :mod:`dpledger.verify.protocol`), with ``flaws``."""
@@ -96,19 +95,19 @@ def train_with_flaws(
         return loss_fn(functional_call(model, params, (x.unsqueeze(0),)), y.unsqueeze(0)).sum()
 
     per_example_grads = vmap(grad(example_loss), in_dims=(None, 0, 0))
-    optim = _make_optimizer(optimizer, model.parameters(), lr)
-    noise_seed = 0 if flaws.noise_seed == "fixed" else seed
+    optim = _make_optimizer(run.optimizer, model.parameters(), run.lr)
+    noise_seed = 0 if flaws.noise_seed == "fixed" else run.seed
     generator = torch.Generator().manual_seed(noise_seed)
-    std = _noise_std(flaws, clip_norm, noise_multiplier, batch_size)
-    for step, (batch_inputs, batch_targets) in enumerate(consecutive_batches(inputs, targets, batch_size, steps)):
+    std = _noise_std(flaws, run.clip_norm, run.noise_multiplier, run.batch_size)
+    for step, (batch_inputs, batch_targets) in enumerate(consecutive_batches(inputs, targets, run.batch_size, run.steps)):
         params = {name: p.detach() for name, p in model.named_parameters()}
-        summed = _clipped_sum(per_example_grads(params, batch_inputs, batch_targets), clip_norm, flaws.clipping)
+        summed = _clipped_sum(per_example_grads(params, batch_inputs, batch_targets), run.clip_norm, flaws.clipping)
         if flaws.noise_steps == "reused":
             generator.manual_seed(noise_seed)
         add_noise = std > 0 and not (flaws.noise_steps == "first_step_only" and step > 0)
         for name, p in model.named_parameters():
             noise = torch.normal(0.0, std, size=p.shape, generator=generator) if add_noise else 0.0
-            p.grad = (summed[name] + noise) / batch_size
+            p.grad = (summed[name] + noise) / run.batch_size
         optim.step()
         optim.zero_grad(set_to_none=True)
 
