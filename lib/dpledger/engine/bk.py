@@ -289,14 +289,7 @@ class BKEngine:
 
     def _data_dependent_state_hook(self, module: nn.Module, inputs: tuple[Any, ...]) -> None:
         """Refuse, while the model trains and even with frozen parameters, a layer whose forward pass changes
-        the model from the data without noise or mixes examples:
-
-        - a BatchNorm that normalises with (and updates running stats from) the batch: every example's
-          gradient then depends on the other examples and the padding rows, so clipping no longer bounds one
-          example's contribution (and the running stats in the released model come from the data);
-        - an InstanceNorm that tracks running statistics (its normalisation is per example, but the running
-          stats in the released model are computed from the data without noise);
-        - an Embedding with ``max_norm``, which renormalises the looked-up rows in place."""
+        the model from the data without noise or mixes examples (the cases: :func:`validators.data_dependent_state`)."""
         if not self.model.training:
             return
         reason = validators.data_dependent_state(module)
