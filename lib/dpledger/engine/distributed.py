@@ -48,13 +48,17 @@ class GroupSum:
         """Sum ``buffer`` over the group in place (every rank ends with the same sum)."""
         dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group)
 
-    def check_layout(self, numel: int, names: list[str], device: torch.device) -> None:
-        """Refuse ranks whose trainable parameters differ (count or names): their flat buffers would not line up."""
-        digest = int.from_bytes(hashlib.sha256("\n".join(names).encode()).digest()[:6], "big")
-        mine = torch.tensor([numel, digest], dtype=torch.int64, device=device)
+    def span(self, mine: Tensor) -> tuple[Tensor, Tensor]:
+        """The element-wise minimum and maximum of ``mine`` over the group's ranks (equal when all ranks agree)."""
         highest, lowest = mine.clone(), mine.clone()
         dist.all_reduce(highest, op=dist.ReduceOp.MAX, group=self.group)
         dist.all_reduce(lowest, op=dist.ReduceOp.MIN, group=self.group)
+        return lowest, highest
+
+    def check_layout(self, numel: int, names: list[str], device: torch.device) -> None:
+        """Refuse ranks whose trainable parameters differ (count or names): their flat buffers would not line up."""
+        digest = int.from_bytes(hashlib.sha256("\n".join(names).encode()).digest()[:6], "big")
+        lowest, highest = self.span(torch.tensor([numel, digest], dtype=torch.int64, device=device))
         if not torch.equal(highest, lowest):
             raise ParamsError(
                 f"engine: rank {self.rank} has {numel} trainable parameter entries but another rank of the process "
