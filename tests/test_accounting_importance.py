@@ -5,14 +5,13 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from scipy import stats
-
 from dpledger.accounting import AllocationAccountant, describe, evr, get_accountant
 from dpledger.accounting import importance as imp
 from dpledger.accounting import montecarlo as mc
 from dpledger.errors import UnsupportedMechanismError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
 
 
 def _banded_gram():
@@ -39,7 +38,7 @@ def test_importance_agrees_with_allocation_bounds_for_identity():
     bounds = AllocationAccountant().epsilon(description, delta)
     gram = get_accountant("montecarlo").pair(description).grams[0]
     for epsilon, side in ((bounds.epsilon, "upper"), (bounds.details["epsilon_lower"], "lower")):
-        remove, add = imp.proposals(torch.as_tensor(gram), 1.0, epsilon)
+        remove, _ = imp.proposals(torch.as_tensor(gram), 1.0, epsilon)
         assert remove.bound < 0.5
         found = imp.estimate(gram, remove, 1.0, epsilon, 1 << 17, seed=5)
         if side == "upper":

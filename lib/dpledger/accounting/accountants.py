@@ -22,12 +22,18 @@ from typing import Protocol
 
 import torch
 
-from dpledger.accounting import evr
-from dpledger.accounting import importance
+from dpledger.accounting import evr, importance
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.allocation import allocation_epsilon, allocation_on_grid
 from dpledger.accounting.description import MechanismDescription
-from dpledger.accounting.pld import DISCRETIZATION, gaussian_noise_for, pld_delta, pld_epsilon, rdp_delta, rdp_epsilon
+from dpledger.accounting.pld import (
+    DISCRETIZATION,
+    gaussian_noise_for,
+    pld_delta,
+    pld_epsilon,
+    rdp_delta,
+    rdp_epsilon,
+)
 from dpledger.accounting.record import AccountantResult
 from dpledger.errors import DpledgerError, ParamsError, UnsupportedMechanismError
 from dpledger.mechanisms import coefficients
