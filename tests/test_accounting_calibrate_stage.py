@@ -61,7 +61,8 @@ def test_montecarlo_stage_with_blt_streams_the_calibrated_matrix(tmp_path):
     record = CalibrationRecord.load(tmp_path / "artifacts" / "calibration" / "calibration.json")
     assert record.epsilon == 4.0 and record.accountant == "montecarlo" and record.mechanism == "blt"
     assert set(record.mechanism_params) == {"buffer_decays", "output_scales"}
-    assert 0 <= metrics["mc_failure_probability"] <= 0.05 and metrics["mc_verify_samples"] > 100_000
+    # ε = 4 over 4 bins: the importance-sampled verification applies and needs far fewer than the plain ~1e5
+    assert 0 <= metrics["mc_failure_probability"] <= 0.05 and metrics["mc_verify_samples"] > 1000
     assert any("Estimate-Verify-Release" in s for s in record.assumptions)
     rows = (tmp_path / "plots" / "calibrate" / "rmse_vs_epsilon.csv").read_text().splitlines()[1:]
     for row in rows:

@@ -40,7 +40,7 @@ def test_default_failure_probability_keeps_unconditional_delta_within_ten_percen
 
 
 def test_verification_reports_failure_probability_and_count():
-    accountant = MonteCarloAccountant(samples=20_000, failure_probability=0.01)
+    accountant = MonteCarloAccountant(samples=20_000, failure_probability=0.01, verification="plain")
     description = describe(sampler="balls-in-bins-redrawn", noise_multiplier=1.0, batches_per_epoch=4, epochs=1)
     result = accountant.epsilon(description, 0.05)
     details = result.details

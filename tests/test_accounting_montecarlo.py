@@ -72,7 +72,8 @@ def test_fixed_bins_with_independent_noise_are_far_worse_than_poisson_and_say_so
     poisson = pld_epsilon(1.0, "poisson", 1, 0.01, None, None, 400, 1e-5, 1e-3)
     assert poisson == pytest.approx(1.20, abs=0.02)
     assert 5.0 < estimate < 6.2
-    sentences = accountant.assumptions(fixed, 1e-5, 0.5)
+    sentences = accountant.assumptions(fixed, 1e-5, {"mc_failure_probability": 0.5, "verification": "plain",
+                                                      "verify_samples": 1 << 16})
     assert sentences[0].startswith("WARNING") and f"{poisson:.3g}" in sentences[0]
 
 

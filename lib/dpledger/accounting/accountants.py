@@ -20,11 +20,20 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from dpledger.accounting import evr
+import torch
+
+from dpledger.accounting import evr, importance
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.allocation import allocation_epsilon, allocation_on_grid
 from dpledger.accounting.description import MechanismDescription
-from dpledger.accounting.pld import DISCRETIZATION, gaussian_noise_for, pld_delta, pld_epsilon, rdp_delta, rdp_epsilon
+from dpledger.accounting.pld import (
+    DISCRETIZATION,
+    gaussian_noise_for,
+    pld_delta,
+    pld_epsilon,
+    rdp_delta,
+    rdp_epsilon,
+)
 from dpledger.accounting.record import AccountantResult
 from dpledger.errors import DpledgerError, ParamsError, UnsupportedMechanismError
 from dpledger.mechanisms import coefficients
@@ -32,6 +41,7 @@ from dpledger.mechanisms import coefficients
 ACCOUNTANTS = ("pld", "rdp", "allocation", "montecarlo")
 
 EVR_ATTEMPTS = 3
+VERIFICATIONS = ("auto", "plain", "importance")
 FAILURE_CAP = 1e-6
 ADJACENCY = "add or remove one example (both directions accounted, the worse one reported)"
 RELEASE = "every intermediate model is released (no last-iterate amplification is claimed)"
@@ -180,6 +190,11 @@ class MonteCarloAccountant:
     follows from the count). A failed check raises σ (or ε) by 5% and checks again on new fresh samples,
     at most EVR_ATTEMPTS times, so the release is (ε, δ)-DP except with probability β (union bound), and
     unconditionally (ε, δ + β)-DP (004 Thm 2.1): at most 1.1·δ with the default β.
+
+    ``verification``: ``plain`` samples the pair itself; ``importance`` samples the bounded-weight
+    proposals of :mod:`importance` (one piece only: bins fixed across epochs), each direction checked on
+    its own fresh draws with the KL bound applied to f·w/M ∈ [0, 1], threshold τ/M (same β per direction);
+    ``auto`` picks importance sampling per attempt where it needs fewer samples in all (its bound M < 1).
     """
 
     samples: int = 1 << 18
@@ -188,6 +203,7 @@ class MonteCarloAccountant:
     seed: int = 0
     evr_delta_ratio: float = 0.5
     device: str = "cpu"
+    verification: str = "auto"
     name: str = "montecarlo"
 
     def __post_init__(self) -> None:
@@ -197,6 +213,9 @@ class MonteCarloAccountant:
             raise ParamsError(f"evr_delta_ratio = {self.evr_delta_ratio} is invalid: it must lie in (0, 1)")
         if self.failure_probability is not None and not 0.0 < self.failure_probability < 1.0:
             raise ParamsError(f"failure_probability = {self.failure_probability} is invalid: it must lie in (0, 1)")
+        if self.verification not in VERIFICATIONS:
+            raise ParamsError(f"verification = {self.verification!r} is invalid: allowed values are "
+                              f"{', '.join(VERIFICATIONS)}")
         mc.resolve_device(self.device)
 
     def failure_target(self, delta: float) -> float:
@@ -230,7 +249,7 @@ class MonteCarloAccountant:
         values = coefficients(d.mechanism, d.mechanism_params, d.steps)
         return mc.fixed_bins_pair(values, d.batches_per_epoch, d.steps)
 
-    def assumptions(self, description: MechanismDescription, delta: float, failure_probability: float) -> list[str]:
+    def assumptions(self, description: MechanismDescription, delta: float, details: dict) -> list[str]:
         d = description
         sentences = _base_assumptions(d)
         poisson = poisson_at_same_noise(d, delta)
@@ -244,14 +263,42 @@ class MonteCarloAccountant:
         if d.mechanism != "identity":
             sentences.append(f"correlated noise: the model receives x + C⁻¹z with C the {d.mechanism} matrix "
                              f"(non-negative lower-triangular Toeplitz); dominating pair of 004 Lemma 3.2")
+        failure_probability = details["mc_failure_probability"]
+        if details["verification"] == "importance":
+            how = (f"importance-sampled fresh sets of {details['verify_samples_remove']} (remove) and "
+                   f"{details['verify_samples_add']} (add) draws with weights bounded by M = "
+                   f"{details['importance_bound_remove']:.3g} / {details['importance_bound_add']:.3g} "
+                   f"(KL bound on f·w/M; where M <= δ the bound δ <= M proves the direction)")
+        else:
+            how = f"fresh sets of {details['verify_samples']} samples"
         sentences.append(
             f"Monte Carlo estimate with Estimate-Verify-Release: estimated at δ' = {self.evr_delta_ratio:g}·δ on "
-            f"{self.samples} samples, verified below τ = midpoint(δ', δ) on fresh sets of "
-            f"{self.verification_plan(delta)[1]} samples; the claim fails with probability at most "
-            f"{failure_probability:.3g} over the accountant's randomness (Chernoff–Hoeffding KL bound, union over "
-            f"{EVR_ATTEMPTS} attempts), so it is unconditionally (ε, δ + {failure_probability:.3g})-DP"
+            f"{self.samples} samples, verified below τ = midpoint(δ', δ) on {how}; the claim fails with "
+            f"probability at most {failure_probability:.3g} over the accountant's randomness (Chernoff–Hoeffding "
+            f"KL bound, union over {EVR_ATTEMPTS} attempts), so it is unconditionally "
+            f"(ε, δ + {failure_probability:.3g})-DP"
         )
         return sentences
+
+    def importance_plan(self, pair: mc.DominatingPair, sigma: float, epsilon: float,
+                        delta: float) -> tuple[tuple[importance.Proposal, ...], tuple[int, ...]] | None:
+        """The importance-sampling proposals and per-direction draws for this attempt, or None where plain
+        sampling is used (``verification``, several pieces, a fixed ``verify_samples``, or more draws)."""
+        if self.verification == "plain" or self.verify_samples is not None:
+            return None
+        if len(pair.grams) != 1:
+            if self.verification == "importance":
+                raise UnsupportedMechanismError(
+                    "verification = importance needs bins fixed across epochs (one piece): with bins redrawn every "
+                    "epoch the losses of the epochs add and the per-piece union bound does not cover their sum")
+            return None
+        threshold, plain, failure = self.verification_plan(delta)
+        gram = torch.as_tensor(pair.grams[0], dtype=torch.float64)
+        proposals = importance.proposals(gram, sigma, epsilon)
+        counts = tuple(importance.samples_needed(p.bound, failure, delta, threshold) for p in proposals)
+        if self.verification == "auto" and sum(counts) >= plain:
+            return None
+        return proposals, counts
 
     def verify(self, pair: mc.DominatingPair, sigma: float, epsilon: float, delta: float,
                raise_sigma: bool) -> tuple[float, float, dict]:
@@ -264,9 +311,15 @@ class MonteCarloAccountant:
         threshold, fresh, failure = self.verification_plan(delta)
         device = mc.resolve_device(self.device)
         for attempt in range(1, EVR_ATTEMPTS + 1):
-            estimate = mc.estimate_delta(pair, sigma, epsilon, fresh, self.seed + 1_000_003 * attempt,
-                                         device=device)
-            if estimate.delta <= threshold:
+            seed = self.seed + 1_000_003 * attempt
+            plan = self.importance_plan(pair, sigma, epsilon, delta)
+            if plan is None:
+                estimate = mc.estimate_delta(pair, sigma, epsilon, fresh, seed, device=device)
+                passed = estimate.delta <= threshold
+            else:
+                estimate = importance.verify(pair.grams[0], plan[0], plan[1], sigma, epsilon, seed, device)
+                passed = all(p.bound <= delta or e.delta <= threshold for p, e in zip(plan[0], estimate.parts))
+            if passed:
                 break
             if raise_sigma:
                 sigma *= 1.05
@@ -282,7 +335,9 @@ class MonteCarloAccountant:
         total_failure = min(1.0, EVR_ATTEMPTS * failure)
         details = {
             "samples": self.samples,
-            "verify_samples": fresh,
+            "verification": "plain" if plan is None else "importance",
+            "verify_samples": fresh if plan is None else sum(plan[1]),
+            "verify_samples_plain": fresh,
             "failure_bound": "Chernoff-Hoeffding (KL) for [0, 1] variables, union over EVR attempts",
             "evr_attempts": attempt,
             "delta_estimate_verify": estimate.delta,
@@ -294,6 +349,9 @@ class MonteCarloAccountant:
             "mc_failure_probability": total_failure,
             "unconditional_delta": min(1.0, delta + total_failure),
         }
+        if plan is not None:
+            details.update({"importance_bound_remove": plan[0][0].bound, "importance_bound_add": plan[0][1].bound,
+                            "verify_samples_remove": plan[1][0], "verify_samples_add": plan[1][1]})
         return sigma, epsilon, details
 
     def epsilon(self, description: MechanismDescription, delta: float) -> AccountantResult:
@@ -303,8 +361,7 @@ class MonteCarloAccountant:
             return AccountantResult(self.name, math.inf, delta, _base_assumptions(description), {})
         _, eps, details = self.verify(pair, description.noise_multiplier, self.epsilon_estimate(description, delta),
                                       delta, raise_sigma=False)
-        return AccountantResult(self.name, eps, delta,
-                                self.assumptions(description, delta, details["mc_failure_probability"]), details)
+        return AccountantResult(self.name, eps, delta, self.assumptions(description, delta, details), details)
 
     def epsilon_estimate(self, description: MechanismDescription, delta: float) -> float:
         """ε̂ at δ' = evr_delta_ratio·δ from ``samples`` samples, without verification (curves, not claims)."""
@@ -333,8 +390,7 @@ class MonteCarloAccountant:
         details.update({"sigma_calibrated": search.noise_multiplier, "survivors": search.survivors,
                         "search_passes": search.passes, "delta_hat_calibration": search.delta_hat})
         result = AccountantResult(self.name, epsilon, delta,
-                                  self.assumptions(description.with_noise(sigma), delta,
-                                                   details["mc_failure_probability"]), details)
+                                  self.assumptions(description.with_noise(sigma), delta, details), details)
         return sigma, result
 
 
@@ -357,7 +413,7 @@ def default_accountant(sampler: str, mechanism: str = "identity") -> str:
 
 def get_accountant(name: str, **settings) -> Accountant:
     """The accountant called ``name``; Monte Carlo settings (samples, failure_probability, verify_samples,
-    seed, evr_delta_ratio, device) and the PLD discretization are picked from ``settings``."""
+    seed, evr_delta_ratio, device, verification) and the PLD discretization are picked from ``settings``."""
     if name == "pld":
         return PldAccountant(**{k: v for k, v in settings.items() if k == "discretization"})
     if name == "rdp":
@@ -365,7 +421,8 @@ def get_accountant(name: str, **settings) -> Accountant:
     if name == "allocation":
         return AllocationAccountant()
     if name == "montecarlo":
-        keys = ("samples", "failure_probability", "verify_samples", "seed", "evr_delta_ratio", "device")
+        keys = ("samples", "failure_probability", "verify_samples", "seed", "evr_delta_ratio", "device",
+                "verification")
         return MonteCarloAccountant(**{k: v for k, v in settings.items() if k in keys})
     raise ParamsError(f"accountant = {name!r} is invalid: allowed values are auto, {', '.join(ACCOUNTANTS)}")
 

@@ -60,6 +60,8 @@ def calibrate_noise(accountant: Accountant, description: MechanismDescription, e
     start, factor, tolerance = _search_plan(accountant, description, epsilon, delta, tolerance)
     high, eps_high = start, eps_at(start)
     low, eps_low = 0.0, math.inf
+    if isinstance(accountant, AllocationAccountant):
+        low, eps_low, high, eps_high = _newton_bracket(eps_at, start, eps_high, epsilon)
     while eps_high > epsilon:
         low, eps_low, high = high, eps_high, factor * high
         if high > MAX_NOISE:
@@ -74,7 +76,8 @@ def calibrate_noise(accountant: Accountant, description: MechanismDescription, e
             high, eps_high = high / factor, eps_down
     side = 0
     while epsilon - eps_high > tolerance and high - low > 1e-9 * high:
-        mid = _illinois_point(low, eps_low, high, eps_high, epsilon, side)
+        mid = _illinois_point(low, eps_low, high, eps_high, epsilon, side,
+                              log_scale=isinstance(accountant, AllocationAccountant))
         eps_mid = eps_at(mid)
         if eps_mid > epsilon:
             low, eps_low, side = mid, eps_mid, (side - 1 if side < 0 else -1)
@@ -99,11 +102,34 @@ def _search_plan(accountant: Accountant, description: MechanismDescription, epsi
     return start, 1.15, max(tolerance, 1e-3 * epsilon)
 
 
-def _illinois_point(low: float, eps_low: float, high: float, eps_high: float, target: float, side: int) -> float:
-    """Next σ inside (low, high): false position on ε(σ) − target, with the Illinois halving of the end
-    that keeps being retained; bisection where the low end's ε is infinite."""
+def _newton_bracket(eps_at, start: float, eps_start: float, target: float) -> tuple[float, float, float, float]:
+    """(low, ε(low), high, ε(high)) from a second point at σ·(ε(σ)/target)^0.8, 1% beyond (near ε = 1 the
+    allocation bound falls like σ^-1.2 to σ^-1.3), so one evaluation usually brackets the target; where it
+    does not, the nearer point is returned as ``high`` with ``low`` = 0 and the caller's bracketing goes on."""
+    beyond = 0.99 if eps_start < target else 1.01
+    guess = start * (eps_start / target) ** 0.8 * beyond
+    eps_guess = eps_at(guess)
+    points = sorted([(start, eps_start), (guess, eps_guess)])
+    (small, eps_small), (large, eps_large) = points
+    if eps_small > target >= eps_large:
+        return small, eps_small, large, eps_large
+    if eps_large > target:
+        return large, eps_large, large * 1.15, eps_at(large * 1.15)
+    return 0.0, math.inf, small, eps_small
+
+
+def _illinois_point(low: float, eps_low: float, high: float, eps_high: float, target: float, side: int,
+                    log_scale: bool = False) -> float:
+    """Next σ inside (low, high): false position on ε(σ) − target (on log ε against log σ with
+    ``log_scale``, where ε is close to a power of σ), with the Illinois halving of the end that keeps being
+    retained; bisection where the low end's ε is infinite."""
     if not math.isfinite(eps_low):
         return 0.5 * (low + high)
+    if log_scale and low > 0:
+        point = math.exp(_illinois_point(math.log(low), math.log(eps_low), math.log(high), math.log(eps_high),
+                                         math.log(target), side))
+        width = high - low
+        return min(max(point, low + 1e-3 * width), high - 1e-3 * width)
     f_low, f_high = eps_low - target, eps_high - target
     if side >= 2:
         f_low /= 2 ** (side - 1)
