@@ -32,7 +32,7 @@ T = TypeVar("T")
 
 def single_threaded(function: Callable[..., T]) -> Callable[..., T]:
     """Run ``function`` with torch on one thread, then restore the thread count. The chunked tensors here
-    are small enough that intra-op threading costs more than it gains; on a shared CPU it was 50x slower."""
+    are small enough that intra-op threading costs more than it gains, most of all on a shared CPU."""
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
