@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup repro test bench lm lm-stages
+.PHONY: setup repro test lint bench lm lm-stages
 
 # The language-model example (README "Bring your own model and data"): the keys examples/lm-params.yaml
 # changes, as DVC overrides (a test keeps the two equal).
@@ -29,8 +29,12 @@ setup: $(VENV)/.installed
 repro: setup
 	PATH="$(abspath $(BIN)):$$PATH" dvc repro
 
-test: setup
+test: setup lint
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check lib tests benchmarks stages
+	$(BIN)/ruff format --check lib tests benchmarks stages
 
 bench: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m benchmarks.run_all
