@@ -12,7 +12,7 @@ from dpledger.data.example_lm import ARCHITECTURES, write_example
 
 def main(
     out: Path = typer.Option(Path("data/lm"), help="folder to write (replaced atomically)"),
-    architecture: str = typer.Option("gpt-neox", help=f"one of {', '.join(ARCHITECTURES)}"),
+    architecture: str = typer.Option("gpt2", help=f"one of {', '.join(ARCHITECTURES)}"),
 ) -> None:
     if architecture not in ARCHITECTURES:
         raise typer.BadParameter(f"allowed values are {', '.join(ARCHITECTURES)}", param_hint="--architecture")
