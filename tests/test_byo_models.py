@@ -107,7 +107,7 @@ def test_labels_outside_the_model_classes_are_refused(tmp_path, lm):
 
 def test_a_task_the_model_has_no_head_for_is_refused(tmp_path, lm):
     params = make_project(tmp_path, epochs=1, train={"model": "hf", "model_options": {"path": str(lm / "model")}})
-    _refused(tmp_path, params, r"train.task = 'classification' is invalid for the GPTNeoXConfig model .* no image-classification head")
+    _refused(tmp_path, params, r"train.task = 'classification' is invalid for the GPT2Config model .* no image-classification head")
 
 
 def test_plugin_that_returns_no_module_is_refused(tmp_path):
