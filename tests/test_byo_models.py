@@ -183,8 +183,18 @@ def test_makefile_overrides_and_the_example_params_file_agree():
     from byo_helpers import REPO
 
     base = yaml.safe_load((REPO / "params.yaml").read_text())
-    example = yaml.safe_load((REPO / "examples/lm-params.yaml").read_text())
-    for key, value in re.findall(r"-S '?([\w.]+)=([^' \\\n]+)'?", (REPO / "Makefile").read_text()):
+    example = yaml.safe_load((REPO / "examples/lm/params.yaml").read_text())
+    makefile = (REPO / "Makefile").read_text()
+    overrides = re.findall(r"-S '?([\w.-]+:)?([\w.]+)=([^' \\\n]+)'?", makefile[makefile.index("LM_SET"):])
+    data_dir = None
+    for file, key, value in overrides:
+        if file:
+            assert (file, key) == ("dvc-vars.yaml:", "data_dir")
+            data_dir = value
+            continue
         section, name = key.split(".")
         base[section][name] = yaml.safe_load(value.replace(":", ": "))
     assert base == example
+    assert data_dir == "examples/lm/data"  # the LM's files live in the folder its stages depend on
+    for path in (example["data"]["path"], example["data"]["tokenizer"], example["train"]["model_options"]["path"]):
+        assert path.startswith(data_dir + "/")
