@@ -211,15 +211,18 @@ def test_makefile_overrides_and_the_example_params_file_agree():
     base = yaml.safe_load((REPO / "params.yaml").read_text())
     example = yaml.safe_load((REPO / "examples/lm/params.yaml").read_text())
     makefile = (REPO / "Makefile").read_text()
-    overrides = re.findall(r"-S '?([\w.-]+:)?([\w.]+)=([^' \\\n]+)'?", makefile[makefile.index("LM_SET"):])
+    overrides = re.findall(r"-S '?([\w.-]+:)?\+?([\w.]+)=([^' \\\n]+)'?", makefile[makefile.index("LM_SET"):])
     data_dir = None
-    for file, key, value in overrides:
+    for file, key, value in overrides:  # `+key` adds a key inside a mapping (hydra)
         if file:
             assert (file, key) == ("dvc-vars.yaml:", "data_dir")
             data_dir = value
             continue
-        section, name = key.split(".")
-        base[section][name] = yaml.safe_load(value.replace(":", ": "))
+        *parents, name = key.split(".")
+        node = base
+        for parent in parents:
+            node = node[parent]
+        node[name] = yaml.safe_load(value)
     assert base == example
     assert data_dir == "examples/lm/data"  # the LM's files live in the folder its stages depend on
     for path in (example["data"]["path"], example["data"]["tokenizer"], example["train"]["model_options"]["path"]):
