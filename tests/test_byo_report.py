@@ -19,6 +19,8 @@ def _lm_project(root: Path) -> Path:
     del metrics["test_accuracy"]
     metrics.update({"test_perplexity": 123.456, "train_perplexity": 118.2, "test_loss": math.log(123.456)})
     (root / "metrics/train.json").write_text(json.dumps(metrics))
+    verify = json.loads((root / "metrics/verify.json").read_text())
+    (root / "metrics/verify.json").write_text(json.dumps({**verify, "battery_model": "train.model = 'hf' (causal-lm)"}))
     shutil.rmtree(root / "plots/train")
     (root / "plots/train").mkdir()
     for name in ("loss", "perplexity"):
@@ -34,6 +36,7 @@ def test_headline_shows_perplexity_and_the_report_holds_its_curves_beside_the_ep
     headline = markdown[markdown.index("## Headline"):].split("\n\n")[1]
     assert "| **Test perplexity** | **123.5** |" in headline and "train perplexity 118.2" in headline
     assert "Test accuracy" not in headline
+    assert "on train.model = 'hf' (causal-lm): " in headline  # which model the implementation tests trained
     html = (root / "reports/report.html").read_text()
     for stage, name in (("train", "loss"), ("train", "perplexity"), ("calibrate", "epsilon_vs_step")):
         assert f"figures/{stage}-{name}.png" in markdown and (root / f"reports/figures/{stage}-{name}.png").stat().st_size

@@ -74,7 +74,7 @@ def test_the_battery_passes_the_engine_on_the_train_stages_lm(tmp_path, lm):
     metrics = run_stage("verify", params, tmp_path)
     details = json.loads((tmp_path / "artifacts/verify/verify.json").read_text())
     assert metrics["passed"], details["verdict"]
-    assert details["heuristics"]["model"] == "train.model = 'hf' (causal-lm)"
+    assert details["heuristics"]["model"] == metrics["battery_model"] == "train.model = 'hf' (causal-lm)"
     assert details["heuristics"]["probe_gradient_norm"] >= 10
 
 

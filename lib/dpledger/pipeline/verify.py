@@ -58,7 +58,7 @@ def write_outputs(result: BatteryResult, root: Path) -> dict[str, Any]:
         io.write_json(folder / "verify.json", result.to_json())
     with io.atomic_dir(root / "plots" / "verify") as folder:
         write_plots(result, folder)
-    metrics = result.metrics()
+    metrics = {**result.metrics(), "battery_model": result.heuristics.get("model", "synthetic MLP")}
     io.write_json(root / "metrics" / "verify.json", metrics)
     return metrics
 

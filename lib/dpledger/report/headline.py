@@ -120,6 +120,8 @@ def _verify_row(inputs: ReportInputs) -> tuple[Text, ...]:
         result = f"{format_value(run)} run, {format_value(failed)} failed"
     p_values = [(key.removeprefix("p_value_"), value) for key, value in m.items() if key.startswith("p_value_")]
     details = ", ".join(f"{name} p = {format_value(value)}" for name, value in p_values)
+    if m.get("battery_model"):
+        details = f"on {m['battery_model']}: {details}"
     passed = m.get("passed") is True and not (isinstance(failed, int) and failed > 0)
     verdict = Badge("passed", "good") if passed else Badge("failed", "bad")
     return label, text(result), text(details), text(verdict)
