@@ -152,7 +152,7 @@ def test_missing_plugin_module_uses_the_sampler_plugin_messages(tmp_path):
 ])
 def test_non_positive_max_length_is_refused_by_the_schema(tmp_path, key, value, match):
     params = make_project(tmp_path, epochs=1)
-    raw = params.read_text().replace("test_fraction: 0.2", f"test_fraction: 0.2\n  {key}: {value}")
+    raw = params.read_text().replace("max_length: 128", f"{key}: {value}")
     params.write_text(raw)
     with pytest.raises(ParamsError, match=match):
         load_params(params)
@@ -166,6 +166,7 @@ def test_unknown_model_name_is_refused_by_the_schema(tmp_path):
 
 @pytest.mark.slow
 def test_kill_9_lm_run_then_rerun_ends_with_the_same_ledger(tmp_path, lm):
+    import hashlib
     import os
     import signal
     import subprocess
@@ -181,15 +182,22 @@ def test_kill_9_lm_run_then_rerun_ends_with_the_same_ledger(tmp_path, lm):
     command = [sys.executable, "-m", "stages.train", "--params", "params.yaml", "--root", "."]
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'lib'}:{REPO}"}
     process = subprocess.Popen(command, cwd=killed, env=env, stderr=subprocess.DEVNULL)
-    checkpoint = killed / "artifacts/train/checkpoint.pt"
+    ledger_file = killed / "artifacts/train/checkpoint.json"  # the ledger beside the weights
+    weights = killed / "artifacts/train/checkpoint.pt"
     deadline = time.time() + 120
+    # Kill (stopped first) at a checkpoint whose weights match its ledger: a kill between the two writes
+    # rightly starts over from step 0, which is not what this test is about.
     while time.time() < deadline and process.poll() is None:
-        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["ledger"]["steps_done"] >= 2:
-            break
+        if ledger_file.exists() and json.loads(ledger_file.read_text())["steps_done"] >= 2:
+            process.send_signal(signal.SIGSTOP)
+            ledger = json.loads(ledger_file.read_text())
+            if hashlib.sha256(weights.read_bytes()).hexdigest() == ledger["weights_sha256"]:
+                break
+            process.send_signal(signal.SIGCONT)
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    partial = torch.load(checkpoint, weights_only=False)["ledger"]["steps_done"]
+    partial = json.loads(ledger_file.read_text())["steps_done"]
     subprocess.run(command, cwd=killed, env=env, check=True, stderr=subprocess.DEVNULL)
     run_stage("train", clean / "params.yaml", clean)
     ledgers = [json.loads((root / "artifacts/train/ledger.json").read_text()) for root in (killed, clean)]
