@@ -8,12 +8,15 @@ PYTEST_ARGS ?=
 
 .PHONY: setup repro test lint bench lm lm-stages
 
-# The language-model example (README "Bring your own model and data"): the keys examples/lm-params.yaml
-# changes, as DVC overrides (a test keeps the two equal).
-LM_SET := -S data.name=text -S data.path=data/lm/corpus.jsonl -S data.test_fraction=0.1 \
-	-S data.tokenizer=data/lm/model -S data.max_length=48 -S batching.batch_size=32 -S batching.epochs=1 \
-	-S 'calibrate.group_sizes=[1,2]' -S train.model=hf -S 'train.model_options={path:data/lm/model}' \
-	-S train.task=causal-lm -S train.lr=0.003 -S train.optimizer=adam
+# The language-model example (README "Bring your own model and data"): the keys examples/lm/params.yaml
+# changes, as DVC overrides (a test keeps the two equal), and dvc-vars.yaml's data_dir, which makes
+# examples/lm/dvc.yaml's prepare stage upstream of the pipeline.
+LM_SET := -S dvc-vars.yaml:data_dir=examples/lm/data \
+	-S data.name=text -S data.path=examples/lm/data/corpus.jsonl -S data.test_fraction=0.1 \
+	-S data.tokenizer=examples/lm/data/model -S data.max_length=48 -S batching.batch_size=32 -S batching.epochs=3 \
+	-S 'calibrate.group_sizes=[1,2]' -S calibrate.table_discretization=0.01 -S train.model=hf \
+	-S +train.model_options.path=examples/lm/data/model -S train.task=causal-lm -S train.lr=0.01 \
+	-S train.optimizer=adam -S verify.model=train
 
 $(BIN)/python:
 	python3 -m venv $(VENV)
@@ -43,6 +46,6 @@ lm: setup
 	PATH="$(abspath $(BIN)):$$PATH" dvc exp run -n lm $(LM_SET)
 
 lm-stages: setup  # the same without DVC: each stage in order with the example's params file
-	$(BIN)/python -m stages.prepare
+	$(BIN)/python -m stages.prepare --out examples/lm/data
 	for stage in calibrate schedule train verify audit report; do \
-		$(BIN)/python -m stages.$$stage --params examples/lm-params.yaml || exit 2; done
+		$(BIN)/python -m stages.$$stage --params examples/lm/params.yaml || exit 2; done

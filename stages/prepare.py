@@ -1,5 +1,5 @@
-"""DVC stage `prepare`: the language-model example's corpus, tokenizer and tiny causal LM into data/lm
-(see dpledger.data.example_lm). Needs no params and downloads nothing."""
+"""DVC stage `prepare` (examples/lm/dvc.yaml): the language-model example's corpus, tokenizer and tiny
+causal LM into examples/lm/data (see dpledger.data.example_lm). Needs no params and downloads nothing."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from dpledger.data.example_lm import ARCHITECTURES, write_example
 
 
 def main(
-    out: Path = typer.Option(Path("data/lm"), help="folder to write (replaced atomically)"),
-    architecture: str = typer.Option("gpt-neox", help=f"one of {', '.join(ARCHITECTURES)}"),
+    out: Path = typer.Option(Path("examples/lm/data"), help="folder to write (replaced atomically)"),
+    architecture: str = typer.Option("gpt2", help=f"one of {', '.join(ARCHITECTURES)}"),
 ) -> None:
     if architecture not in ARCHITECTURES:
         raise typer.BadParameter(f"allowed values are {', '.join(ARCHITECTURES)}", param_hint="--architecture")

@@ -16,9 +16,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_lm(root: Path) -> Path:
-    """``root/data/lm``: a small pydoc corpus, a 300-token BPE tokenizer and a 2-layer width-64 GPT-NeoX."""
+    """``root/data/lm``: a small pydoc corpus, a 300-token BPE tokenizer and a 2-layer width-64 GPT-2 (tied head,
+    the LM example's architecture)."""
     folder = root / "data" / "lm"
-    write_example(folder, architecture="gpt-neox", max_chars=12000, vocab_size=300, max_positions=32)
+    write_example(folder, architecture="gpt2", max_chars=12000, vocab_size=300, max_positions=32)
     return folder
 
 

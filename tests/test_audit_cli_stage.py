@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from dpledger.pipeline.inputs_check import seal_record
 from test_train_helpers import genuine_record
-from dpledger.audit.dpsgd import audit_dpsgd, canary_outputs
+from dpledger.audit.dpsgd import DpsgdAudit, Workload, audit_dpsgd, canary_outputs
 from dpledger.cli import app
 from dpledger.errors import DpledgerError
 from dpledger.params import load_params
@@ -102,44 +102,46 @@ def test_partially_informed_canaries_count_plus_one_minus_one_and_zero(digits):
     """With negligible noise the released ⟨g̃, ĝ⟩/C² is +1 in the record's step (D), 0 there (D'), −1 elsewhere."""
     import torch
 
-    from dpledger.models import build_model
+    from dpledger.models import Task, build_model
 
     x, y = digits
     numel = sum(p.numel() for p in build_model("mlp", tuple(x.shape[1:]), 10).parameters())
     canary = torch.randn(numel, generator=torch.Generator().manual_seed(0))
     canary /= canary.norm()
-    kwargs = dict(threat_model="partially-informed", x_train=x, y_train=y, sampler="shuffle", batch_size=4,
-                  epochs=1, noise_multiplier=1e-6, clip_norm=1.0, lr=0.1, canary=canary, seed=5)
-    present = canary_outputs(present=True, **kwargs)
-    absent = canary_outputs(present=False, **kwargs)
+    workload = Workload("digits", x, y, Task("classification"), lambda: build_model("mlp", tuple(x.shape[1:]), 10))
+    config = DpsgdAudit(threat_model="partially-informed", sampler="shuffle", batch_size=4, epochs=1,
+                        noise_multiplier=1e-6, clip_norm=1.0, lr=0.1)
+    present = canary_outputs(config, workload, present=True, canary=canary, seed=5)
+    absent = canary_outputs(config, workload, present=False, canary=canary, seed=5)
     assert present.shape == (16,)
     assert np.sum(np.abs(present - 1) < 0.2) == 1 and np.sum(np.abs(present + 1) < 0.2) == 15
     assert np.sum(np.abs(absent) < 0.2) == 1 and np.sum(np.abs(absent + 1) < 0.2) == 15
 
 
 def test_dpsgd_audit_runs_end_to_end(digits):
-    result = audit_dpsgd(threat_model="natural", observations=8, dataset_size=64, batch_size=16, progress=False)
+    result = audit_dpsgd(DpsgdAudit(threat_model="natural", observations=8, dataset_size=64, batch_size=16, progress=False))
     assert result.audit == "dpsgd-natural" and result.observations == 8 and result.epsilon_emp >= 0
 
 
 def test_dpsgd_audit_trains_with_the_sampler_options_and_the_claim_it_is_given():
-    dropped = audit_dpsgd(
+    dropped = audit_dpsgd(DpsgdAudit(
         threat_model="natural", sampler="shuffle", observations=4, dataset_size=70, batch_size=16, progress=False,
         sampler_options={"last_batch": "drop"}, epsilon_claimed=3.5, claim_basis="ledger",
-    )
+    ))
     assert dropped.setting["steps"] == 4 and dropped.setting["sampler_options"] == {"last_batch": "drop"}
     assert dropped.epsilon_claimed == 3.5 and dropped.claim_basis == "ledger"
-    kept = audit_dpsgd(threat_model="natural", sampler="shuffle", observations=4, dataset_size=70, batch_size=16, progress=False)
+    kept = audit_dpsgd(DpsgdAudit(threat_model="natural", sampler="shuffle", observations=4, dataset_size=70, batch_size=16,
+                                  progress=False))
     assert kept.setting["steps"] == 5 and "'poisson'" in kept.claim_basis
-    buffered = audit_dpsgd(
+    buffered = audit_dpsgd(DpsgdAudit(
         threat_model="natural", sampler="partial-shuffle", observations=4, dataset_size=64, batch_size=16,
         progress=False, sampler_options={"buffer_size": 8},
-    )
+    ))
     assert buffered.setting["steps"] == 4
-    padded = audit_dpsgd(  # no closed-form placement: scored by the record's memberships in pilot runs
+    padded = audit_dpsgd(DpsgdAudit(  # no closed-form placement: scored by the record's memberships in pilot runs
         threat_model="partially-informed", sampler="balls-in-bins", observations=4, dataset_size=64, batch_size=16,
         progress=False, sampler_options={"pad_truncate": True},
-    )
+    ))
     assert padded.setting["sampler_options"] == {"pad_truncate": True} and padded.epsilon_emp >= 0
 
 

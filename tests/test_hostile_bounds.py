@@ -93,7 +93,7 @@ def test_the_meta_check_leaves_the_seeded_weights_unchanged():
 
 def test_audit_functions_refuse_huge_runs_at_once():
     from dpledger.audit.bgm import audit_bgm
-    from dpledger.audit.dpsgd import audit_dpsgd
+    from dpledger.audit.dpsgd import DpsgdAudit, audit_dpsgd
     from dpledger.audit.selfcheck import run_selfcheck
 
     with pytest.raises(ParamsError, match="must be at most 100,000,000"):
@@ -103,8 +103,8 @@ def test_audit_functions_refuse_huge_runs_at_once():
         audit_bgm("poisson", dataset_size=10_000, batch_size=1, epochs=100, noise_multiplier=1.0,
                   observations=10**8, delta=1e-5, progress=False)
     with pytest.raises(ParamsError, match="10,000 training runs"):
-        audit_dpsgd(observations=10**9, progress=False)
+        audit_dpsgd(DpsgdAudit(observations=10**9, progress=False))
     with pytest.raises(ParamsError, match="epochs of training"):
-        audit_dpsgd(observations=1000, epochs=10**6, progress=False)
+        audit_dpsgd(DpsgdAudit(observations=1000, epochs=10**6, progress=False))
     with pytest.raises(ParamsError, match="games exceeds the limit"):
         run_selfcheck(repeats=10**6, observations=10**6, progress=False)

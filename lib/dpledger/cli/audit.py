@@ -139,17 +139,17 @@ def dpsgd(
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Audit DP-SGD on the embedded digits data with gradient canaries (002 Alg. 1)."""
-    from dpledger.audit.dpsgd import audit_dpsgd
+    from dpledger.audit.dpsgd import DpsgdAudit, audit_dpsgd
 
     _check_threshold(threshold)
     _check_numbers({"--noise-multiplier": noise_multiplier, "--clip-norm": clip_norm, "--lr": lr},
                    {"--delta": delta, "--confidence": confidence})
-    result = audit_dpsgd(
+    result = audit_dpsgd(DpsgdAudit(
         threat_model=threat_model, sampler=sampler, observations=observations, epochs=epochs,
         batch_size=batch_size, noise_multiplier=noise_multiplier, clip_norm=clip_norm, lr=lr,
         dataset_size=dataset_size, method=threshold, delta=delta, confidence=confidence, seed=seed,
         progress=not as_json, sampler_options=_sampler_options(sampler, buffer_size),
-    )
+    ))
     _print({**result.summary(), "claim_basis": result.claim_basis}, as_json)
 
 

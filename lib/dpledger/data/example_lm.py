@@ -11,11 +11,15 @@ from pathlib import Path
 
 from dpledger import io
 
-ARCHITECTURES = {  # a tiny causal LM of each architecture: 2 layers, width 64, 4 heads
-    "gpt2": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4},
+ARCHITECTURES = {  # a tiny causal LM of each architecture: 2 layers, width 64, 4 heads, dropout off
+    "gpt2": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+             "attn_pdrop": 0.0},
     "gpt-neox": {"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                  "intermediate_size": 256},
 }
+"""GPT-2 (the example's default) ties its LM head to the token embedding, which the engine clips as one
+weight with the ghost norm's cross terms; GPT-NeoX has an untied head. Dropout is off in both: it would
+make the verify battery's σ = 0 tests on this model (``verify.model: train``) random."""
 
 
 def corpus_texts(max_chars: int = 120_000, chunk_chars: int = 240) -> list[str]:
@@ -57,7 +61,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
                                    unk_token="<|endoftext|>")
 
 
-def write_example(folder: Path, *, architecture: str = "gpt-neox", max_chars: int = 120_000, vocab_size: int = 512,
+def write_example(folder: Path, *, architecture: str = "gpt2", max_chars: int = 120_000, vocab_size: int = 512,
                   max_positions: int = 128, seed: int = 0) -> None:
     """Write ``folder/corpus.jsonl`` (one ``{"text": ...}`` a line) and ``folder/model/`` (tokenizer, config
     and random-init weights, all with ``save_pretrained``)."""

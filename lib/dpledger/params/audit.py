@@ -28,5 +28,8 @@ class AuditParams(Section):
         default=20_000, ge=100, le=MAX_PATTERN_OBSERVATIONS, description="observations for samplers simulated by running them (plugins)"
     )
     dpsgd: bool = Field(default=False, description="also audit DP-SGD with gradient canaries (slow)")
+    dpsgd_model: Literal["digits", "train"] = Field(
+        default="digits", description="digits (an MLP on the embedded digits) | train (the train stage's model, loss and data)"
+    )
     dpsgd_threat_model: Literal["natural", "partially-informed", "worst-case"] = "partially-informed"
     dpsgd_observations: int = Field(default=200, ge=4, le=MAX_DPSGD_OBSERVATIONS, description="training runs of the DP-SGD audit")

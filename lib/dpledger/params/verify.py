@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from dpledger.params.core import Section
@@ -22,6 +22,10 @@ class VerifyParams(Section):
                          description="'dpledger' (the engine), 'distributed' (the engine on 2 gloo ranks), "
                                      "'reference', 'opacus', 'zoo:NAME' or module:callable")
     command: str | None = Field(default=None, description="external command template; replaces trainer when set")
+    model: Literal["synthetic", "train"] = Field(
+        default="synthetic",
+        description="synthetic (the battery's MLP) | train (the train stage's model, task loss and data)",
+    )
     optimizer: Literal["sgd", "adam"] = "sgd"
     significance: float = Field(default=0.01, gt=0.0, lt=0.5)
     fail_pipeline: bool = Field(
@@ -41,4 +45,14 @@ class VerifyParams(Section):
             raise PydanticCustomError("command", "it cannot be split into arguments ({reason})", {"reason": str(error)})
         if not arguments:
             raise PydanticCustomError("command", "it is empty: give a command, or null to use verify.trainer")
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _command_trains_the_synthetic_model(cls, value: str, info: ValidationInfo) -> str:
+        # The command's data file describes the synthetic MLP and its loss only: it cannot train another model.
+        if value == "train" and info.data.get("command"):
+            raise PydanticCustomError(
+                "model", "an external verify.command trains the synthetic MLP only; use verify.trainer with model: train"
+            )
         return value

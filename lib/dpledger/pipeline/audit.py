@@ -3,6 +3,7 @@ calibrated σ, and judge the ledger's claim (optionally also DP-SGD with gradien
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +60,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     }
     metrics = {**_flat(result.summary()), "sampler_accounted": record.sampler, "sampler_mismatch": not check.matches}
     if audit.dpsgd:
-        from dpledger.audit.dpsgd import audit_dpsgd
-
-        dpsgd = audit_dpsgd(
-            threat_model=audit.dpsgd_threat_model, sampler=schedule.sampler, observations=audit.dpsgd_observations,
-            epochs=record.epochs, batch_size=record.batch_size, noise_multiplier=record.noise_multiplier,
-            dataset_size=schedule.dataset_size, method=audit.threshold, delta=record.delta,
-            confidence=audit.confidence, seed=params.seed, sampler_options=options, epsilon_claimed=record.epsilon,
-            claim_basis=ledger_basis,
-        )
+        dpsgd = _audit_dpsgd(params, record, schedule, options, ledger_basis)
         details["dpsgd"] = {**dpsgd.to_dict(), "assumptions": list(dpsgd.assumptions) + correlated}
         metrics.update({f"dpsgd_{key}": value for key, value in _flat(dpsgd.summary()).items() if key != "sampler"})
     with io.atomic_dir(root / paths.plots("audit")) as folder:
@@ -80,6 +73,25 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     io.write_json(root / paths.AUDIT, details)
     io.write_json(root / paths.metrics("audit"), metrics)
     return metrics
+
+
+def _audit_dpsgd(params: Params, record: CalibrationRecord, schedule: Schedule, options: dict[str, Any],
+                 ledger_basis: str) -> Any:
+    """The DP-SGD canary audit at the ledger's σ, sizes and sampler, on the MLP and digits (``audit.dpsgd_model:
+    digits``) or on the train stage's model, loss and data (``train``: its clip norm and learning rate, SGD)."""
+    from dpledger.audit.dpsgd import DpsgdAudit, audit_dpsgd, train_workload
+
+    audit = params.audit
+    config = DpsgdAudit(
+        threat_model=audit.dpsgd_threat_model, sampler=schedule.sampler, observations=audit.dpsgd_observations,
+        epochs=record.epochs, batch_size=record.batch_size, noise_multiplier=record.noise_multiplier,
+        dataset_size=schedule.dataset_size, method=audit.threshold, delta=record.delta, confidence=audit.confidence,
+        seed=params.seed, sampler_options=options, epsilon_claimed=record.epsilon, claim_basis=ledger_basis,
+    )
+    if audit.dpsgd_model == "digits":
+        return audit_dpsgd(config)
+    config = replace(config, clip_norm=params.train.clip_norm, lr=params.train.lr)
+    return audit_dpsgd(config, train_workload(params.data, params.train, params.seed))
 
 
 def _flat(summary: dict[str, Any]) -> dict[str, Any]:

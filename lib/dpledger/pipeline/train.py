@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from dpledger.params import Params
 from dpledger.pipeline import paths
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
-from dpledger.sampling.guard import check_schedule
+from dpledger.sampling.guard import SamplerCheck, check_schedule
 from dpledger.sampling.schedule import Schedule
 
 CALIBRATION = paths.CALIBRATION
@@ -216,11 +216,26 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     bar.close()
     if not ranks.writes:
         return {}
-    return _write_outputs(root, ledger, record, check, model, task, (x_train, y_train, x_test, y_test), engine,
-                          resumed_from)
+    return _write_outputs(root, Finished(ledger, record, check, model, task, engine, resumed_from),
+                          (x_train, y_train, x_test, y_test))
 
 
-def _write_outputs(root, ledger, record, check, model, task, tensors, engine, resumed_from) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Finished:
+    """A finished (or resumed-to-the-end) run: what its outputs are written from."""
+
+    ledger: Ledger
+    record: CalibrationRecord
+    check: SamplerCheck
+    model: torch.nn.Module
+    task: Task
+    engine: BKEngine
+    resumed_from: int
+
+
+def _write_outputs(root: Path, run: Finished, tensors: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+    """artifacts/train (model.pt, ledger.json), plots/train and metrics/train.json; returns the metrics."""
+    ledger, record, check, model, task, engine = run.ledger, run.record, run.check, run.model, run.task, run.engine
     x_train, y_train, x_test, y_test = tensors
     history = ledger.history
     test, train = task.evaluate(model, x_test, y_test), task.evaluate(model, x_train, y_train)
@@ -238,7 +253,7 @@ def _write_outputs(root, ledger, record, check, model, task, tensors, engine, re
         "loss_diverged": not all(math.isfinite(v) for v in (train["loss"], test["loss"], *history["loss"])),
         "steps_done": ledger.steps_done,
         "steps_total": ledger.total_steps,
-        "resumed_from_step": resumed_from,
+        "resumed_from_step": run.resumed_from,
         "throughput_examples_per_s": examples / elapsed if elapsed > 0 else 0.0,
         "wall_time_s": elapsed,
         "mechanism": record.mechanism,
@@ -251,7 +266,8 @@ def _write_outputs(root, ledger, record, check, model, task, tensors, engine, re
     assumptions = [s for s in (check.warning(), check.assumption()) if s]
     io.write_json(out / "ledger.json", {**summary, "schedule_position": ledger.schedule_position, "task": task.name,
                                          "layer_methods": engine.layer_methods, "assumptions": assumptions})
-    _write_plots(root / paths.plots("train"), history, task.metric)
+    with io.atomic_dir(root / paths.plots("train")) as folder:  # replaced whole: no other task's stale curves
+        _write_plots(folder, history, task.metric)
     io.write_json(root / paths.metrics("train"), metrics)
     return metrics
 

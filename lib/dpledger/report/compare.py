@@ -49,6 +49,7 @@ HEADLINE_METRICS = (
     HeadlineMetric("Implementation tests passed", "verify", "passed"),
     HeadlineMetric("Implementation tests failed", "verify", "tests_failed"),
     HeadlineMetric("Test accuracy", "train", "test_accuracy", format_percent),
+    HeadlineMetric("Test perplexity", "train", "test_perplexity"),
     HeadlineMetric("ε spent", "train", "epsilon_spent", format_upper),
     HeadlineMetric("Throughput (examples/s)", "train", "throughput_examples_per_s"),
     HeadlineMetric("Training wall time (s)", "train", "wall_time_s"),

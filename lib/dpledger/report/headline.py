@@ -5,8 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 from dpledger.report.checks import Finding
-from dpledger.report.document import Badge, Block, Code, Heading, Strong, Table, Text, Tone, text
-from dpledger.report.formatting import MISSING, format_lower, format_percent, format_upper, format_value
+from dpledger.report.document import (
+    Badge,
+    Block,
+    Code,
+    Heading,
+    Strong,
+    Table,
+    Text,
+    Tone,
+    text,
+)
+from dpledger.report.formatting import (
+    MISSING,
+    format_lower,
+    format_percent,
+    format_upper,
+    format_value,
+)
 from dpledger.report.inputs import ReportInputs
 from dpledger.report.tables import NOT_RUN
 
@@ -104,16 +120,25 @@ def _verify_row(inputs: ReportInputs) -> tuple[Text, ...]:
         result = f"{format_value(run)} run, {format_value(failed)} failed"
     p_values = [(key.removeprefix("p_value_"), value) for key, value in m.items() if key.startswith("p_value_")]
     details = ", ".join(f"{name} p = {format_value(value)}" for name, value in p_values)
+    if m.get("battery_model"):
+        details = f"on {m['battery_model']}: {details}"
     passed = m.get("passed") is True and not (isinstance(failed, int) and failed > 0)
     verdict = Badge("passed", "good") if passed else Badge("failed", "bad")
     return label, text(result), text(details), text(verdict)
 
 
 def _accuracy_row(inputs: ReportInputs) -> tuple[Text, ...]:
-    label = text(Strong("Test accuracy"))
+    """The task's metric: test accuracy, or for a language model test perplexity (exp of the token-weighted
+    mean test loss), whichever the train stage wrote."""
+    m = inputs.metrics["train"]
+    perplexity = "test_perplexity" in m
+    label = text(Strong("Test perplexity" if perplexity else "Test accuracy"))
     if not inputs.ran("train"):
         return label, text(MISSING), text(), text(NOT_RUN)
-    m = inputs.metrics["train"]
+    if perplexity:
+        details = _joined(("test loss", m.get("test_loss")), ("train perplexity", m.get("train_perplexity")),
+                          ("final train loss", m.get("final_train_loss")))
+        return label, text(Strong(format_value(m.get("test_perplexity")))), text(details), text()
     details = _joined(("final train loss", m.get("final_train_loss")))
     return label, text(Strong(format_percent(m.get("test_accuracy")))), text(details), text()
 

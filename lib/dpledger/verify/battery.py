@@ -32,7 +32,7 @@ from dpledger.verify.protocol import Trainer
 from dpledger.verify.result import BatteryResult, PendingResult, TestResult
 from dpledger.verify.runner import BatteryConfig, Runner
 from dpledger.verify.stats import holm_thresholds
-from dpledger.verify.task import make_task
+from dpledger.verify.task import SyntheticTask, make_task
 
 OPTIMIZERS = ("sgd", "adam")
 TEST_NAMES = (
@@ -56,12 +56,14 @@ def run_battery(
     significance: float = 0.01,
     config: BatteryConfig = BatteryConfig(),
     progress: bool = True,
+    task: SyntheticTask | None = None,
 ) -> BatteryResult:
-    """Run every test on ``trainer`` (see :mod:`dpledger.verify.protocol`) and return the verdicts."""
+    """Run every test on ``trainer`` (see :mod:`dpledger.verify.protocol`) and return the verdicts; ``task``
+    is the model and rows to train (default: the synthetic task of ``seed``, :func:`make_task`)."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer {optimizer!r} is not supported; use one of {OPTIMIZERS}")
     with _single_thread():
-        return _run(trainer, trainer_name, seed, optimizer, significance, config, progress)
+        return _run(trainer, trainer_name, seed, optimizer, significance, config, progress, task or make_task(seed))
 
 
 @contextmanager
@@ -77,10 +79,10 @@ def _single_thread() -> Iterator[None]:
 
 def _run(
     trainer: Trainer, trainer_name: str, seed: int, optimizer: str, significance: float, config: BatteryConfig,
-    progress: bool,
+    progress: bool, task: SyntheticTask,
 ) -> BatteryResult:
     started = time.perf_counter()
-    runner = Runner(trainer, make_task(seed), optimizer, config)
+    runner = Runner(trainer, task, optimizer, config)
     trainer_seed = 1_000 * seed
     bar = tqdm(total=6, desc=f"verify {trainer_name}", unit="test", disable=not progress or not sys.stderr.isatty())
 
@@ -118,6 +120,7 @@ def _run(
             "sigma_zero_loss_change": heuristics.sigma_zero_loss_change,
             "t3_noise_multiplier": t3_noise_multiplier(runner, config, heuristics),
             "probe_gradient_norm": runner.task.probe_norm,
+            "model": task.description,
             "warmup_steps": runner.warmup_steps,
             "steps": heuristics.steps,
         },

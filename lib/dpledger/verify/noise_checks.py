@@ -22,7 +22,7 @@ from dpledger.verify.stats import (
     variance_ratio_lower_p,
     variance_ratio_upper_p,
 )
-from dpledger.verify.task import flat_parameters, per_example_losses
+from dpledger.verify.task import flat_parameters
 
 CONTROL_TOLERANCE = 1e-3
 """T3 control: σ = 0 models at different C may differ by this fraction of their update (rounding only)."""
@@ -45,7 +45,7 @@ def run_sigma_heuristic(runner: Runner, config: BatteryConfig, c_star: float, se
     inputs, targets = runner.task.ordinary_rows(0, batch_size)
     lr = noise_lr(runner, config, c_star, 1.0, batch_size)
     settings = dict(clip_norm=c_star, batch_size=batch_size, lr=lr, seed=seed)
-    initial_loss = float(per_example_losses(runner.task.model, inputs, targets).sum())
+    initial_loss = float(runner.task.losses(runner.task.model, inputs, targets).sum())
     steps_before = runner.steps_used
     noiseless = runner.train(inputs, targets, noise_multiplier=0.0, **settings)
     noiseless_parameters = flat_parameters(noiseless)
@@ -53,14 +53,14 @@ def run_sigma_heuristic(runner: Runner, config: BatteryConfig, c_star: float, se
     changes, distances = [], []
     for noise_multiplier in config.sigma_grid:
         model = runner.train(inputs, targets, noise_multiplier=noise_multiplier, **settings)
-        changes.append(float(per_example_losses(model, inputs, targets).sum()) - initial_loss)
+        changes.append(float(runner.task.losses(model, inputs, targets).sum()) - initial_loss)
         distances.append(float(torch.linalg.vector_norm(flat_parameters(model) - noiseless_parameters)))
     return Heuristics(
         c_star=c_star,
         sigma_star=noise_onset(config.sigma_grid, np.array(distances), 0.0, scale=max(update, 1e-30)),
         sigma_grid=config.sigma_grid,
         sigma_loss_changes=tuple(changes),
-        sigma_zero_loss_change=float(per_example_losses(noiseless, inputs, targets).sum()) - initial_loss,
+        sigma_zero_loss_change=float(runner.task.losses(noiseless, inputs, targets).sum()) - initial_loss,
         steps=runner.steps_used - steps_before,
     )
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from dpledger.verify.errors import TrainerError
 from dpledger.verify.protocol import Trainer
-from dpledger.verify.task import SyntheticTask, flat_parameters, per_example_losses, weighted_half_mse
+from dpledger.verify.task import SyntheticTask, flat_parameters
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class Runner:
                 model,
                 inputs,
                 targets,
-                loss_fn=weighted_half_mse,
+                loss_fn=self.task.loss_fn,
                 clip_norm=float(clip_norm),
                 noise_multiplier=float(noise_multiplier),
                 batch_size=int(batch_size),
@@ -118,6 +118,6 @@ class Runner:
         if self.warmup_steps:
             before = self.train(inputs[:0], targets[:0], **settings)
         return float(
-            per_example_losses(after, eval_inputs, eval_targets).sum()
-            - per_example_losses(before, eval_inputs, eval_targets).sum()
+            self.task.losses(after, eval_inputs, eval_targets).sum()
+            - self.task.losses(before, eval_inputs, eval_targets).sum()
         )

@@ -1,17 +1,22 @@
-"""The synthetic task the battery trains on: a small MLP, a weighted per-example loss and the probe rows.
+"""The task the battery trains on: the synthetic MLP (default) or the train stage's own model
+(``verify.model: train``), a weighted per-example loss and the probe rows.
 
-Every row of ``targets`` is ``(label_1, …, label_O, weight)``: the per-example loss is
-``weight · ½‖output − label‖²``. A zero weight gives a row whose gradient is exactly zero for every
-parameter value (the paper's zero-gradient points, 000 §3.1, without floating-point residue); a large
-weight gives the large-gradient probe.
+Every row of ``targets`` is ``(label_1, …, label_O, weight)``: the per-example loss is ``weight · ℓ(output,
+label)``, with ℓ = ½‖output − label‖² for the synthetic task and the train stage's task loss (cross-entropy,
+or the causal LM's mean next-token loss with the token ids as labels) for the user's model. A zero weight
+gives a row whose gradient is exactly zero for every parameter value (the paper's zero-gradient points,
+000 §3.1, without floating-point residue); a large weight gives the large-gradient probe.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from dpledger.models.tasks import Task
 
 INPUT_DIM = 8
 HIDDEN_DIM = 16
@@ -28,6 +33,31 @@ def weighted_half_mse(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Ten
     return 0.5 * weights * ((outputs - labels) ** 2).sum(dim=1)
 
 
+@dataclass(frozen=True)
+class WeightedTaskLoss:
+    """``weight · task loss`` with ``targets = [labels, weight]``: labels are the class (one column) or, for a
+    causal LM, the row's token ids (float columns, exact below 2²⁴). The battery's loss for the user's model."""
+
+    task: Task
+
+    def __call__(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        labels, weights = targets[:, :-1].long(), targets[:, -1]
+        return weights * self.task.losses_from_logits(outputs, labels, labels[:, 0])
+
+
+class TaskLogits(nn.Module):
+    """``model(x)`` for the battery's trainers: the wrapped model's logits as its task calls it (token ids
+    with their attention mask, ``pixel_values=``, or a plain call)."""
+
+    def __init__(self, model: nn.Module, task: Task) -> None:
+        super().__init__()
+        self.model = model
+        self.task = task
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.task.logits(self.model, x)
+
+
 def build_mlp(seed: int) -> nn.Module:
     """``Sequential(Linear(8, 16), Tanh(), Linear(16, 2))`` with a seeded initialisation."""
     generator_state = torch.random.get_rng_state()
@@ -37,24 +67,30 @@ def build_mlp(seed: int) -> nn.Module:
     return model
 
 
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def flat_parameters(model: nn.Module) -> torch.Tensor:
-    """All parameters as one float64 vector (state_dict order)."""
-    return torch.cat([value.detach().reshape(-1).to(torch.float64) for value in model.state_dict().values()])
+    """All parameters as one float64 vector, each tensor once (a tied weight is not counted twice: the noise
+    tests treat the vector's coordinates as independent draws)."""
+    return torch.cat([value.detach().reshape(-1).to(torch.float64) for value in model.parameters()])
 
 
-def per_example_losses(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def per_example_losses(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                       loss_fn: LossFn = weighted_half_mse) -> torch.Tensor:
     """The loss of each row under ``model`` (float64, no gradient)."""
     with torch.no_grad():
-        return weighted_half_mse(model(inputs).double(), targets.double())
+        return loss_fn(model(inputs).double(), targets.double())
 
 
-def per_example_gradient_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def per_example_gradient_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                               loss_fn: LossFn = weighted_half_mse) -> torch.Tensor:
     """‖∇_θ loss_i‖ for each row, computed by an explicit loop (the harness's own reference, not the trainer's)."""
     norms = []
     for row in range(inputs.shape[0]):
         model.zero_grad(set_to_none=True)
-        weighted_half_mse(model(inputs[row : row + 1]), targets[row : row + 1]).sum().backward()
-        norms.append(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())))
+        loss_fn(model(inputs[row : row + 1]), targets[row : row + 1]).sum().backward()
+        norms.append(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters() if p.grad is not None)))
     model.zero_grad(set_to_none=True)
     return torch.stack(norms)
 
@@ -74,11 +110,18 @@ class SyntheticTask:
     """‖∇ loss‖ of the probe row at the initial model."""
     probe_loss: float
     ordinary_norms: torch.Tensor
+    loss_fn: LossFn = weighted_half_mse
+    """Per-example loss ``loss_fn(outputs, targets)`` the trainers are handed."""
+    description: str = "synthetic MLP"
+
+    def losses(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss of each row under ``model`` (float64, no gradient)."""
+        return per_example_losses(model, inputs, targets, self.loss_fn)
 
     def zero_rows(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``count`` rows with weight 0: their gradient is zero for every parameter value."""
-        inputs, _ = self.ordinary_rows(0, count)
-        return inputs, torch.zeros(count, OUTPUT_DIM + 1)
+        inputs, targets = self.ordinary_rows(0, count)
+        return inputs, torch.zeros_like(targets)
 
     def ordinary_rows(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``count`` ordinary rows from position ``start`` (cycling)."""
@@ -87,7 +130,8 @@ class SyntheticTask:
 
 
 def make_task(seed: int, rows: int = 64) -> SyntheticTask:
-    """Build the model and rows from ``seed``; the probe's weight makes its gradient dominate (000 App. A)."""
+    """The synthetic task of ``seed``: the MLP, Gaussian rows with labels near its output, and a probe whose
+    label −α·M(x) (000 App. A) and weight make its gradient dominate."""
     model = build_mlp(seed)
     generator = torch.Generator().manual_seed(seed + 1)
     inputs = torch.randn(rows, INPUT_DIM, generator=generator)
@@ -98,11 +142,35 @@ def make_task(seed: int, rows: int = 64) -> SyntheticTask:
     probe_input = 2.0 * torch.randn(1, INPUT_DIM, generator=generator)
     with torch.no_grad():
         probe_label = -PROBE_ALPHA * model(probe_input)
-    unit_probe = torch.cat([probe_label, torch.ones(1, 1)], dim=1)
-    ordinary_norms = per_example_gradient_norms(model, inputs, targets)
-    unit_norm = float(per_example_gradient_norms(model, probe_input, unit_probe)[0])
+    return with_probe(model, inputs, targets, probe_input, probe_label, weighted_half_mse, "synthetic MLP")
+
+
+def model_task(model: nn.Module, task: Task, x: torch.Tensor, y: torch.Tensor, description: str,
+               rows: int = 64) -> SyntheticTask:
+    """The battery's task on the train stage's model: ``rows`` training examples (weight 1) and the next one
+    as the probe (its weight scaled up as in :func:`make_task`). The model runs in float32 with its dropout
+    off (p = 0; the σ = 0 tests need a deterministic model); the loss is ``task``'s per-example loss."""
+    if x.shape[0] < rows + 1:
+        raise ValueError(f"the training set has {x.shape[0]} examples; the battery needs {rows + 1}")
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+    wrapped = TaskLogits(model.float().train(), task)
+    labels = x[: rows + 1].double() if task.name == "causal-lm" else y[: rows + 1, None].double()
+    targets = torch.cat([labels, torch.ones(rows + 1, 1, dtype=torch.float64)], dim=1).float()
+    return with_probe(wrapped, x[:rows], targets[:rows], x[rows : rows + 1], targets[rows : rows + 1, :-1],
+                      WeightedTaskLoss(task), description)
+
+
+def with_probe(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, probe_input: torch.Tensor,
+               probe_label: torch.Tensor, loss_fn: LossFn, description: str) -> SyntheticTask:
+    """The task with the probe's weight chosen so that its gradient norm is at least ``PROBE_NORM_FACTOR`` ×
+    every ordinary row's and at least 10 (a weight scales the gradient exactly)."""
+    ordinary_norms = per_example_gradient_norms(model, inputs, targets, loss_fn)
+    unit_probe = torch.cat([probe_label, torch.ones(1, 1, dtype=probe_label.dtype)], dim=1)
+    unit_norm = float(per_example_gradient_norms(model, probe_input, unit_probe, loss_fn)[0])
     weight = max(1.0, PROBE_NORM_FACTOR * float(ordinary_norms.max()) / unit_norm, 10.0 / unit_norm)
-    probe_target = torch.cat([probe_label, torch.full((1, 1), weight)], dim=1)
+    probe_target = torch.cat([probe_label, torch.full((1, 1), weight, dtype=probe_label.dtype)], dim=1)
     return SyntheticTask(
         model=model,
         inputs=inputs,
@@ -110,6 +178,8 @@ def make_task(seed: int, rows: int = 64) -> SyntheticTask:
         probe_input=probe_input,
         probe_target=probe_target,
         probe_norm=unit_norm * weight,
-        probe_loss=float(per_example_losses(model, probe_input, probe_target)[0]),
+        probe_loss=float(per_example_losses(model, probe_input, probe_target, loss_fn)[0]),
         ordinary_norms=ordinary_norms,
+        loss_fn=loss_fn,
+        description=description,
     )
