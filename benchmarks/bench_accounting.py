@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import math
 import time
-
 from pathlib import Path
 
 import numpy as np
@@ -33,13 +32,18 @@ import torch
 from matplotlib.figure import Figure
 
 from dpledger.accounting import describe, group_table
+from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.accountants import PldAccountant
 from dpledger.accounting.calibrate import calibrate_noise
-from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.pld import gaussian_noise_for
 from dpledger.mechanisms import banded_params, coefficients
 from dpledger.mechanisms.optimize import (
-    amplified_rmse, best_bands, optimize_banded, optimize_blt_unamplified, optimize_matrix, unamplified_rmse,
+    amplified_rmse,
+    best_bands,
+    optimize_banded,
+    optimize_blt_unamplified,
+    optimize_matrix,
+    unamplified_rmse,
 )
 from dpledger.mechanisms.rmse import prefix_rmse
 
@@ -59,8 +63,10 @@ def naive_seconds_per_evaluation(values: np.ndarray, sigma: float, samples: int 
 
 
 def bench_calibration() -> list[str]:
-    lines = ["| C | σ (ε = 1, δ = 1e-5) | fast calibration (s) | naive estimate (s) | ratio naive/fast | samples kept |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| C | σ (ε = 1, δ = 1e-5) | fast calibration (s) | naive estimate (s) | ratio naive/fast | samples kept |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, mechanism, params in (("identity", "identity", {}), ("64-banded", "banded", banded_params(64))):
         values = coefficients(mechanism, params, STEPS)
         pair = mc.fixed_bins_pair(values, BINS, STEPS)
@@ -69,8 +75,10 @@ def bench_calibration() -> list[str]:
         search = mc.calibrate_sigma(pair, 1.0, DELTA, SAMPLES, seed=0, upper=upper)
         fast = time.perf_counter() - started
         naive = naive_seconds_per_evaluation(values, search.noise_multiplier) * BISECTION_EVALUATIONS
-        lines.append(f"| {label} | {search.noise_multiplier:.4f} | {fast:.2f} | {naive:.0f} | {naive / fast:.0f}× | "
-                     f"{search.survivors} |")
+        lines.append(
+            f"| {label} | {search.noise_multiplier:.4f} | {fast:.2f} | {naive:.0f} | {naive / fast:.0f}× | "
+            f"{search.survivors} |"
+        )
         print(lines[-1], flush=True)
     return lines
 
@@ -79,8 +87,10 @@ def bench_optimization() -> tuple[list[str], float]:
     started = time.perf_counter()
     result = optimize_matrix("blt", 1.0, DELTA, BINS, EPOCHS, steps=300, samples=1 << 14, buffers=3)
     seconds = time.perf_counter() - started
-    line = (f"BLT (3 buffers), 300 steps, 2^14 samples/step, ε = 1: {seconds:.1f} s; RMSE {result.history[0]:.4f} → "
-            f"{result.rmse:.4f}; params {result.mechanism_params}")
+    line = (
+        f"BLT (3 buffers), 300 steps, 2^14 samples/step, ε = 1: {seconds:.1f} s; RMSE {result.history[0]:.4f} → "
+        f"{result.rmse:.4f}; params {result.mechanism_params}"
+    )
     print(line, flush=True)
     return [line], seconds
 
@@ -104,35 +114,43 @@ def best_unamplified_rmse(epsilon: float) -> tuple[float, int]:
     """RMSE and width of the best w-banded C without amplification (every example in a fixed slot of every
     epoch, data in arbitrary order): the Gaussian mechanism with sensitivity max_i ‖m_i‖, calibrated exactly;
     w over powers of two, each C both the banded square root and optimized for this objective."""
-    return min((unamplified_rmse("banded", params, epsilon, DELTA, BINS, EPOCHS), width)
-               for width in (2**i for i in range(int(math.log2(STEPS)) + 1))
-               for params in (banded_params(width), optimize_banded(width, BINS, EPOCHS)))
+    return min(
+        (unamplified_rmse("banded", params, epsilon, DELTA, BINS, EPOCHS), width)
+        for width in (2**i for i in range(int(math.log2(STEPS)) + 1))
+        for params in (banded_params(width), optimize_banded(width, BINS, EPOCHS))
+    )
 
 
 def bench_rmse(epsilons: list[float]) -> list[str]:
-    lines = ["| ε | unamplified (best banded) | optimized banded + cyclic Poisson (w) | identity | best banded (w) | "
-             "optimized BLT | BLT ≤ banded + Poisson | BLT ≤ banded | b-in-b < unamplified |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| ε | unamplified (best banded) | optimized banded + cyclic Poisson (w) | identity | best banded (w) | "
+        "optimized BLT | BLT ≤ banded + Poisson | BLT ≤ banded | b-in-b < unamplified |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for epsilon in epsilons:
         identity = amplified_rmse("identity", {}, epsilon, DELTA, BINS, EPOCHS, SAMPLES, seed=11)
         candidates = [2**i for i in range(12)]
         banded_search = best_bands(epsilon, DELTA, BINS, EPOCHS, 1 << 16, seed=3, candidates=candidates)
         width = len(banded_search.mechanism_params["coefficients"])
         family = "sqrt" if banded_search.mechanism_params == banded_params(width) else "opt"
-        banded = amplified_rmse("banded", banded_search.mechanism_params, epsilon, DELTA, BINS, EPOCHS, SAMPLES,
-                                seed=11)
+        banded = amplified_rmse(
+            "banded", banded_search.mechanism_params, epsilon, DELTA, BINS, EPOCHS, SAMPLES, seed=11
+        )
         unamplified, _ = best_unamplified_rmse(epsilon)
         poisson, poisson_width = banded_poisson_rmse(epsilon)
         samples = 1 << 14 if epsilon <= 2 else 1 << 16
-        blt = optimize_matrix("blt", epsilon, DELTA, BINS, EPOCHS, steps=300, samples=samples, buffers=3,
-                              init_bands=width)
+        blt = optimize_matrix(
+            "blt", epsilon, DELTA, BINS, EPOCHS, steps=300, samples=samples, buffers=3, init_bands=width
+        )
         blt_final = amplified_rmse("blt", blt.mechanism_params, epsilon, DELTA, BINS, EPOCHS, SAMPLES, seed=11)
         best_amplified = min(identity.rmse, banded.rmse, blt_final.rmse)
-        lines.append(f"| {epsilon:g} | {unamplified:.4f} | {poisson:.4f} ({poisson_width}) | {identity.rmse:.4f} | "
-                     f"{banded.rmse:.4f} ({width}, {family}) | {blt_final.rmse:.4f} | "
-                     f"{'yes' if blt_final.rmse <= poisson else 'no'} | "
-                     f"{'yes' if blt_final.rmse <= banded.rmse else 'no'} | "
-                     f"{'yes' if best_amplified < unamplified else 'no'} |")
+        lines.append(
+            f"| {epsilon:g} | {unamplified:.4f} | {poisson:.4f} ({poisson_width}) | {identity.rmse:.4f} | "
+            f"{banded.rmse:.4f} ({width}, {family}) | {blt_final.rmse:.4f} | "
+            f"{'yes' if blt_final.rmse <= poisson else 'no'} | "
+            f"{'yes' if blt_final.rmse <= banded.rmse else 'no'} | "
+            f"{'yes' if best_amplified < unamplified else 'no'} |"
+        )
         print(lines[-1], flush=True)
     return lines
 
@@ -140,15 +158,19 @@ def bench_rmse(epsilons: list[float]) -> list[str]:
 def bench_baselines(epsilons: list[float]) -> list[str]:
     """The deterministic columns, and the 3-buffer BLT optimized for the same unamplified objective as the
     banded C (its geometric tail's cost: the BLT cannot end at lag b as a b-banded C does)."""
-    lines = ["| ε | unamplified (w) | optimized banded + cyclic Poisson (w) | unamplified 3-buffer BLT |",
-             "|---|---|---|---|"]
+    lines = [
+        "| ε | unamplified (w) | optimized banded + cyclic Poisson (w) | unamplified 3-buffer BLT |",
+        "|---|---|---|---|",
+    ]
     blt = optimize_blt_unamplified(3, BINS, EPOCHS, init_bands=BINS)
     for epsilon in epsilons:
         unamplified, unamplified_width = best_unamplified_rmse(epsilon)
         poisson, poisson_width = banded_poisson_rmse(epsilon)
         blt_rmse = unamplified_rmse("blt", blt, epsilon, DELTA, BINS, EPOCHS)
-        lines.append(f"| {epsilon:g} | {unamplified:.4f} ({unamplified_width}) | {poisson:.4f} ({poisson_width}) | "
-                     f"{blt_rmse:.4f} |")
+        lines.append(
+            f"| {epsilon:g} | {unamplified:.4f} ({unamplified_width}) | {poisson:.4f} ({poisson_width}) | "
+            f"{blt_rmse:.4f} |"
+        )
         print(lines[-1], flush=True)
     return lines
 
@@ -165,8 +187,10 @@ def bench_group(plot_path: Path = RESULTS / "accounting_group.png") -> list[str]
             interval = 1e-3 if k <= 4 else 1e-2 if k <= 16 else 5e-2
             row = group_table(description, DELTA, [k], discretization=interval)[0]
             rows.append(row)
-            lines.append(f"| {sigma} | {k} | {row.mog:.4g} | {row.conversion:.4g} | {row.linear:.4g} | "
-                         f"{time.perf_counter() - started:.1f} |")
+            lines.append(
+                f"| {sigma} | {k} | {row.mog:.4g} | {row.conversion:.4g} | {row.linear:.4g} | "
+                f"{time.perf_counter() - started:.1f} |"
+            )
             assert math.isfinite(row.mog) and row.mog <= row.conversion
             print(lines[-1], flush=True)
         sizes = [r.group_size for r in rows]
@@ -200,25 +224,41 @@ def bench_verified(device: str) -> list[str]:
         started = time.perf_counter()
         calibration = calibrate_noise(get_accountant("allocation"), description, 1.0, DELTA)
         seconds = time.perf_counter() - started
-        lines.append(f"| {label} | allocation | {calibration.noise_multiplier:.4f} | {calibration.result.epsilon:.4f} | "
-                     f"{calibration.result.details['epsilon_lower']:.4f} | {seconds:.1f} |")
+        lines.append(
+            f"| {label} | allocation | {calibration.noise_multiplier:.4f} | {calibration.result.epsilon:.4f} | "
+            f"{calibration.result.details['epsilon_lower']:.4f} | {seconds:.1f} |"
+        )
         print(lines[-1], flush=True)
         return calibration.noise_multiplier
 
     allocation("b = 100, E = 20, redrawn", describe(sampler="balls-in-bins-redrawn", batches_per_epoch=100, epochs=20))
     fixed = describe(sampler="balls-in-bins", batches_per_epoch=BINS, epochs=EPOCHS)
     allocation("004, C = I", fixed)
-    banded = describe(sampler="balls-in-bins", batches_per_epoch=BINS, epochs=EPOCHS, mechanism="banded",
-                      mechanism_params=banded_params(64))
+    banded = describe(
+        sampler="balls-in-bins",
+        batches_per_epoch=BINS,
+        epochs=EPOCHS,
+        mechanism="banded",
+        mechanism_params=banded_params(64),
+    )
     small = describe(sampler="balls-in-bins", noise_multiplier=1.0, batches_per_epoch=10, epochs=1)
-    small_banded = describe(sampler="balls-in-bins", batches_per_epoch=8, epochs=4, mechanism="banded",
-                            mechanism_params=banded_params(4))
-    lines += ["", ("| case | σ | ε | IS bound M (remove / add) | verification (auto) | fresh draws per attempt | "
-                   "attempts | seconds (auto) | plain draws | seconds (plain) | ratio plain / auto | device |"),
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for label, description, fixed_sigma in (("b = 10, E = 1, C = I, σ = 1", small, True),
-                                            ("b = 8, E = 4, 4-banded", small_banded, False),
-                                            ("004, C = I", fixed, False), ("004, 64-banded", banded, False)):
+    small_banded = describe(
+        sampler="balls-in-bins", batches_per_epoch=8, epochs=4, mechanism="banded", mechanism_params=banded_params(4)
+    )
+    lines += [
+        "",
+        (
+            "| case | σ | ε | IS bound M (remove / add) | verification (auto) | fresh draws per attempt | "
+            "attempts | seconds (auto) | plain draws | seconds (plain) | ratio plain / auto | device |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, description, fixed_sigma in (
+        ("b = 10, E = 1, C = I, σ = 1", small, True),
+        ("b = 8, E = 4, 4-banded", small_banded, False),
+        ("004, C = I", fixed, False),
+        ("004, 64-banded", banded, False),
+    ):
         runs = {}
         for verification in ("auto", "plain"):
             accountant = get_accountant("montecarlo", samples=1 << 18, device=device, verification=verification)
@@ -235,13 +275,16 @@ def bench_verified(device: str) -> list[str]:
         seconds, details, sigma, epsilon = runs["auto"]
         bounds = importance.proposals(torch.as_tensor(pair.grams[0], dtype=torch.float64), sigma, epsilon)
         plain_seconds = runs.get("plain", runs["auto"])[0]
-        lines.append(f"| {label} | {sigma:.4f} | {epsilon:.4f} | {bounds[0].bound:.3g} / {bounds[1].bound:.3g} | "
-                     f"{details['verification']} | {details['verify_samples']} | {details['evr_attempts']} | "
-                     f"{seconds:.1f} | {details['verify_samples_plain']} | {plain_seconds:.1f} | "
-                     f"{plain_seconds / seconds:.1f}× | {device} |")
+        lines.append(
+            f"| {label} | {sigma:.4f} | {epsilon:.4f} | {bounds[0].bound:.3g} / {bounds[1].bound:.3g} | "
+            f"{details['verification']} | {details['verify_samples']} | {details['evr_attempts']} | "
+            f"{seconds:.1f} | {details['verify_samples_plain']} | {plain_seconds:.1f} | "
+            f"{plain_seconds / seconds:.1f}× | {device} |"
+        )
         print(lines[-1], flush=True)
-    lines.append("failure probability 1e-6 in all (β/3 per EVR attempt, KL bound; per direction for importance "
-                 "sampling)")
+    lines.append(
+        "failure probability 1e-6 in all (β/3 per EVR attempt, KL bound; per direction for importance sampling)"
+    )
     print(lines[-1], flush=True)
     return lines
 
@@ -249,11 +292,15 @@ def bench_verified(device: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="speed benchmarks only")
-    parser.add_argument("--only", choices=["speed", "rmse", "baselines", "group", "verified"],
-                        help="run one part (baselines: only the RMSE table's deterministic columns, unamplified and "
-                             "banded + cyclic Poisson)")
-    parser.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0, 8.0, 16.0],
-                        help="ε values of the RMSE table")
+    parser.add_argument(
+        "--only",
+        choices=["speed", "rmse", "baselines", "group", "verified"],
+        help="run one part (baselines: only the RMSE table's deterministic columns, unamplified and "
+        "banded + cyclic Poisson)",
+    )
+    parser.add_argument(
+        "--epsilons", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0, 8.0, 16.0], help="ε values of the RMSE table"
+    )
     parser.add_argument("--device", default="auto", help="Monte Carlo device for --only verified: auto | cpu | cuda")
     args = parser.parse_args()
     if args.only == "verified":

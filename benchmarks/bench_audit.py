@@ -55,9 +55,18 @@ def speed(games: int) -> dict[str, float]:
 
 def audit(sampler: str, sigma: float, observations: int, steps: int = STEPS, batch_size: int = 1, **options) -> dict:
     result, _ = audit_bgm(
-        sampler, dataset_size=steps * batch_size, batch_size=batch_size, epochs=1, noise_multiplier=sigma,
-        observations=observations, delta=1e-5, claim_sampler="poisson", options=options, seed=0,
-        backend="auto", progress=False,
+        sampler,
+        dataset_size=steps * batch_size,
+        batch_size=batch_size,
+        epochs=1,
+        noise_multiplier=sigma,
+        observations=observations,
+        delta=1e-5,
+        claim_sampler="poisson",
+        options=options,
+        seed=0,
+        backend="auto",
+        progress=False,
     )
     summary = result.summary()
     return {key: summary[key] for key in ("epsilon_emp", "epsilon_claimed", "verdict", "observations", "wall_time_s")}
@@ -68,20 +77,40 @@ def sigma_for_poisson_epsilon(target: float, steps: int, batch_size: int) -> flo
     low, high = 0.3, 60.0
     for _ in range(40):
         mid = (low * high) ** 0.5
-        eps = accounted_epsilon("poisson", noise_multiplier=mid, dataset_size=steps * batch_size,
-                                batch_size=batch_size, steps=steps, delta=1e-5)
+        eps = accounted_epsilon(
+            "poisson",
+            noise_multiplier=mid,
+            dataset_size=steps * batch_size,
+            batch_size=batch_size,
+            steps=steps,
+            delta=1e-5,
+        )
         low, high = (mid, high) if eps > target else (low, mid)
     return high
 
 
 def acceptance(observations: int, repeats: int, poisson_observations: int, bug_observations: int) -> dict:
     out: dict = {"shuffle": {s: audit("shuffle", s, observations) for s in (0.5, 1.0, 1.5)}}
-    poisson = [audit_bgm("poisson", dataset_size=STEPS, batch_size=1, epochs=1, noise_multiplier=1.0,
-                         observations=poisson_observations, delta=1e-5, seed=1000 + r, progress=False)[0]
-               for r in range(repeats)]
+    poisson = [
+        audit_bgm(
+            "poisson",
+            dataset_size=STEPS,
+            batch_size=1,
+            epochs=1,
+            noise_multiplier=1.0,
+            observations=poisson_observations,
+            delta=1e-5,
+            seed=1000 + r,
+            progress=False,
+        )[0]
+        for r in range(repeats)
+    ]
     out["poisson_repeats"] = {
-        "repeats": repeats, "observations": poisson_observations, "contradictions": sum(r.verdict == "contradicted" for r in poisson),
-        "epsilon_emp_max": max(r.epsilon_emp for r in poisson), "epsilon_claimed": poisson[0].epsilon_claimed,
+        "repeats": repeats,
+        "observations": poisson_observations,
+        "contradictions": sum(r.verdict == "contradicted" for r in poisson),
+        "epsilon_emp_max": max(r.epsilon_emp for r in poisson),
+        "epsilon_claimed": poisson[0].epsilon_claimed,
     }
     bugs = {}
     for target in (0.1, 0.2, 0.4):  # 002 §7 settings: n = 10 000, B = 100, T = 100, K = 1000
@@ -109,7 +138,9 @@ def main() -> None:
     args = parser.parse_args()
     report = {"speed_T100_E1": speed(args.games)}
     if args.acceptance:
-        report["acceptance"] = acceptance(args.observations, args.repeats, args.poisson_observations, args.bug_observations)
+        report["acceptance"] = acceptance(
+            args.observations, args.repeats, args.poisson_observations, args.bug_observations
+        )
     print(json.dumps(report, indent=2, default=float))
 
 

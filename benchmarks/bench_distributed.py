@@ -32,10 +32,18 @@ def _steps(steps: int, device_name: str, ranks: Ranks = SINGLE) -> list[float]:
     """Seconds per logical step (after warm-up) of this rank's share of every batch."""
     device = ranks.device(torch.device(device_name))
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(FEATURES, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                          nn.Linear(512, CLASSES)).to(device)
-    engine = BKEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), clip_norm=1.0, noise_multiplier=1.0,
-                      normalizer=BATCH, seed=0, process_group=ranks.group)
+    model = nn.Sequential(
+        nn.Linear(FEATURES, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, CLASSES)
+    ).to(device)
+    engine = BKEngine(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        clip_norm=1.0,
+        noise_multiplier=1.0,
+        normalizer=BATCH,
+        seed=0,
+        process_group=ranks.group,
+    )
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(BATCH * 4, FEATURES, generator=generator).to(device)
     y = torch.randint(0, CLASSES, (BATCH * 4,), generator=generator).to(device)
@@ -72,15 +80,21 @@ def main() -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     print(f"device {args.device}, {threads} threads, B = {BATCH}, {args.steps} steps (median per step)")
     print(f"1 process, no process group:        {plain:8.2f} ms")
-    print(f"1 process, world size 1 ({backend}):     {world1:8.2f} ms   ratio {world1 / plain:.3f}× (target ≤ 1.03 on CUDA)")
+    print(
+        f"1 process, world size 1 ({backend}):     {world1:8.2f} ms   ratio {world1 / plain:.3f}× (target ≤ 1.03 on CUDA)"
+    )
     if device.type == "cpu":
         two = _median_ms(spawn_ranks(_steps, (args.steps, args.device), 2, device))
         torch.set_num_threads(max(1, threads // 2))
         one_thread = _median_ms(_steps(args.steps, args.device))
-        print(f"2 processes ({backend}, {max(1, threads // 2)} thread each): {two:8.2f} ms   "
-              f"speed-up {plain / two:.2f}× over 1 process")
-        print(f"1 process, {max(1, threads // 2)} thread:                {one_thread:8.2f} ms   "
-              f"2 processes' speed-up over it {one_thread / two:.2f}×")
+        print(
+            f"2 processes ({backend}, {max(1, threads // 2)} thread each): {two:8.2f} ms   "
+            f"speed-up {plain / two:.2f}× over 1 process"
+        )
+        print(
+            f"1 process, {max(1, threads // 2)} thread:                {one_thread:8.2f} ms   "
+            f"2 processes' speed-up over it {one_thread / two:.2f}×"
+        )
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -110,14 +110,26 @@ def gpt2_workload(device: str = "cpu") -> tuple[nn.Module, torch.Tensor, torch.T
     from transformers import GPT2Config, GPT2LMHeadModel
 
     layers, dim, heads, steps, batch = (4, 256, 4, 128, 8) if device == "cpu" else (12, 768, 12, 256, 16)
-    config = GPT2Config(n_layer=layers, n_embd=dim, n_head=heads, n_positions=1024, resid_pdrop=0.0, embd_pdrop=0.0,
-                        attn_pdrop=0.0, attn_implementation="eager")
+    config = GPT2Config(
+        n_layer=layers,
+        n_embd=dim,
+        n_head=heads,
+        n_positions=1024,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        attn_implementation="eager",
+    )
     ids = torch.randint(0, config.vocab_size, (batch, steps + 1))
     return _LMLogits(GPT2LMHeadModel(config)), ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
 
-WORKLOADS = {"mlp": mlp_workload, "transformer": transformer_workload, "gpt2-small": gpt2_small_workload,
-             "gpt2": gpt2_workload}
+WORKLOADS = {
+    "mlp": mlp_workload,
+    "transformer": transformer_workload,
+    "gpt2-small": gpt2_small_workload,
+    "gpt2": gpt2_workload,
+}
 
 
 def build(workload: str, device: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
@@ -150,8 +162,9 @@ def make_step(method: str, workload: str, device: str = "cpu", precision: str = 
     return synchronized
 
 
-def _method_step(method: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, cast, clip_norm: float = 1.0,
-                 sigma: float = 1.0) -> Callable[[], None]:
+def _method_step(
+    method: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, cast, clip_norm: float = 1.0, sigma: float = 1.0
+) -> Callable[[], None]:
     batch = x.shape[0]
     if method == "non-private":
         return _plain_step(model, torch.optim.SGD(model.parameters(), lr=0.01), x, y, cast)
@@ -172,11 +185,19 @@ def _method_step(method: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor
     from opacus.optimizers import DPOptimizerFastGradientClipping
     from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
-    wrapped = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="mean",
-                                                   max_grad_norm=clip_norm, use_ghost_clipping=True)
-    optimizer = DPOptimizerFastGradientClipping(torch.optim.SGD(wrapped.parameters(), lr=0.01), noise_multiplier=sigma,
-                                                max_grad_norm=clip_norm, expected_batch_size=batch, loss_reduction="mean")
-    criterion = DPLossFastGradientClipping(wrapped, optimizer, nn.CrossEntropyLoss(reduction="mean"), loss_reduction="mean")
+    wrapped = GradSampleModuleFastGradientClipping(
+        model, batch_first=True, loss_reduction="mean", max_grad_norm=clip_norm, use_ghost_clipping=True
+    )
+    optimizer = DPOptimizerFastGradientClipping(
+        torch.optim.SGD(wrapped.parameters(), lr=0.01),
+        noise_multiplier=sigma,
+        max_grad_norm=clip_norm,
+        expected_batch_size=batch,
+        loss_reduction="mean",
+    )
+    criterion = DPLossFastGradientClipping(
+        wrapped, optimizer, nn.CrossEntropyLoss(reduction="mean"), loss_reduction="mean"
+    )
 
     def opacus_step() -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -191,21 +212,28 @@ def _method_step(method: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor
     return opacus_step
 
 
-def _opacus_hooks_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cast, clip_norm: float = 1.0,
-                       sigma: float = 1.0) -> Callable[[], None]:
+def _opacus_hooks_step(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, cast, clip_norm: float = 1.0, sigma: float = 1.0
+) -> Callable[[], None]:
     """Opacus's standard mode: per-example gradients from hooks in one backward pass, clipped and noised by
     DPOptimizer (what ``make_private`` builds with the default grad_sample_mode="hooks")."""
     from opacus.grad_sample import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
     wrapped = GradSampleModule(model, batch_first=True, loss_reduction="mean")
-    optimizer = DPOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.01), noise_multiplier=sigma,
-                            max_grad_norm=clip_norm, expected_batch_size=x.shape[0], loss_reduction="mean")
+    optimizer = DPOptimizer(
+        torch.optim.SGD(wrapped.parameters(), lr=0.01),
+        noise_multiplier=sigma,
+        max_grad_norm=clip_norm,
+        expected_batch_size=x.shape[0],
+        loss_reduction="mean",
+    )
     return _plain_step(wrapped, optimizer, x, y, cast)
 
 
-def _plain_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-                cast) -> Callable[[], None]:
+def _plain_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, cast
+) -> Callable[[], None]:
     """The standard loop: zero the gradients, mean loss, one backward pass, optimizer step."""
 
     def step() -> None:
@@ -233,7 +261,7 @@ def reference_gradient(workload: str, device: str) -> tuple[list[torch.Tensor], 
     params = list(model.parameters())
 
     def example_grads(i: int) -> tuple[torch.Tensor, ...]:
-        return torch.autograd.grad(per_example_losses(model(x[i:i + 1]), y[i:i + 1]).sum(), params)
+        return torch.autograd.grad(per_example_losses(model(x[i : i + 1]), y[i : i + 1]).sum(), params)
 
     norms = [float(torch.sqrt(sum(g.square().sum() for g in example_grads(i)))) for i in range(x.shape[0])]
     clip_norm = statistics.median(norms)
@@ -289,8 +317,9 @@ def _interleaved_medians(methods: dict[str, Callable[[], object]], repeats: int)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def time_interleaved(workload: str, repeats: int, device: str = "cpu", precision: str = "fp32",
-                     methods: tuple[str, ...] | None = None) -> dict[str, float]:
+def time_interleaved(
+    workload: str, repeats: int, device: str = "cpu", precision: str = "fp32", methods: tuple[str, ...] | None = None
+) -> dict[str, float]:
     """Median seconds per step of each method, methods alternating within every repeat."""
     steps = {m: make_step(m, workload, device, precision) for m in (methods or methods_for(workload))}
     for step in steps.values():  # warm-up (a second one in _interleaved_medians)
@@ -358,9 +387,11 @@ def time_noise(repeats: int) -> dict[str, float]:
     philox = NoiseSource(numel, seed=0)
     chunked = NoiseSource(numel, seed=0)
     out = torch.empty(numel)
-    draws = {"philox": lambda s: philox.draw_into(out, s, 1.0),
-             "torch-chunks": lambda s: chunked._torch_chunks_into(out, s, 1.0),
-             "torch-normal": lambda s: out.normal_()}
+    draws = {
+        "philox": lambda s: philox.draw_into(out, s, 1.0),
+        "torch-chunks": lambda s: chunked._torch_chunks_into(out, s, 1.0),
+        "torch-normal": lambda s: out.normal_(),
+    }
     times: dict[str, float] = {}
     for name, draw in draws.items():
         samples = []
@@ -391,12 +422,14 @@ def time_ghost_norms(repeats: int) -> dict[str, dict[str, float]]:
     for d, p in ((dim, 3 * dim), (dim, dim), (dim, 4 * dim), (4 * dim, dim)):
         a, b = torch.randn(batch, steps, d), torch.randn(batch, steps, p)
         results[f"linear {d}->{p}"] = _interleaved_medians(
-            {"dpledger": lambda: linear.sequence_ghost_norm(a, b), "full Grams": lambda: full_grams(a, b)}, repeats)
+            {"dpledger": lambda: linear.sequence_ghost_norm(a, b), "full Grams": lambda: full_grams(a, b)}, repeats
+        )
     table = nn.Embedding(1000, dim)
     tokens, b = torch.randint(0, 1000, (batch, steps)), torch.randn(batch, steps, dim)
     results["embedding 1000x256"] = _interleaved_medians(
         {"dpledger": lambda: embedding.ghost_norm(table, tokens, b), "full Grams": lambda: same_token_gram(tokens, b)},
-        repeats)
+        repeats,
+    )
     return results
 
 
@@ -410,34 +443,51 @@ def _cpu_parts(args: argparse.Namespace, results: dict, micro: bool) -> None:
     if not micro:
         return
     noise = time_noise(args.repeats)
-    print(f"noise for the MLP's parameters: Philox/Box-Muller {1000 * noise['philox']:.2f} ms, torch normal_ "
-          f"chunks {1000 * noise['torch-chunks']:.2f} ms ({noise['torch-chunks'] / noise['philox']:.2f}x), one "
-          f"torch normal_ {1000 * noise['torch-normal']:.2f} ms ({noise['torch-normal'] / noise['philox']:.2f}x)",
-          flush=True)
+    print(
+        f"noise for the MLP's parameters: Philox/Box-Muller {1000 * noise['philox']:.2f} ms, torch normal_ "
+        f"chunks {1000 * noise['torch-chunks']:.2f} ms ({noise['torch-chunks'] / noise['philox']:.2f}x), one "
+        f"torch normal_ {1000 * noise['torch-normal']:.2f} ms ({noise['torch-normal'] / noise['philox']:.2f}x)",
+        flush=True,
+    )
     results["noise_seconds"] = noise
     norms = time_ghost_norms(4 * args.repeats)
     results["ghost_norm_seconds"] = norms
-    print("per-example norms at B = 32, T = 128: " + ", ".join(
-        f"{shape} {1000 * t['dpledger']:.2f} ms vs {1000 * t['full Grams']:.2f} ms "
-        f"({t['full Grams'] / t['dpledger']:.2f}x)" for shape, t in norms.items()), flush=True)
+    print(
+        "per-example norms at B = 32, T = 128: "
+        + ", ".join(
+            f"{shape} {1000 * t['dpledger']:.2f} ms vs {1000 * t['full Grams']:.2f} ms "
+            f"({t['full Grams'] / t['dpledger']:.2f}x)"
+            for shape, t in norms.items()
+        ),
+        flush=True,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--workloads", default=None, help=f"comma-separated, of {', '.join(WORKLOADS)} "
-                        "(default: mlp,transformer; on CUDA also gpt2-small and gpt2)")
+    parser.add_argument(
+        "--workloads",
+        default=None,
+        help=f"comma-separated, of {', '.join(WORKLOADS)} (default: mlp,transformer; on CUDA also gpt2-small and gpt2)",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
-    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
-                        help="forward autocast on CUDA (norms stay float32)")
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="forward autocast on CUDA (norms stay float32)",
+    )
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--default-allocator", action="store_true",
-                        help="time steps under glibc's default trimming (no retain_freed_memory)")
+    parser.add_argument(
+        "--default-allocator",
+        action="store_true",
+        help="time steps under glibc's default trimming (no retain_freed_memory)",
+    )
     args = parser.parse_args()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    results: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                     "precision": args.precision}
+    results: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "precision": args.precision}
     workloads = args.workloads or ("mlp,transformer,gpt2-small,gpt2" if device == "cuda" else "mlp,transformer")
     if device == "cpu":
         _cpu_parts(args, results, micro=workloads != "gpt2")
@@ -450,34 +500,58 @@ def main() -> None:
             row["clipped_sum_relative_error"] = errors
             row["wrong"] = [m for m, e in errors.items() if not isinstance(e, str) and e > tolerance]
             row["failed"] = [m for m, e in errors.items() if isinstance(e, str)]
-            print(f"{workload}: clipped sum vs float64 naive loop (tolerance {tolerance:g}): " + ", ".join(
-                f"{m} {f'FAILED ({e})' if isinstance(e, str) else f'{e:.2e}'}{' WRONG' if m in row['wrong'] else ''}"
-                for m, e in errors.items()), flush=True)
+            print(
+                f"{workload}: clipped sum vs float64 naive loop (tolerance {tolerance:g}): "
+                + ", ".join(
+                    f"{m} {f'FAILED ({e})' if isinstance(e, str) else f'{e:.2e}'}{' WRONG' if m in row['wrong'] else ''}"
+                    for m, e in errors.items()
+                ),
+                flush=True,
+            )
             methods = tuple(m for m in methods if not isinstance(errors.get(m, 0.0), str))
         seconds = time_interleaved(workload, args.repeats, device, args.precision, methods)
         correct = [m for m in OPACUS_METHODS if m in seconds and m not in row.get("wrong", ())]
-        row.update(seconds_per_step=seconds, bk_over_nonprivate=seconds["bk"] / seconds["non-private"],
-                   opacus_over_bk={m: seconds[m] / seconds["bk"] for m in OPACUS_METHODS if m in seconds})
+        row.update(
+            seconds_per_step=seconds,
+            bk_over_nonprivate=seconds["bk"] / seconds["non-private"],
+            opacus_over_bk={m: seconds[m] / seconds["bk"] for m in OPACUS_METHODS if m in seconds},
+        )
         if correct:
             fastest = min(correct, key=seconds.__getitem__)
             row.update(opacus_fastest_correct=fastest, opacus_fastest_correct_over_bk=seconds[fastest] / seconds["bk"])
         if not args.no_memory:
-            memory = {m: (memory_in_subprocess(m, workload) if device == "cpu"
-                          else cuda_peak_memory(m, workload, args.precision)) for m in methods}
+            memory = {
+                m: (
+                    memory_in_subprocess(m, workload)
+                    if device == "cpu"
+                    else cuda_peak_memory(m, workload, args.precision)
+                )
+                for m in methods
+            }
             row["peak_extra_mib"] = memory
             row["bk_extra_memory_over_nonprivate"] = memory["bk"] / memory["non-private"] - 1
         results[workload] = row
         target = 1.25 if workload == "gpt2" and device == "cpu" else 1.15
-        print(f"{workload}: " + ", ".join(f"{m} {1000 * s:.1f} ms" for m, s in seconds.items())
-              + f" | BK/non-private {row['bk_over_nonprivate']:.3f}x (target <= {target})"
-              + "".join(f" | {m}/BK {r:.3f}x" for m, r in row["opacus_over_bk"].items())
-              + (f" | fastest correct Opacus ({row['opacus_fastest_correct']})/BK "
-                 f"{row['opacus_fastest_correct_over_bk']:.3f}x" if correct else " | no correct Opacus mode"),
-              flush=True)
+        print(
+            f"{workload}: "
+            + ", ".join(f"{m} {1000 * s:.1f} ms" for m, s in seconds.items())
+            + f" | BK/non-private {row['bk_over_nonprivate']:.3f}x (target <= {target})"
+            + "".join(f" | {m}/BK {r:.3f}x" for m, r in row["opacus_over_bk"].items())
+            + (
+                f" | fastest correct Opacus ({row['opacus_fastest_correct']})/BK "
+                f"{row['opacus_fastest_correct_over_bk']:.3f}x"
+                if correct
+                else " | no correct Opacus mode"
+            ),
+            flush=True,
+        )
         if "peak_extra_mib" in row:
-            print(f"  peak transient {'RSS' if device == 'cpu' else 'CUDA memory'} MiB: {row['peak_extra_mib']}; "
-                  f"BK extra over non-private "
-                  f"{100 * row['bk_extra_memory_over_nonprivate']:.1f}% (target <= 25%)", flush=True)
+            print(
+                f"  peak transient {'RSS' if device == 'cpu' else 'CUDA memory'} MiB: {row['peak_extra_mib']}; "
+                f"BK extra over non-private "
+                f"{100 * row['bk_extra_memory_over_nonprivate']:.1f}% (target <= 25%)",
+                flush=True,
+            )
     print(json.dumps({"torch_threads": torch.get_num_threads(), "results": results}, indent=2))
 
 

@@ -27,9 +27,8 @@ import numpy as np  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from test_report_fixtures import ALL_PROBLEMS, fabricate_project, report_params  # noqa: E402
-
 from dpledger.pipeline.report import run  # noqa: E402
+from test_report_fixtures import ALL_PROBLEMS, fabricate_project, report_params  # noqa: E402
 
 BUDGET_S = 10.0
 HEAVY_FIGURES = 40
@@ -82,19 +81,29 @@ def _bench_in(folder: Path, label: str, heavy: bool) -> dict:
     stage = _best_of(2, lambda: subprocess.run(command, cwd=REPO, check=True, capture_output=True))
     html_mb = (root / "reports/report.html").stat().st_size / 1e6
     pngs = len(list(root.glob("plots/*/*.png")))
-    return {"case": label, "figures": pngs, "html_mb": html_mb, "io_floor_s": floor,
-            "render_s": in_process, "stage_s": stage}
+    return {
+        "case": label,
+        "figures": pngs,
+        "html_mb": html_mb,
+        "io_floor_s": floor,
+        "render_s": in_process,
+        "stage_s": stage,
+    }
 
 
 def main() -> None:
     heavy_label = f"heavy ({HEAVY_FIGURES} more 1200×750 figures, 10⁶-entry audit.json)"
     rows = [bench("typical (7 figures)", heavy=False), bench(heavy_label, heavy=True)]
-    print("| case | figures | HTML MB | I/O floor (s) | render (s) | ratio to floor "
-          "| `python -m stages.report` (s) | share of 10 s budget |")
+    print(
+        "| case | figures | HTML MB | I/O floor (s) | render (s) | ratio to floor "
+        "| `python -m stages.report` (s) | share of 10 s budget |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['case']} | {r['figures']} | {r['html_mb']:.2f} | {r['io_floor_s']:.3f} | {r['render_s']:.3f} | "
-              f"{r['render_s'] / r['io_floor_s']:.1f}× | {r['stage_s']:.2f} | {r['stage_s'] / BUDGET_S:.0%} |")
+        print(
+            f"| {r['case']} | {r['figures']} | {r['html_mb']:.2f} | {r['io_floor_s']:.3f} | {r['render_s']:.3f} | "
+            f"{r['render_s'] / r['io_floor_s']:.1f}× | {r['stage_s']:.2f} | {r['stage_s'] / BUDGET_S:.0%} |"
+        )
 
 
 if __name__ == "__main__":

@@ -54,25 +54,31 @@ def main() -> None:
         wall = [result.wall_time_s for result in results]
         steps = [result.training_steps for result in results]
         baseline = plain_sgd_seconds(max(steps))
-        rows.append({
-            "trainer": trainer,
-            "classified_correctly": sum(classified_correctly(trainer, result) for result in results),
-            "seeds": args.seeds,
-            "false_alarm_seeds": [r.seed for r in results if not trainer.startswith("zoo:") and not r.passed],
-            "median_wall_s": sorted(wall)[len(wall) // 2],
-            "max_wall_s": max(wall),
-            "max_steps": max(steps),
-            "replicates_run": sum(any("replicate_p_value" in t.details for t in r.tests) for r in results),
-            "ratio_to_plain_sgd": sorted(wall)[len(wall) // 2] / baseline,
-        })
+        rows.append(
+            {
+                "trainer": trainer,
+                "classified_correctly": sum(classified_correctly(trainer, result) for result in results),
+                "seeds": args.seeds,
+                "false_alarm_seeds": [r.seed for r in results if not trainer.startswith("zoo:") and not r.passed],
+                "median_wall_s": sorted(wall)[len(wall) // 2],
+                "max_wall_s": max(wall),
+                "max_steps": max(steps),
+                "replicates_run": sum(any("replicate_p_value" in t.details for t in r.tests) for r in results),
+                "ratio_to_plain_sgd": sorted(wall)[len(wall) // 2] / baseline,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
-    print(f"| trainer | classified correctly | median s | max s | max steps | ratio vs plain SGD |")
+    print("| trainer | classified correctly | median s | max s | max steps | ratio vs plain SGD |")
     print("|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['trainer']} | {row['classified_correctly']}/{row['seeds']} | {row['median_wall_s']:.2f} | "
-              f"{row['max_wall_s']:.2f} | {row['max_steps']} | {row['ratio_to_plain_sgd']:.1f} |")
-    print(f"paper's cost (000 App. D): {PAPER_STEPS} steps; machine: {platform.processor() or platform.machine()}, "
-          f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
+        print(
+            f"| {row['trainer']} | {row['classified_correctly']}/{row['seeds']} | {row['median_wall_s']:.2f} | "
+            f"{row['max_wall_s']:.2f} | {row['max_steps']} | {row['ratio_to_plain_sgd']:.1f} |"
+        )
+    print(
+        f"paper's cost (000 App. D): {PAPER_STEPS} steps; machine: {platform.processor() or platform.machine()}, "
+        f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
+    )
 
 
 if __name__ == "__main__":

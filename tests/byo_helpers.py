@@ -26,16 +26,23 @@ def tiny_lm(root: Path) -> Path:
 def write_labelled(path: Path, labels: list[int], field: str = "text") -> Path:
     """A JSONL file of short texts with the given labels."""
     words = ["alpha beta", "gamma delta", "print the value", "raise an error", "import a module", "define a class"]
-    path.write_text("".join(json.dumps({field: words[i % len(words)] + f" {i}", "label": y}) + "\n"
-                            for i, y in enumerate(labels)))
+    path.write_text(
+        "".join(json.dumps({field: words[i % len(words)] + f" {i}", "label": y}) + "\n" for i, y in enumerate(labels))
+    )
     return path
 
 
 def text_project(root: Path, *, train_size: int, data: dict, train: dict, epochs: int = 1, batch_size: int = 8) -> Path:
     """params.yaml (the repo's, with ``data`` and ``train`` merged in), calibration.json and a Poisson schedule."""
     schedule = poisson_schedule(train_size, batch_size, epochs, seed=3)
-    record = genuine_record(noise_multiplier=1.0, sampler="poisson", steps=schedule.num_steps, batch_size=batch_size,
-                            dataset_size=train_size, epochs=epochs)
+    record = genuine_record(
+        noise_multiplier=1.0,
+        sampler="poisson",
+        steps=schedule.num_steps,
+        batch_size=batch_size,
+        dataset_size=train_size,
+        epochs=epochs,
+    )
     folder = root / "artifacts/calibration"
     folder.mkdir(parents=True, exist_ok=True)
     seal_record(folder, record)

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+
 from dpledger.accounting import (
     AllocationAccountant,
     calibrate_noise,
@@ -15,15 +16,22 @@ from dpledger.accounting.accountants import MonteCarloAccountant
 from dpledger.errors import UnsupportedMechanismError
 
 # (σ, b, E) -> (lower, upper) at δ = 1e-5, from issue 22's table (pld-accounting's own numbers).
-TABLE = {(1.0, 10, 1): (2.166, 2.209), (0.8, 100, 1): (1.357, 1.393), (1.0, 100, 4): (1.062, 1.111),
-         (0.8, 1000, 1): (0.279, 0.291)}
+TABLE = {
+    (1.0, 10, 1): (2.166, 2.209),
+    (0.8, 100, 1): (1.357, 1.393),
+    (1.0, 100, 4): (1.062, 1.111),
+    (0.8, 1000, 1): (0.279, 0.291),
+}
 
 
-@pytest.mark.parametrize("key", [pytest.param(k, marks=pytest.mark.slow) if k[1] >= 1000 else k for k in sorted(TABLE)], ids=str)
+@pytest.mark.parametrize(
+    "key", [pytest.param(k, marks=pytest.mark.slow) if k[1] >= 1000 else k for k in sorted(TABLE)], ids=str
+)
 def test_reference_table_reproduced(key):
     sigma, bins, epochs = key
-    description = describe(sampler="balls-in-bins-redrawn", noise_multiplier=sigma, batches_per_epoch=bins,
-                           epochs=epochs)
+    description = describe(
+        sampler="balls-in-bins-redrawn", noise_multiplier=sigma, batches_per_epoch=bins, epochs=epochs
+    )
     result = AllocationAccountant().epsilon(description, 1e-5)
     lower, upper = TABLE[key]
     assert result.epsilon == pytest.approx(upper, abs=1e-3)
@@ -35,11 +43,14 @@ def _mc_delta(description, epsilon, samples=200_000):
     return mc.estimate_delta(pair, description.noise_multiplier, epsilon, samples, seed=7)
 
 
-@pytest.mark.parametrize("sampler,sigma,bins,epochs", [
-    ("balls-in-bins-redrawn", 1.0, 4, 1),
-    ("balls-in-bins-redrawn", 0.9, 3, 3),
-    ("balls-in-bins", 1.2, 4, 3),
-])
+@pytest.mark.parametrize(
+    "sampler,sigma,bins,epochs",
+    [
+        ("balls-in-bins-redrawn", 1.0, 4, 1),
+        ("balls-in-bins-redrawn", 0.9, 3, 3),
+        ("balls-in-bins", 1.2, 4, 3),
+    ],
+)
 def test_monte_carlo_agrees_with_allocation_bounds(sampler, sigma, bins, epochs):
     """MC δ̂ at the upper ε is at most δ, and at the lower ε at least δ, up to 4 standard errors."""
     delta = 1e-2
@@ -55,7 +66,8 @@ def test_fixed_bins_identity_is_one_allocation_at_scaled_noise():
     fixed = describe(sampler="balls-in-bins", noise_multiplier=2.0, batches_per_epoch=5, epochs=4)
     single = describe(sampler="balls-in-bins-redrawn", noise_multiplier=1.0, batches_per_epoch=5, epochs=1)
     assert AllocationAccountant().epsilon(fixed, 1e-5).epsilon == pytest.approx(
-        AllocationAccountant().epsilon(single, 1e-5).epsilon)
+        AllocationAccountant().epsilon(single, 1e-5).epsilon
+    )
 
 
 def test_calibrated_sigma_meets_target_and_reports_lower_bound():
@@ -73,9 +85,18 @@ def test_default_accountant_and_refusals():
     assert default_accountant("balls-in-bins-redrawn") == "allocation"
     assert default_accountant("balls-in-bins", "identity") == "allocation"
     assert default_accountant("balls-in-bins", "banded") == "montecarlo"
-    banded = describe(sampler="balls-in-bins", batches_per_epoch=4, epochs=2, mechanism="banded",
-                      mechanism_params={"bands": 2})
+    banded = describe(
+        sampler="balls-in-bins", batches_per_epoch=4, epochs=2, mechanism="banded", mechanism_params={"bands": 2}
+    )
     with pytest.raises(UnsupportedMechanismError, match="Monte Carlo"):
         AllocationAccountant().epsilon(banded, 1e-5)
-    assert math.isinf(AllocationAccountant().epsilon(banded.with_noise(0.0).__class__(
-        **{**banded.__dict__, "mechanism": "identity", "mechanism_params": {}, "noise_multiplier": 0.0}), 1e-5).epsilon)
+    assert math.isinf(
+        AllocationAccountant()
+        .epsilon(
+            banded.with_noise(0.0).__class__(
+                **{**banded.__dict__, "mechanism": "identity", "mechanism_params": {}, "noise_multiplier": 0.0}
+            ),
+            1e-5,
+        )
+        .epsilon
+    )

@@ -36,8 +36,11 @@ def test_poisson_stage_writes_record_metrics_and_plots(tmp_path):
     assert record.steps == 2 * math.ceil(1438 / 256) == metrics["steps"]
     assert 2.0 - 1e-3 <= record.epsilon <= 2.0 and record.sampler == "poisson" and record.mechanism == "identity"
     check = get_accountant("pld").epsilon(
-        describe(sampler="poisson", noise_multiplier=record.noise_multiplier, dataset_size=1438, batch_size=256,
-                 epochs=2), params.calibrate.delta)
+        describe(
+            sampler="poisson", noise_multiplier=record.noise_multiplier, dataset_size=1438, batch_size=256, epochs=2
+        ),
+        params.calibrate.delta,
+    )
     assert check.epsilon == pytest.approx(record.epsilon, rel=1e-9)
     assert {a.accountant for a in record.accountants} == {"pld", "rdp"}
     assert all(isinstance(v, (int, float, str, bool)) for v in metrics.values())
@@ -54,9 +57,20 @@ def test_poisson_stage_writes_record_metrics_and_plots(tmp_path):
 
 
 def test_montecarlo_stage_with_blt_streams_the_calibrated_matrix(tmp_path):
-    params = _params(epsilon=4.0, delta=1e-3, accountant="montecarlo", sampler="balls-in-bins", mechanism="blt",
-                     blt_buffers=2, optimize_steps=4, optimize_samples=1024, mc_samples=20_000,
-                     mc_failure_probability=0.05, rmse_epsilons=[2.0, 8.0], rmse_samples=2000)
+    params = _params(
+        epsilon=4.0,
+        delta=1e-3,
+        accountant="montecarlo",
+        sampler="balls-in-bins",
+        mechanism="blt",
+        blt_buffers=2,
+        optimize_steps=4,
+        optimize_samples=1024,
+        mc_samples=20_000,
+        mc_failure_probability=0.05,
+        rmse_epsilons=[2.0, 8.0],
+        rmse_samples=2000,
+    )
     metrics = stage.run(params, tmp_path)
     record = CalibrationRecord.load(tmp_path / "artifacts" / "calibration" / "calibration.json")
     assert record.epsilon == 4.0 and record.accountant == "montecarlo" and record.mechanism == "blt"
@@ -73,14 +87,25 @@ def test_montecarlo_stage_with_blt_streams_the_calibrated_matrix(tmp_path):
 
     from dpledger.mechanisms import noise_stream
 
-    rows = list(noise_stream(record.mechanism, record.mechanism_params, record.steps, 3,
-                             generator=torch.Generator().manual_seed(0)))
+    rows = list(
+        noise_stream(
+            record.mechanism, record.mechanism_params, record.steps, 3, generator=torch.Generator().manual_seed(0)
+        )
+    )
     assert len(rows) == record.steps
 
 
 def test_fixed_bins_with_identity_warn_in_the_record(tmp_path):
-    params = _params(epsilon=4.0, delta=1e-3, accountant="montecarlo", sampler="balls-in-bins",
-                     mc_samples=20_000, mc_failure_probability=0.05, rmse_epsilons=[4.0], rmse_samples=2000)
+    params = _params(
+        epsilon=4.0,
+        delta=1e-3,
+        accountant="montecarlo",
+        sampler="balls-in-bins",
+        mc_samples=20_000,
+        mc_failure_probability=0.05,
+        rmse_epsilons=[4.0],
+        rmse_samples=2000,
+    )
     metrics = stage.run(params, tmp_path)
     record = CalibrationRecord.load(tmp_path / "artifacts" / "calibration" / "calibration.json")
     assert record.assumptions[0].startswith("WARNING") and metrics["epsilon_poisson_same_noise"] < 4.0
@@ -88,12 +113,20 @@ def test_fixed_bins_with_identity_warn_in_the_record(tmp_path):
 
 @pytest.mark.parametrize(
     "key,value,message",
-    [("evr_delta_ratio", 1.0, "less than 1"), ("mc_samples", 10, "greater than or equal"),
-     ("sampler", "shuffle", "no tight accountant"), ("accountant", "allocation", "supports samplers"), ("epsilon", 1e9, "less than or equal"),
-     ("delta", float("nan"), "finite"),
-     ("mechanism", "blt", "balls-in-bins"), ("group_sizes", [0, 2], "[1, 1024]"),
-     ("rmse_epsilons", [-1.0], "(0, 100]"), ("curve_points", 1, "greater than or equal"),
-     ("pld_discretization", 0.5, "less than or equal"), ("blt_buffers", 0, "greater than or equal")],
+    [
+        ("evr_delta_ratio", 1.0, "less than 1"),
+        ("mc_samples", 10, "greater than or equal"),
+        ("sampler", "shuffle", "no tight accountant"),
+        ("accountant", "allocation", "supports samplers"),
+        ("epsilon", 1e9, "less than or equal"),
+        ("delta", float("nan"), "finite"),
+        ("mechanism", "blt", "balls-in-bins"),
+        ("group_sizes", [0, 2], "[1, 1024]"),
+        ("rmse_epsilons", [-1.0], "(0, 100]"),
+        ("curve_points", 1, "greater than or equal"),
+        ("pld_discretization", 0.5, "less than or equal"),
+        ("blt_buffers", 0, "greater than or equal"),
+    ],
 )
 def test_bad_calibrate_values_are_refused_in_one_line(key, value, message):
     raw = yaml.safe_load((REPO / "params.yaml").read_text())

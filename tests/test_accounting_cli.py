@@ -5,10 +5,11 @@ import inspect
 import json
 
 import pytest
+from typer.testing import CliRunner
+
 from dpledger.cli import app
 from dpledger.errors import DpledgerError
 from dpledger.params.calibrate import CalibrateParams
-from typer.testing import CliRunner
 
 BASE = ["--delta", "1e-5", "--sample-rate", "0.01"]
 
@@ -26,44 +27,138 @@ def _one_line_error(result, *words):
         assert word in text, text
 
 
-@pytest.mark.parametrize("args,words", [
-    (["noise", "--epsilon", "1e6", *BASE, "--epochs", "1"], ["epsilon", "(0, 100]"]),
-    (["noise", "--epsilon", "1", *BASE], ["--epochs", "missing"]),
-    (["epsilon", "--noise-multiplier", "1e-3", *BASE, "--epochs", "1"], ["--noise-multiplier", ">= 0.01"]),
-    (["epsilon", "--noise-multiplier", "1", "--delta", "1e-5", "--sampler", "balls-in-bins", "--batches-per-epoch",
-      "8", "--epochs", "1", "--mechanism", "banded", "--bands", "-3"], ["--bands", "[1, 4096]"]),
-    (["epsilon", "--noise-multiplier", "1", "--delta", "1e-5", "--sampler", "balls-in-bins", "--batches-per-epoch",
-      "8", "--epochs", "1", "--mechanism", "toeplitz", "--mechanism-params", "[1,2]"],
-     ["--mechanism-params", "JSON object"]),
-    (["epsilon", "--noise-multiplier", "1", "--delta", "nan", "--sample-rate", "0.01", "--epochs", "1"],
-     ["--delta", "finite"]),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["noise", "--epsilon", "1e6", *BASE, "--epochs", "1"], ["epsilon", "(0, 100]"]),
+        (["noise", "--epsilon", "1", *BASE], ["--epochs", "missing"]),
+        (["epsilon", "--noise-multiplier", "1e-3", *BASE, "--epochs", "1"], ["--noise-multiplier", ">= 0.01"]),
+        (
+            [
+                "epsilon",
+                "--noise-multiplier",
+                "1",
+                "--delta",
+                "1e-5",
+                "--sampler",
+                "balls-in-bins",
+                "--batches-per-epoch",
+                "8",
+                "--epochs",
+                "1",
+                "--mechanism",
+                "banded",
+                "--bands",
+                "-3",
+            ],
+            ["--bands", "[1, 4096]"],
+        ),
+        (
+            [
+                "epsilon",
+                "--noise-multiplier",
+                "1",
+                "--delta",
+                "1e-5",
+                "--sampler",
+                "balls-in-bins",
+                "--batches-per-epoch",
+                "8",
+                "--epochs",
+                "1",
+                "--mechanism",
+                "toeplitz",
+                "--mechanism-params",
+                "[1,2]",
+            ],
+            ["--mechanism-params", "JSON object"],
+        ),
+        (
+            ["epsilon", "--noise-multiplier", "1", "--delta", "nan", "--sample-rate", "0.01", "--epochs", "1"],
+            ["--delta", "finite"],
+        ),
+    ],
+)
 def test_bad_input_is_one_line(args, words):
     _one_line_error(_run(*args), *words)
 
 
 def test_delta_at_least_one_over_n_warns_before_epsilon():
-    result = _run("epsilon", "--noise-multiplier", "1", "--delta", "0.05", "--dataset-size", "50", "--batch-size", "5",
-                  "--epochs", "2")
+    result = _run(
+        "epsilon",
+        "--noise-multiplier",
+        "1",
+        "--delta",
+        "0.05",
+        "--dataset-size",
+        "50",
+        "--batch-size",
+        "5",
+        "--epochs",
+        "2",
+    )
     assert result.exit_code == 0
     assert result.output.splitlines()[0].startswith("WARNING: delta = 0.05 >= 1/n")
-    payload = json.loads(_run("epsilon", "--noise-multiplier", "1", "--delta", "0.05", "--dataset-size", "50",
-                              "--batch-size", "5", "--epochs", "2", "--json").output)
+    payload = json.loads(
+        _run(
+            "epsilon",
+            "--noise-multiplier",
+            "1",
+            "--delta",
+            "0.05",
+            "--dataset-size",
+            "50",
+            "--batch-size",
+            "5",
+            "--epochs",
+            "2",
+            "--json",
+        ).output
+    )
     assert payload["warnings"]
 
 
 def test_monte_carlo_text_prints_failure_probability_beside_epsilon():
-    result = _run("epsilon", "--noise-multiplier", "1", "--delta", "0.05", "--sampler", "balls-in-bins",
-                  "--batches-per-epoch", "4", "--epochs", "1", "--mechanism", "banded", "--bands", "2",
-                  "--samples", "20000", "--failure-probability", "0.01")
+    result = _run(
+        "epsilon",
+        "--noise-multiplier",
+        "1",
+        "--delta",
+        "0.05",
+        "--sampler",
+        "balls-in-bins",
+        "--batches-per-epoch",
+        "4",
+        "--epochs",
+        "1",
+        "--mechanism",
+        "banded",
+        "--bands",
+        "2",
+        "--samples",
+        "20000",
+        "--failure-probability",
+        "0.01",
+    )
     assert result.exit_code == 0, result.output
     headline = result.output.splitlines()[0]
     assert headline.startswith("epsilon = ") and "holds except with probability" in headline
 
 
 def test_balls_in_bins_defaults_to_allocation_with_lower_bound():
-    result = _run("epsilon", "--noise-multiplier", "1", "--delta", "1e-5", "--sampler", "balls-in-bins-redrawn",
-                  "--batches-per-epoch", "10", "--epochs", "1")
+    result = _run(
+        "epsilon",
+        "--noise-multiplier",
+        "1",
+        "--delta",
+        "1e-5",
+        "--sampler",
+        "balls-in-bins-redrawn",
+        "--batches-per-epoch",
+        "10",
+        "--epochs",
+        "1",
+    )
     assert result.exit_code == 0, result.output
     assert "(allocation, balls-in-bins-redrawn; lower bound 2.16" in result.output.splitlines()[0]
 
@@ -72,7 +167,12 @@ def test_balls_in_bins_defaults_to_allocation_with_lower_bound():
 def test_cli_defaults_are_the_params_defaults(command):
     callback = next(c.callback for c in app.registered_commands if c.name == command)
     parameters = inspect.signature(callback).parameters
-    for option, key in (("samples", "mc_samples"), ("failure_probability", "mc_failure_probability"),
-                        ("evr_delta_ratio", "evr_delta_ratio"), ("discretization", "pld_discretization"),
-                        ("device", "mc_device"), ("accountant", "accountant")):
+    for option, key in (
+        ("samples", "mc_samples"),
+        ("failure_probability", "mc_failure_probability"),
+        ("evr_delta_ratio", "evr_delta_ratio"),
+        ("discretization", "pld_discretization"),
+        ("device", "mc_device"),
+        ("accountant", "accountant"),
+    ):
         assert parameters[option].default == CalibrateParams.model_fields[key].default

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from dpledger.accounting import describe, evr
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.accountants import EVR_ATTEMPTS, MonteCarloAccountant

@@ -5,13 +5,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
 from dpledger.accounting import AllocationAccountant, describe, evr, get_accountant
 from dpledger.accounting import importance as imp
 from dpledger.accounting import montecarlo as mc
 from dpledger.errors import UnsupportedMechanismError
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from scipy import stats
 
 
 def _banded_gram():
@@ -48,8 +49,13 @@ def test_importance_agrees_with_allocation_bounds_for_identity():
 
 
 @settings(max_examples=25, deadline=None)
-@given(bins=st.integers(2, 6), decay=st.floats(0.0, 0.9), sigma=st.floats(0.4, 3.0), epsilon=st.floats(0.05, 4.0),
-       seed=st.integers(0, 1000))
+@given(
+    bins=st.integers(2, 6),
+    decay=st.floats(0.0, 0.9),
+    sigma=st.floats(0.4, 3.0),
+    epsilon=st.floats(0.05, 4.0),
+    seed=st.integers(0, 1000),
+)
 def test_weighted_terms_never_exceed_the_bound(bins, decay, sigma, epsilon, seed):
     pair = mc.fixed_bins_pair(decay ** np.arange(2 * bins), bins=bins, steps=2 * bins)
     gram = pair.grams[0]
@@ -78,8 +84,13 @@ def test_conditioned_rows_have_the_gaussian_conditional_law():
     for direction in (torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64), torch.ones(4, dtype=torch.float64)):
         spread = gram @ direction
         variance = float(direction @ spread)
-        found = imp.conditioned(normals, factor, direction.expand(rows, 4), spread.expand(rows, 4),
-                                torch.full((rows,), value, dtype=torch.float64)).numpy()
+        found = imp.conditioned(
+            normals,
+            factor,
+            direction.expand(rows, 4),
+            spread.expand(rows, 4),
+            torch.full((rows,), value, dtype=torch.float64),
+        ).numpy()
         assert np.allclose(found @ direction.numpy(), value)
         expected_cov = gram.numpy() - np.outer(spread, spread) / variance
         assert np.allclose(found.mean(axis=0), value * spread.numpy() / variance, atol=0.02)

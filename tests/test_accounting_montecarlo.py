@@ -72,8 +72,9 @@ def test_fixed_bins_with_independent_noise_are_far_worse_than_poisson_and_say_so
     poisson = pld_epsilon(1.0, "poisson", 1, 0.01, None, None, 400, 1e-5, 1e-3)
     assert poisson == pytest.approx(1.20, abs=0.02)
     assert 5.0 < estimate < 6.2
-    sentences = accountant.assumptions(fixed, 1e-5, {"mc_failure_probability": 0.5, "verification": "plain",
-                                                      "verify_samples": 1 << 16})
+    sentences = accountant.assumptions(
+        fixed, 1e-5, {"mc_failure_probability": 0.5, "verification": "plain", "verify_samples": 1 << 16}
+    )
     assert sentences[0].startswith("WARNING") and f"{poisson:.3g}" in sentences[0]
 
 
@@ -119,8 +120,14 @@ def test_monte_carlo_epsilon_is_monotone(field, values):
     for value in values:
         sigma = value if field == "sigma" else 1.0
         epochs = value if field == "epochs" else 2
-        description = describe(sampler="balls-in-bins", noise_multiplier=sigma, batches_per_epoch=8, epochs=epochs,
-                               mechanism="banded", mechanism_params=banded_params(2))
+        description = describe(
+            sampler="balls-in-bins",
+            noise_multiplier=sigma,
+            batches_per_epoch=8,
+            epochs=epochs,
+            mechanism="banded",
+            mechanism_params=banded_params(2),
+        )
         estimates.append(accountant.epsilon_estimate(description, 1e-3))
     ordered = estimates[::-1] if field == "sigma" else estimates
     assert all(a < b for a, b in zip(ordered, ordered[1:]))

@@ -25,8 +25,21 @@ def _dp_accounting_epsilon(event, count, delta, interval=1e-4):
 
 @pytest.mark.parametrize("sigma,q,steps", [(1.0, 0.01, 100), (0.8, 0.05, 60)])
 def test_cli_epsilon_equals_dp_accounting_pld(sigma, q, steps):
-    out = runner.invoke(app, ["epsilon", "--noise-multiplier", str(sigma), "--sample-rate", str(q), "--steps",
-                              str(steps), "--delta", "1e-5", "--json"])
+    out = runner.invoke(
+        app,
+        [
+            "epsilon",
+            "--noise-multiplier",
+            str(sigma),
+            "--sample-rate",
+            str(q),
+            "--steps",
+            str(steps),
+            "--delta",
+            "1e-5",
+            "--json",
+        ],
+    )
     assert out.exit_code == 0, out.output
     payload = json.loads(out.output)
     expected = _dp_accounting_epsilon(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps, 1e-5)
@@ -46,18 +59,22 @@ def test_calibrated_noise_reaches_target_epsilon(accountant, target):
     description = describe(sampler="poisson", sample_rate=0.02, steps=100)
     calibration = calibrate_noise(get_accountant(accountant), description, target, 1e-5)
     assert target - 1e-3 <= calibration.result.epsilon <= target
-    slightly_less = get_accountant(accountant).epsilon(description.with_noise(calibration.noise_multiplier * 0.995), 1e-5)
+    slightly_less = get_accountant(accountant).epsilon(
+        description.with_noise(calibration.noise_multiplier * 0.995), 1e-5
+    )
     assert slightly_less.epsilon > target
 
 
 def test_cli_noise_json_matches_calibration():
-    out = runner.invoke(app, ["noise", "--epsilon", "2", "--delta", "1e-5", "--sample-rate", "0.02", "--steps", "100",
-                              "--json"])
+    out = runner.invoke(
+        app, ["noise", "--epsilon", "2", "--delta", "1e-5", "--sample-rate", "0.02", "--steps", "100", "--json"]
+    )
     assert out.exit_code == 0, out.output
     payload = json.loads(out.output)
     assert {"noise_multiplier", "epsilon", "delta", "accountant", "assumptions"} <= payload.keys()
-    check = get_accountant("pld").epsilon(describe(sampler="poisson", noise_multiplier=payload["noise_multiplier"],
-                                                   sample_rate=0.02, steps=100), 1e-5)
+    check = get_accountant("pld").epsilon(
+        describe(sampler="poisson", noise_multiplier=payload["noise_multiplier"], sample_rate=0.02, steps=100), 1e-5
+    )
     assert 2 - 1e-3 <= check.epsilon <= 2
 
 
@@ -67,8 +84,10 @@ def test_mog_with_one_example_equals_example_level_pld():
     example = pld_epsilon(1.1, "poisson", 1, 0.03, None, None, 80, 1e-5, 1e-3)
     assert example == pytest.approx(by_mog, rel=1e-3)
     assert pld_epsilon(1.1, "poisson", 1, 0.03, None, None, 80, 1e-5) == pytest.approx(
-        get_accountant("pld").epsilon(describe(sampler="poisson", noise_multiplier=1.1, sample_rate=0.03, steps=80),
-                                      1e-5).epsilon)
+        get_accountant("pld")
+        .epsilon(describe(sampler="poisson", noise_multiplier=1.1, sample_rate=0.03, steps=80), 1e-5)
+        .epsilon
+    )
 
 
 def test_group_of_one_under_mog_equals_example_level_for_fixed_batches():
@@ -88,7 +107,10 @@ def test_fixed_batch_with_doubled_noise_is_close_to_poisson():
 
 def test_rdp_is_looser_than_pld():
     description = describe(sampler="poisson", noise_multiplier=1.0, sample_rate=0.01, steps=300)
-    assert get_accountant("rdp").epsilon(description, 1e-5).epsilon > get_accountant("pld").epsilon(description, 1e-5).epsilon
+    assert (
+        get_accountant("rdp").epsilon(description, 1e-5).epsilon
+        > get_accountant("pld").epsilon(description, 1e-5).epsilon
+    )
 
 
 @pytest.mark.parametrize("field,values", [("sigma", [0.7, 1.0, 1.5, 3.0]), ("steps", [10, 50, 200]), ("k", [1, 2, 3])])
@@ -97,8 +119,9 @@ def test_epsilon_is_monotone(field, values):
     epsilons = []
     for value in values:
         setting = dict(base, **{field: value})
-        epsilons.append(pld_epsilon(setting["sigma"], "poisson", setting["k"], 0.02, None, None, setting["steps"],
-                                    1e-5, 3e-3))
+        epsilons.append(
+            pld_epsilon(setting["sigma"], "poisson", setting["k"], 0.02, None, None, setting["steps"], 1e-5, 3e-3)
+        )
     ordered = epsilons[::-1] if field == "sigma" else epsilons
     assert all(a < b for a, b in zip(ordered, ordered[1:]))
 
@@ -130,12 +153,21 @@ def test_exact_gaussian_delta_matches_dp_accounting():
 
 @pytest.mark.parametrize(
     "accountant,settings",
-    [("pld", {"sampler": "balls-in-bins", "batches_per_epoch": 10}),
-     ("rdp", {"sampler": "fixed", "dataset_size": 100, "batch_size": 10}),
-     ("rdp", {"sampler": "poisson", "sample_rate": 0.1, "group_size": 2}),
-     ("montecarlo", {"sampler": "poisson", "sample_rate": 0.1}),
-     ("montecarlo", {"sampler": "balls-in-bins-redrawn", "batches_per_epoch": 4, "mechanism": "banded",
-                     "mechanism_params": {"coefficients": [1, 0.5]}})],
+    [
+        ("pld", {"sampler": "balls-in-bins", "batches_per_epoch": 10}),
+        ("rdp", {"sampler": "fixed", "dataset_size": 100, "batch_size": 10}),
+        ("rdp", {"sampler": "poisson", "sample_rate": 0.1, "group_size": 2}),
+        ("montecarlo", {"sampler": "poisson", "sample_rate": 0.1}),
+        (
+            "montecarlo",
+            {
+                "sampler": "balls-in-bins-redrawn",
+                "batches_per_epoch": 4,
+                "mechanism": "banded",
+                "mechanism_params": {"coefficients": [1, 0.5]},
+            },
+        ),
+    ],
 )
 def test_unsupported_combinations_say_what_to_use(accountant, settings):
     description = describe(noise_multiplier=1.0, steps=None, **settings)
@@ -144,14 +176,35 @@ def test_unsupported_combinations_say_what_to_use(accountant, settings):
 
 
 def test_shuffle_sampler_is_refused_with_reason():
-    out = runner.invoke(app, ["epsilon", "--noise-multiplier", "1", "--sampler", "shuffle", "--sample-rate", "0.1",
-                              "--steps", "10", "--delta", "1e-5"])
+    out = runner.invoke(
+        app,
+        [
+            "epsilon",
+            "--noise-multiplier",
+            "1",
+            "--sampler",
+            "shuffle",
+            "--sample-rate",
+            "0.1",
+            "--steps",
+            "10",
+            "--delta",
+            "1e-5",
+        ],
+    )
     assert isinstance(out.exception, ParamsError)
     assert "no tight accountant" in str(out.exception) and "balls-in-bins" in str(out.exception)
 
 
-@pytest.mark.parametrize("kwargs", [{"sample_rate": 1.5}, {"dataset_size": 10, "batch_size": 20}, {"group_size": 0},
-                                    {"noise_multiplier": -1.0, "sample_rate": 0.1}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"sample_rate": 1.5},
+        {"dataset_size": 10, "batch_size": 20},
+        {"group_size": 0},
+        {"noise_multiplier": -1.0, "sample_rate": 0.1},
+    ],
+)
 def test_bad_sizes_raise_params_error(kwargs):
     with pytest.raises(ParamsError):
         describe(sampler="poisson", steps=10, **kwargs)
@@ -166,8 +219,25 @@ def test_cli_group_size_uses_the_binomial_mixture():
     """--group-size k with Poisson: sensitivities 0..k with Binomial(k, q) weights (001 Thm 3.1)."""
     from scipy import stats
 
-    out = runner.invoke(app, ["epsilon", "--noise-multiplier", "1.5", "--sample-rate", "0.05", "--steps", "20",
-                              "--delta", "1e-5", "--group-size", "2", "--discretization", "1e-3", "--json"])
+    out = runner.invoke(
+        app,
+        [
+            "epsilon",
+            "--noise-multiplier",
+            "1.5",
+            "--sample-rate",
+            "0.05",
+            "--steps",
+            "20",
+            "--delta",
+            "1e-5",
+            "--group-size",
+            "2",
+            "--discretization",
+            "1e-3",
+            "--json",
+        ],
+    )
     assert out.exit_code == 0, out.output
     probs = stats.binom.pmf([0, 1, 2], 2, 0.05).tolist()
     mog = dp_event.MixtureOfGaussiansDpEvent(1.5, [0.0, 1.0, 2.0], probs)
@@ -198,8 +268,9 @@ def test_group_conversion_for_fixed_batches_covers_the_smaller_datasets():
 @pytest.mark.parametrize("delta", ["0", "1", "1.5", "-1e-5"])
 def test_cli_epsilon_refuses_delta_outside_zero_one(delta):
     """δ >= 1 printed ε = 0 and δ <= 0 printed ε = ∞, with exit code 0."""
-    out = runner.invoke(app, ["epsilon", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "100",
-                              "--delta", delta])
+    out = runner.invoke(
+        app, ["epsilon", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "100", "--delta", delta]
+    )
     assert isinstance(out.exception, ParamsError) and "--delta" in str(out.exception)
 
 
@@ -207,8 +278,24 @@ def test_steps_contradicting_epochs_are_refused():
     """--epochs 10 --steps 100 with 100 batches per epoch accounted 100 steps and silently dropped the epochs."""
     with pytest.raises(ParamsError, match="contradicts epochs"):
         describe(sampler="poisson", dataset_size=1000, batch_size=10, epochs=10, steps=100)
-    out = runner.invoke(app, ["epsilon", "--noise-multiplier", "1", "--dataset-size", "1000", "--batch-size", "10",
-                              "--epochs", "10", "--steps", "100", "--delta", "1e-5"])
+    out = runner.invoke(
+        app,
+        [
+            "epsilon",
+            "--noise-multiplier",
+            "1",
+            "--dataset-size",
+            "1000",
+            "--batch-size",
+            "10",
+            "--epochs",
+            "10",
+            "--steps",
+            "100",
+            "--delta",
+            "1e-5",
+        ],
+    )
     assert isinstance(out.exception, ParamsError)
     stopped_mid_epoch = describe(sampler="poisson", dataset_size=1000, batch_size=10, epochs=10, steps=950)
     assert stopped_mid_epoch.steps == 950 and stopped_mid_epoch.epochs == 10

@@ -6,23 +6,41 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from dpledger.pipeline.inputs_check import seal_record
-from test_train_helpers import genuine_record
 from dpledger.audit.dpsgd import DpsgdAudit, Workload, audit_dpsgd, canary_outputs
 from dpledger.cli import app
 from dpledger.errors import DpledgerError
 from dpledger.params import load_params
 from dpledger.pipeline import audit as audit_stage
+from dpledger.pipeline.inputs_check import seal_record
 from dpledger.sampling.registry import build_schedule
+from test_train_helpers import genuine_record
 
 runner = CliRunner()
 
 
 def test_pinned_bgm_command_prints_the_contract_fields():
-    result = runner.invoke(app, [
-        "audit", "bgm", "--sampler", "shuffle", "--steps", "20", "--epochs", "2", "--noise-multiplier", "1.0",
-        "--observations", "20000", "--seed", "1", "--threshold", "bonferroni", "--json",
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "audit",
+            "bgm",
+            "--sampler",
+            "shuffle",
+            "--steps",
+            "20",
+            "--epochs",
+            "2",
+            "--noise-multiplier",
+            "1.0",
+            "--observations",
+            "20000",
+            "--seed",
+            "1",
+            "--threshold",
+            "bonferroni",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     for key in ("epsilon_emp", "epsilon_claimed", "verdict", "observations"):
@@ -31,10 +49,24 @@ def test_pinned_bgm_command_prints_the_contract_fields():
 
 
 def test_bgm_command_refuses_an_unknown_threshold_method():
-    result = runner.invoke(app, [
-        "audit", "bgm", "--sampler", "shuffle", "--steps", "10", "--noise-multiplier", "1", "--observations", "1000",
-        "--threshold", "best", "--json",
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "audit",
+            "bgm",
+            "--sampler",
+            "shuffle",
+            "--steps",
+            "10",
+            "--noise-multiplier",
+            "1",
+            "--observations",
+            "1000",
+            "--threshold",
+            "best",
+            "--json",
+        ],
+    )
     assert result.exit_code != 0 and "threshold" in str(result.exception)
 
 
@@ -48,8 +80,12 @@ def test_selfcheck_command_reports_the_false_alarm_rate():
 def write_inputs(root, sampler, record_sampler="poisson"):
     folder = root / "artifacts" / "calibration"
     folder.mkdir(parents=True, exist_ok=True)
-    seal_record(folder, genuine_record(noise_multiplier=1.2, sampler=record_sampler, steps=40, batch_size=16,
-                                       dataset_size=160, epochs=4))
+    seal_record(
+        folder,
+        genuine_record(
+            noise_multiplier=1.2, sampler=record_sampler, steps=40, batch_size=16, dataset_size=160, epochs=4
+        ),
+    )
     build_schedule(sampler, dataset_size=160, batch_size=16, epochs=4, seed=0).save(root / "artifacts" / "schedule")
 
 
@@ -109,8 +145,15 @@ def test_partially_informed_canaries_count_plus_one_minus_one_and_zero(digits):
     canary = torch.randn(numel, generator=torch.Generator().manual_seed(0))
     canary /= canary.norm()
     workload = Workload("digits", x, y, Task("classification"), lambda: build_model("mlp", tuple(x.shape[1:]), 10))
-    config = DpsgdAudit(threat_model="partially-informed", sampler="shuffle", batch_size=4, epochs=1,
-                        noise_multiplier=1e-6, clip_norm=1.0, lr=0.1)
+    config = DpsgdAudit(
+        threat_model="partially-informed",
+        sampler="shuffle",
+        batch_size=4,
+        epochs=1,
+        noise_multiplier=1e-6,
+        clip_norm=1.0,
+        lr=0.1,
+    )
     present = canary_outputs(config, workload, present=True, canary=canary, seed=5)
     absent = canary_outputs(config, workload, present=False, canary=canary, seed=5)
     assert present.shape == (16,)
@@ -119,42 +162,74 @@ def test_partially_informed_canaries_count_plus_one_minus_one_and_zero(digits):
 
 
 def test_dpsgd_audit_runs_end_to_end(digits):
-    result = audit_dpsgd(DpsgdAudit(threat_model="natural", observations=8, dataset_size=64, batch_size=16, progress=False))
+    result = audit_dpsgd(
+        DpsgdAudit(threat_model="natural", observations=8, dataset_size=64, batch_size=16, progress=False)
+    )
     assert result.audit == "dpsgd-natural" and result.observations == 8 and result.epsilon_emp >= 0
 
 
 def test_dpsgd_audit_trains_with_the_sampler_options_and_the_claim_it_is_given():
-    dropped = audit_dpsgd(DpsgdAudit(
-        threat_model="natural", sampler="shuffle", observations=4, dataset_size=70, batch_size=16, progress=False,
-        sampler_options={"last_batch": "drop"}, epsilon_claimed=3.5, claim_basis="ledger",
-    ))
+    dropped = audit_dpsgd(
+        DpsgdAudit(
+            threat_model="natural",
+            sampler="shuffle",
+            observations=4,
+            dataset_size=70,
+            batch_size=16,
+            progress=False,
+            sampler_options={"last_batch": "drop"},
+            epsilon_claimed=3.5,
+            claim_basis="ledger",
+        )
+    )
     assert dropped.setting["steps"] == 4 and dropped.setting["sampler_options"] == {"last_batch": "drop"}
     assert dropped.epsilon_claimed == 3.5 and dropped.claim_basis == "ledger"
-    kept = audit_dpsgd(DpsgdAudit(threat_model="natural", sampler="shuffle", observations=4, dataset_size=70, batch_size=16,
-                                  progress=False))
+    kept = audit_dpsgd(
+        DpsgdAudit(
+            threat_model="natural", sampler="shuffle", observations=4, dataset_size=70, batch_size=16, progress=False
+        )
+    )
     assert kept.setting["steps"] == 5 and "'poisson'" in kept.claim_basis
-    buffered = audit_dpsgd(DpsgdAudit(
-        threat_model="natural", sampler="partial-shuffle", observations=4, dataset_size=64, batch_size=16,
-        progress=False, sampler_options={"buffer_size": 8},
-    ))
+    buffered = audit_dpsgd(
+        DpsgdAudit(
+            threat_model="natural",
+            sampler="partial-shuffle",
+            observations=4,
+            dataset_size=64,
+            batch_size=16,
+            progress=False,
+            sampler_options={"buffer_size": 8},
+        )
+    )
     assert buffered.setting["steps"] == 4
-    padded = audit_dpsgd(DpsgdAudit(  # no closed-form placement: scored by the record's memberships in pilot runs
-        threat_model="partially-informed", sampler="balls-in-bins", observations=4, dataset_size=64, batch_size=16,
-        progress=False, sampler_options={"pad_truncate": True},
-    ))
+    padded = audit_dpsgd(
+        DpsgdAudit(  # no closed-form placement: scored by the record's memberships in pilot runs
+            threat_model="partially-informed",
+            sampler="balls-in-bins",
+            observations=4,
+            dataset_size=64,
+            batch_size=16,
+            progress=False,
+            sampler_options={"pad_truncate": True},
+        )
+    )
     assert padded.setting["sampler_options"] == {"pad_truncate": True} and padded.epsilon_emp >= 0
 
 
 def test_stage_dpsgd_audit_uses_the_schedule_options_and_the_ledger_claim(tmp_path, repo_root):
     folder = tmp_path / "artifacts" / "calibration"
     folder.mkdir(parents=True, exist_ok=True)
-    seal_record(folder, genuine_record(noise_multiplier=1.2, sampler="poisson", steps=10, batch_size=16,
-                                       dataset_size=90, epochs=2))
+    seal_record(
+        folder,
+        genuine_record(noise_multiplier=1.2, sampler="poisson", steps=10, batch_size=16, dataset_size=90, epochs=2),
+    )
     build_schedule("shuffle", dataset_size=90, batch_size=16, epochs=2, seed=0, last_batch="drop").save(
         tmp_path / "artifacts" / "schedule"
     )
     params = stage_params(repo_root, observations=2000)
-    params = params.model_copy(update={"audit": params.audit.model_copy(update={"dpsgd": True, "dpsgd_observations": 4})})
+    params = params.model_copy(
+        update={"audit": params.audit.model_copy(update={"dpsgd": True, "dpsgd_observations": 4})}
+    )
     audit_stage.run(params, tmp_path)
     dpsgd = json.loads((tmp_path / "artifacts" / "audit" / "audit.json").read_text())["dpsgd"]
     assert dpsgd["setting"]["sampler_options"] == {"last_batch": "drop"} and dpsgd["setting"]["steps"] == 10

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+
 from byo_helpers import text_project, tiny_lm
 from dpledger.audit.dpsgd import DpsgdAudit, canary_outputs, train_workload
 from dpledger.params import load_params
@@ -30,8 +31,15 @@ def _project(root: Path, lm: Path) -> Path:
     size = len((lm / "corpus.jsonl").read_text().splitlines())
     params = text_project(root, train_size=size - max(1, round(0.2 * size)), data=data, train=train, batch_size=16)
     raw = yaml.safe_load(params.read_text())
-    raw["audit"].update({"dpsgd": True, "dpsgd_model": "train", "dpsgd_observations": 4, "observations": 1000,
-                         "dpsgd_threat_model": "natural"})
+    raw["audit"].update(
+        {
+            "dpsgd": True,
+            "dpsgd_model": "train",
+            "dpsgd_observations": 4,
+            "observations": 1000,
+            "dpsgd_threat_model": "natural",
+        }
+    )
     params.write_text(yaml.safe_dump(raw))
     return params
 
@@ -45,8 +53,16 @@ def test_partially_informed_canaries_on_the_lm_count_plus_one_minus_one_and_zero
     numel = sum(param.numel() for param in workload.build().parameters())
     canary = torch.randn(numel, generator=torch.Generator().manual_seed(0))
     canary /= canary.norm()
-    config = DpsgdAudit(threat_model="partially-informed", sampler="shuffle", batch_size=4, epochs=1,
-                        noise_multiplier=1e-6, clip_norm=1.0, lr=0.1, dataset_size=64)
+    config = DpsgdAudit(
+        threat_model="partially-informed",
+        sampler="shuffle",
+        batch_size=4,
+        epochs=1,
+        noise_multiplier=1e-6,
+        clip_norm=1.0,
+        lr=0.1,
+        dataset_size=64,
+    )
     present = canary_outputs(config, workload, present=True, canary=canary, seed=5)
     absent = canary_outputs(config, workload, present=False, canary=canary, seed=5)
     assert present.shape == (16,)

@@ -12,18 +12,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from byo_helpers import text_project, tiny_lm, write_labelled
 from dpledger.data.text import PAD
 from dpledger.errors import ParamsError
 from dpledger.models.tasks import Task
 from dpledger.params import load_params
 from dpledger.pipeline import run_stage
-from byo_helpers import text_project, tiny_lm, write_labelled
 from test_train_helpers import make_project
 
 
 def make_mlp(input_shape, num_classes, hidden=16):
     """A plugin model factory (train.model: test_byo_models:make_mlp)."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), hidden), nn.Tanh(), nn.Linear(hidden, num_classes))
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(math.prod(input_shape), hidden), nn.Tanh(), nn.Linear(hidden, num_classes)
+    )
 
 
 def not_a_module(input_shape, num_classes):
@@ -36,10 +38,22 @@ def lm(tmp_path_factory) -> Path:
 
 
 def _lm_project(root: Path, lm: Path, data: dict | None = None, **train) -> Path:
-    data = {"name": "text", "path": str(lm / "corpus.jsonl"), "tokenizer": str(lm / "model"), "max_length": 32,
-            **(data or {})}
-    options = {"model": "hf", "task": "causal-lm", "model_options": {"path": str(lm / "model")}, "lr": 0.003,
-               "optimizer": "adam", "checkpoint_every": 1, **train}
+    data = {
+        "name": "text",
+        "path": str(lm / "corpus.jsonl"),
+        "tokenizer": str(lm / "model"),
+        "max_length": 32,
+        **(data or {}),
+    }
+    options = {
+        "model": "hf",
+        "task": "causal-lm",
+        "model_options": {"path": str(lm / "model")},
+        "lr": 0.003,
+        "optimizer": "adam",
+        "checkpoint_every": 1,
+        **train,
+    }
     size = len((lm / "corpus.jsonl").read_text().splitlines())
     return text_project(root, train_size=size - max(1, round(0.2 * size)), data=data, train=options)
 
@@ -58,8 +72,15 @@ def test_hf_checkpoint_with_its_tokenizer_trains_through_the_pipeline_on_text(tm
 
 def test_gpt_neox_causal_lm_from_a_config_trains_through_the_pipeline(tmp_path, lm):
     """The architecture the example used before GPT-2 (untied head, rotary positions) still trains."""
-    config = {"model_type": "gpt_neox", "num_hidden_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
-              "intermediate_size": 32, "vocab_size": 300, "max_position_embeddings": 32}
+    config = {
+        "model_type": "gpt_neox",
+        "num_hidden_layers": 1,
+        "hidden_size": 16,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "vocab_size": 300,
+        "max_position_embeddings": 32,
+    }
     params = _lm_project(tmp_path, lm, model_options={"config": config, "init": "random"})
     metrics = run_stage("train", params, tmp_path)
     assert metrics["steps_done"] == metrics["steps_total"] > 0 and math.isfinite(metrics["test_perplexity"])
@@ -78,8 +99,11 @@ def test_lm_example_trains_on_cuda_in_bf16(tmp_path, lm):
     assert math.isfinite(cuda["test_loss"]) and not cuda["loss_diverged"] and cuda["nonfinite_examples"] == 0
     assert cuda["test_perplexity"] == pytest.approx(cpu["test_perplexity"], rel=0.25)
     state = torch.load(tmp_path / "cuda/artifacts/train/model.pt")
-    assert all(value.device.type == "cuda" and value.dtype == torch.float32 for value in state.values()
-               if value.is_floating_point())
+    assert all(
+        value.device.type == "cuda" and value.dtype == torch.float32
+        for value in state.values()
+        if value.is_floating_point()
+    )
 
 
 def test_causal_lm_loss_is_the_mean_over_real_next_tokens():
@@ -92,7 +116,9 @@ def test_causal_lm_loss_is_the_mean_over_real_next_tokens():
 
 
 def test_plugin_model_trains_on_images(tmp_path):
-    params = make_project(tmp_path, epochs=1, train={"model": "test_byo_models:make_mlp", "model_options": {"hidden": 8}})
+    params = make_project(
+        tmp_path, epochs=1, train={"model": "test_byo_models:make_mlp", "model_options": {"hidden": 8}}
+    )
     metrics = run_stage("train", params, tmp_path)
     assert metrics["steps_done"] == 22 and metrics["test_accuracy"] > 0.3
 
@@ -109,10 +135,16 @@ def test_bad_hf_or_text_input_is_one_line_and_writes_nothing(tmp_path, lm, case)
     empty = tmp_path / "data" / "empty"
     empty.mkdir(parents=True)
     edits = {
-        "no-model-dir": ({}, {"model_options": {"path": str(tmp_path / "nowhere")}},
-                         r"train.model_options.path .*no such folder"),
-        "not-a-checkpoint": ({}, {"model_options": {"path": str(empty)}},
-                             r"train.model_options.path .*not a transformers checkpoint \(no config.json"),
+        "no-model-dir": (
+            {},
+            {"model_options": {"path": str(tmp_path / "nowhere")}},
+            r"train.model_options.path .*no such folder",
+        ),
+        "not-a-checkpoint": (
+            {},
+            {"model_options": {"path": str(empty)}},
+            r"train.model_options.path .*not a transformers checkpoint \(no config.json",
+        ),
         "no-tokenizer": ({"tokenizer": str(empty)}, {}, r"data.tokenizer .*not a transformers tokenizer"),
         "no-field": ({"text_field": "body"}, {}, r"data.text_field = 'body' is invalid: record 1 .* has no such field"),
         "task": ({}, {"task": "sequence-classification"}, r"data.label_field is invalid"),
@@ -122,23 +154,47 @@ def test_bad_hf_or_text_input_is_one_line_and_writes_nothing(tmp_path, lm, case)
 
 
 def test_labels_outside_the_model_classes_are_refused(tmp_path, lm):
-    data = {"name": "text", "path": str(write_labelled(tmp_path / "labelled.jsonl", [0, 1, 2, 3] * 10)),
-            "tokenizer": str(lm / "model"), "max_length": 16}
-    config = {"model_type": "gpt_neox", "num_hidden_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
-              "intermediate_size": 32, "vocab_size": 300, "num_labels": 3, "pad_token_id": 0}
-    params = text_project(tmp_path, train_size=32, data=data, train={
-        "model": "hf", "task": "sequence-classification", "model_options": {"config": config, "init": "random"}})
+    data = {
+        "name": "text",
+        "path": str(write_labelled(tmp_path / "labelled.jsonl", [0, 1, 2, 3] * 10)),
+        "tokenizer": str(lm / "model"),
+        "max_length": 16,
+    }
+    config = {
+        "model_type": "gpt_neox",
+        "num_hidden_layers": 1,
+        "hidden_size": 16,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "vocab_size": 300,
+        "num_labels": 3,
+        "pad_token_id": 0,
+    }
+    params = text_project(
+        tmp_path,
+        train_size=32,
+        data=data,
+        train={"model": "hf", "task": "sequence-classification", "model_options": {"config": config, "init": "random"}},
+    )
     _refused(tmp_path, params, r"labels reach 3 but .* has 3 classes")
 
 
 def test_a_task_the_model_has_no_head_for_is_refused(tmp_path, lm):
     params = make_project(tmp_path, epochs=1, train={"model": "hf", "model_options": {"path": str(lm / "model")}})
-    _refused(tmp_path, params, r"train.task = 'classification' is invalid for the GPT2Config model .* no image-classification head")
+    _refused(
+        tmp_path,
+        params,
+        r"train.task = 'classification' is invalid for the GPT2Config model .* no image-classification head",
+    )
 
 
 def test_plugin_that_returns_no_module_is_refused(tmp_path):
     params = make_project(tmp_path, epochs=1, train={"model": "test_byo_models:not_a_module"})
-    _refused(tmp_path, params, r"train.model = 'test_byo_models:not_a_module' is invalid: it returned str, not a torch.nn.Module")
+    _refused(
+        tmp_path,
+        params,
+        r"train.model = 'test_byo_models:not_a_module' is invalid: it returned str, not a torch.nn.Module",
+    )
 
 
 def test_missing_plugin_module_uses_the_sampler_plugin_messages(tmp_path):
@@ -146,10 +202,13 @@ def test_missing_plugin_module_uses_the_sampler_plugin_messages(tmp_path):
     _refused(tmp_path, params, r"train.model = 'no_such_module_18:build' is invalid: cannot import module")
 
 
-@pytest.mark.parametrize("key, value, match", [
-    ("max_length", 0, r"params: data.max_length = 0 is invalid"),
-    ("max_length", -3, r"params: data.max_length = -3 is invalid"),
-])
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("max_length", 0, r"params: data.max_length = 0 is invalid"),
+        ("max_length", -3, r"params: data.max_length = -3 is invalid"),
+    ],
+)
 def test_non_positive_max_length_is_refused_by_the_schema(tmp_path, key, value, match):
     params = make_project(tmp_path, epochs=1)
     raw = params.read_text().replace("max_length: 128", f"{key}: {value}")
@@ -160,7 +219,9 @@ def test_non_positive_max_length_is_refused_by_the_schema(tmp_path, key, value, 
 
 def test_unknown_model_name_is_refused_by_the_schema(tmp_path):
     params = make_project(tmp_path, epochs=1, train={"model": "resnet"})
-    with pytest.raises(ParamsError, match=r"train.model = 'resnet' is invalid: allowed values are mlp, cnn, transformer, hf"):
+    with pytest.raises(
+        ParamsError, match=r"train.model = 'resnet' is invalid: allowed values are mlp, cnn, transformer, hf"
+    ):
         load_params(params)
 
 
@@ -201,7 +262,9 @@ def test_kill_9_lm_run_then_rerun_ends_with_the_same_ledger(tmp_path, lm):
     subprocess.run(command, cwd=killed, env=env, check=True, stderr=subprocess.DEVNULL)
     run_stage("train", clean / "params.yaml", clean)
     ledgers = [json.loads((root / "artifacts/train/ledger.json").read_text()) for root in (killed, clean)]
-    assert {k: v for k, v in ledgers[0].items() if k != "fingerprint"} == {k: v for k, v in ledgers[1].items() if k != "fingerprint"}
+    assert {k: v for k, v in ledgers[0].items() if k != "fingerprint"} == {
+        k: v for k, v in ledgers[1].items() if k != "fingerprint"
+    }
     models = [torch.load(root / "artifacts/train/model.pt") for root in (killed, clean)]
     for name in models[1]:
         assert torch.equal(models[0][name], models[1][name]), name
@@ -219,7 +282,7 @@ def test_makefile_overrides_and_the_example_params_file_agree():
     base = yaml.safe_load((REPO / "params.yaml").read_text())
     example = yaml.safe_load((REPO / "examples/lm/params.yaml").read_text())
     makefile = (REPO / "Makefile").read_text()
-    overrides = re.findall(r"-S '?([\w.-]+:)?\+?([\w.]+)=([^' \\\n]+)'?", makefile[makefile.index("LM_SET"):])
+    overrides = re.findall(r"-S '?([\w.-]+:)?\+?([\w.]+)=([^' \\\n]+)'?", makefile[makefile.index("LM_SET") :])
     data_dir = None
     for file, key, value in overrides:  # `+key` adds a key inside a mapping (hydra)
         if file:

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from dpledger.pipeline.report import run
 from test_report_fixtures import _png, fabricate_project, report_params
 
@@ -33,13 +34,15 @@ def test_headline_shows_perplexity_and_the_report_holds_its_curves_beside_the_ep
     root = _lm_project(tmp_path)
     run(report_params(), root)
     markdown = (root / "reports/report.md").read_text()
-    headline = markdown[markdown.index("## Headline"):].split("\n\n")[1]
+    headline = markdown[markdown.index("## Headline") :].split("\n\n")[1]
     assert "| **Test perplexity** | **123.5** |" in headline and "train perplexity 118.2" in headline
     assert "Test accuracy" not in headline
     assert "on train.model = 'hf' (causal-lm): " in headline  # which model the implementation tests trained
     html = (root / "reports/report.html").read_text()
     for stage, name in (("train", "loss"), ("train", "perplexity"), ("calibrate", "epsilon_vs_step")):
-        assert f"figures/{stage}-{name}.png" in markdown and (root / f"reports/figures/{stage}-{name}.png").stat().st_size
+        assert (
+            f"figures/{stage}-{name}.png" in markdown and (root / f"reports/figures/{stage}-{name}.png").stat().st_size
+        )
         assert f'alt="{name.replace("_", " ").capitalize().replace("Epsilon", "ε")}"' in html
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
 from byo_helpers import text_project, tiny_lm
 from dpledger.data import load_data
 from dpledger.engine import train_consecutive
@@ -44,8 +45,17 @@ def uncalibrated_noise(model, inputs, targets, **settings):
     train_consecutive(model, inputs, targets, clip_norm=clip_norm, noise_multiplier=noise / clip_norm, **settings)
 
 
-TINY_GPT2 = {"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 32, "vocab_size": 300,
-             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+TINY_GPT2 = {
+    "model_type": "gpt2",
+    "n_layer": 1,
+    "n_embd": 16,
+    "n_head": 2,
+    "n_positions": 32,
+    "vocab_size": 300,
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+}
 
 
 def _project(root: Path, lm: Path, **verify) -> Path:
@@ -78,8 +88,13 @@ def test_the_battery_passes_the_engine_on_the_train_stages_lm(tmp_path, lm):
     assert details["heuristics"]["probe_gradient_norm"] >= 10
 
 
-@pytest.mark.parametrize("trainer, caught", [("never_clips", {"t1_no_clipping", "sensitivity"}),
-                                             ("uncalibrated_noise", {"t3_noise_calibration", "noise_scale"})])
+@pytest.mark.parametrize(
+    "trainer, caught",
+    [
+        ("never_clips", {"t1_no_clipping", "sensitivity"}),
+        ("uncalibrated_noise", {"t3_noise_calibration", "noise_scale"}),
+    ],
+)
 def test_a_broken_engine_fails_the_tests_meant_for_its_bug_on_the_lm(tmp_path, lm, trainer, caught):
     params = _project(tmp_path, lm, model="train", trainer=f"test_byo_verify:{trainer}", fail_pipeline=False)
     metrics = run_stage("verify", params, tmp_path)
@@ -95,8 +110,12 @@ def test_weighted_task_loss_is_weight_times_the_naive_token_loss_and_zero_weight
     logits = battery.model(ids)
     weights = torch.tensor([0.5, 3.0])
     targets = torch.cat([ids.double(), weights[:, None].double()], 1).float()
-    naive = torch.stack([torch.nn.functional.cross_entropy(logits[i, :-1][ids[i, 1:] >= 0], ids[i, 1:][ids[i, 1:] >= 0])
-                         for i in range(2)])
+    naive = torch.stack(
+        [
+            torch.nn.functional.cross_entropy(logits[i, :-1][ids[i, 1:] >= 0], ids[i, 1:][ids[i, 1:] >= 0])
+            for i in range(2)
+        ]
+    )
     torch.testing.assert_close(WeightedTaskLoss(task)(logits, targets), weights * naive)
     zero_inputs, zero_targets = battery.zero_rows(3)
     assert torch.all(per_example_gradient_norms(battery.model, zero_inputs, zero_targets, battery.loss_fn) == 0)
@@ -104,7 +123,11 @@ def test_weighted_task_loss_is_weight_times_the_naive_token_loss_and_zero_weight
 
 
 def test_model_train_with_an_external_command_is_refused(tmp_path, lm):
-    params = _project(tmp_path, lm, model="train", command="python train.py {init} {data} {out} {clip_norm} "
-                      "{noise_multiplier} {batch_size} {steps} {lr} {seed}")
+    params = _project(
+        tmp_path,
+        lm,
+        model="train",
+        command="python train.py {init} {data} {out} {clip_norm} {noise_multiplier} {batch_size} {steps} {lr} {seed}",
+    )
     with pytest.raises(ParamsError, match=r"verify.model = 'train' is invalid: an external verify.command"):
         load_params(params)

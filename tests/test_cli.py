@@ -39,7 +39,6 @@ def test_unknown_stage_is_one_line_and_exit_code_2():
     ]
 
 
-
 def _invoke(*args: str):
     """Run the app in-process (the console script's `main` turns a DpledgerError into one line and exit 2)."""
     from typer.testing import CliRunner
@@ -66,8 +65,21 @@ def test_audit_bgm_refuses_a_non_finite_or_negative_claim(value):
     from dpledger.errors import ParamsError
 
     # nan gave verdict "consistent" and printed NaN (not JSON) with --json
-    result = _invoke("audit", "bgm", "--sampler", "poisson", "--steps", "10", "--noise-multiplier", "1",
-                     "--observations", "100", "--epsilon-claimed", value, "--json")
+    result = _invoke(
+        "audit",
+        "bgm",
+        "--sampler",
+        "poisson",
+        "--steps",
+        "10",
+        "--noise-multiplier",
+        "1",
+        "--observations",
+        "100",
+        "--epsilon-claimed",
+        value,
+        "--json",
+    )
     assert isinstance(result.exception, ParamsError) and result.stdout == ""
     assert str(result.exception).startswith("--epsilon-claimed = ") and "finite number > 0" in str(result.exception)
 
@@ -77,8 +89,20 @@ def test_audit_bgm_refuses_a_non_finite_or_negative_claim(value):
     [
         ["audit", "selfcheck", "--seed", "-1"],
         ["audit", "dpsgd", "--seed", str(2**64)],
-        ["audit", "bgm", "--sampler", "poisson", "--steps", "10", "--noise-multiplier", "1", "--observations", "100",
-         "--seed", str(2**64)],
+        [
+            "audit",
+            "bgm",
+            "--sampler",
+            "poisson",
+            "--steps",
+            "10",
+            "--noise-multiplier",
+            "1",
+            "--observations",
+            "100",
+            "--seed",
+            str(2**64),
+        ],
         ["verify", "--seed", str(2**64 - 1)],
     ],
 )

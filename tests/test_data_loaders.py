@@ -105,8 +105,13 @@ def test_npz_uint8_images_are_scaled_and_get_a_channel_axis_like_mnist(tmp_path)
     rng = np.random.default_rng(5)
     x_train = rng.integers(0, 256, size=(6, 28, 28), dtype=np.uint8)
     x_test = rng.integers(0, 256, size=(2, 28, 28), dtype=np.uint8)
-    np.savez(tmp_path / "mnist.npz", x_train=x_train, y_train=np.arange(6, dtype=np.uint8), x_test=x_test,
-             y_test=np.array([1, 9], dtype=np.uint8))
+    np.savez(
+        tmp_path / "mnist.npz",
+        x_train=x_train,
+        y_train=np.arange(6, dtype=np.uint8),
+        x_test=x_test,
+        y_test=np.array([1, 9], dtype=np.uint8),
+    )
     data = load_dataset("npz", str(tmp_path / "mnist.npz"), 0.2, seed=0)
     assert data.x_train.shape == (6, 1, 28, 28) and data.x_test.shape == (2, 1, 28, 28)
     assert data.x_train.dtype == np.float32 and data.x_train.max() <= 1.0
@@ -124,10 +129,14 @@ def test_npz_uint8_images_are_scaled_and_get_a_channel_axis_like_mnist(tmp_path)
         ({"x": np.ones((5, 3)), "y": np.arange(4)}, "labels of shape"),  # 5 inputs, 4 labels
         ({"x": np.ones((4, 3)), "y": np.array([0.0, 1.5, 2.0, 1.0])}, "integer class indices"),
         ({"x": np.ones((4, 3)), "y": np.array([0, -1, 2, 1])}, "integer class indices"),
-        ({"x_train": np.ones((4, 3)), "y_train": np.arange(3), "x_test": np.ones((2, 3)), "y_test": np.arange(2)},
-         "labels of shape"),
-        ({"x_train": np.ones((4, 3)), "y_train": np.arange(4), "x_test": np.ones((2, 5)), "y_test": np.arange(2)},
-         "x_test"),
+        (
+            {"x_train": np.ones((4, 3)), "y_train": np.arange(3), "x_test": np.ones((2, 3)), "y_test": np.arange(2)},
+            "labels of shape",
+        ),
+        (
+            {"x_train": np.ones((4, 3)), "y_train": np.arange(4), "x_test": np.ones((2, 5)), "y_test": np.arange(2)},
+            "x_test",
+        ),
     ],
 )
 def test_npz_with_bad_labels_or_shapes_is_one_clear_error(tmp_path, arrays, message):

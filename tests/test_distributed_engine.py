@@ -12,6 +12,8 @@ import copy
 
 import pytest
 import torch
+from torch import nn
+
 from dpledger.engine import BKEngine
 from dpledger.engine.consecutive import train_consecutive
 from dpledger.engine.distributed import GroupSum, share_bounds
@@ -20,7 +22,6 @@ from dpledger.mechanisms import banded_params
 from dpledger.pipeline.distributed import spawn_ranks
 from dpledger.verify import distributed_trainer
 from dpledger.verify.task import make_task, weighted_half_mse
-from torch import nn
 
 CPU = torch.device("cpu")
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)
@@ -36,12 +37,21 @@ def _data() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 def _released_sums(mechanism: str, canary_scale: float, steps: int, ranks=None) -> list[torch.Tensor]:
     """Every step's released noisy sum g̃ of an engine fed this rank's share (all rows without a group)."""
     model, x, y = _data()
-    kwargs = dict(mechanism="banded", mechanism_params=banded_params(3), num_steps=steps) if mechanism == "banded" else {}
+    kwargs = (
+        dict(mechanism="banded", mechanism_params=banded_params(3), num_steps=steps) if mechanism == "banded" else {}
+    )
     group = None if ranks is None else ranks.group
-    engine = BKEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), clip_norm=0.5, noise_multiplier=0.7,
-                      normalizer=BATCH, seed=3, process_group=group,
-                      canary_hook=lambda t: [torch.full_like(p, canary_scale * (t + 1)) for p in model.parameters()],
-                      **kwargs)
+    engine = BKEngine(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        clip_norm=0.5,
+        noise_multiplier=0.7,
+        normalizer=BATCH,
+        seed=3,
+        process_group=group,
+        canary_hook=lambda t: [torch.full_like(p, canary_scale * (t + 1)) for p in model.parameters()],
+        **kwargs,
+    )
     lo, hi = (0, BATCH) if ranks is None else share_bounds(BATCH, ranks.rank, ranks.world_size)
     sums = []
     for step in range(steps):
@@ -59,8 +69,14 @@ def _rank_checks(ranks) -> dict[str, object]:
     mechanisms, and the refusal of ranks whose models differ."""
     outcome: dict[str, object] = {m: _released_sums(m, 0.25, 4, ranks) for m in ("identity", "banded")}
     try:
-        BKEngine(nn.Linear(4, 2 + ranks.rank), None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0,
-                 process_group=ranks.group)
+        BKEngine(
+            nn.Linear(4, 2 + ranks.rank),
+            None,
+            clip_norm=1.0,
+            noise_multiplier=1.0,
+            normalizer=1.0,
+            process_group=ranks.group,
+        )
     except DpledgerError as error:
         outcome["different_models"] = str(error)
     return outcome
@@ -98,8 +114,15 @@ def test_shares_are_disjoint_and_cover_every_batch_size():
 def test_distributed_protocol_trainer_matches_the_single_process_engine(noise_multiplier, batch_size):
     # batch_size 1 leaves rank 0 empty at every step (shares [0, 0) and [0, 1)); 5 splits 2 + 3
     task = make_task(0)
-    settings = dict(loss_fn=weighted_half_mse, clip_norm=0.05, noise_multiplier=noise_multiplier,
-                    batch_size=batch_size, steps=4, lr=0.5, seed=11)
+    settings = dict(
+        loss_fn=weighted_half_mse,
+        clip_norm=0.05,
+        noise_multiplier=noise_multiplier,
+        batch_size=batch_size,
+        steps=4,
+        lr=0.5,
+        seed=11,
+    )
     inputs, targets = task.ordinary_rows(0, 4 * batch_size)
     alone, ranked = copy.deepcopy(task.model), copy.deepcopy(task.model)
     train_consecutive(alone, inputs, targets, **settings)

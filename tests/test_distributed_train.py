@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from dpledger.pipeline import run_stage
 from dpledger.sampling.schedule import Schedule
 from test_train_helpers import TRAIN_SIZE, make_project
@@ -31,9 +32,16 @@ def _uneven_schedule() -> Schedule:
     rng = np.random.default_rng(3)
     batches = [rng.choice(TRAIN_SIZE, size, replace=False) for size in SIZES]
     offsets = np.concatenate([[0], np.cumsum(SIZES)])
-    return Schedule(indices=np.concatenate(batches), offsets=offsets, padding=np.zeros(sum(SIZES), bool),
-                    sampler="poisson", sampler_params={"batch_size": 64, "epochs": 1}, seed=3,
-                    dataset_size=TRAIN_SIZE, steps_per_epoch=22)
+    return Schedule(
+        indices=np.concatenate(batches),
+        offsets=offsets,
+        padding=np.zeros(sum(SIZES), bool),
+        sampler="poisson",
+        sampler_params={"batch_size": 64, "epochs": 1},
+        seed=3,
+        dataset_size=TRAIN_SIZE,
+        steps_per_epoch=22,
+    )
 
 
 def _outputs(root: Path) -> tuple[dict, dict]:
@@ -54,7 +62,9 @@ def test_two_processes_train_the_single_process_model_with_the_same_noise_and_le
         metrics = run_stage("train", params, root)
         assert metrics["steps_done"] == 16
     _assert_same_run(roots[1], roots[2])
-    losses = [np.genfromtxt(root / "plots/train/loss.csv", delimiter=",", names=True)["loss"] for root in roots.values()]
+    losses = [
+        np.genfromtxt(root / "plots/train/loss.csv", delimiter=",", names=True)["loss"] for root in roots.values()
+    ]
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)  # summed over the ranks: the logical batch's loss
     assert not (roots[2] / "artifacts/train/checkpoint.pt.tmp").exists()
 

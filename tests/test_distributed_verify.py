@@ -8,6 +8,7 @@ clipping done after the all-reduce (on the sum instead of per example).
 from __future__ import annotations
 
 import pytest
+
 from dpledger.verify.battery import run_battery
 from dpledger.verify.protocol import load_trainer
 
@@ -17,8 +18,9 @@ def test_the_correct_distributed_trainer_passes_the_battery():
     assert result.passed, result.failed_tests
 
 
-@pytest.mark.parametrize("flaw,caught_by", [("noise_on_every_rank", "ks_update_distribution"),
-                                            ("clipping_after_all_reduce", "sensitivity")])
+@pytest.mark.parametrize(
+    "flaw,caught_by", [("noise_on_every_rank", "ks_update_distribution"), ("clipping_after_all_reduce", "sensitivity")]
+)
 def test_a_wrongly_built_distributed_trainer_is_caught(flaw, caught_by):
     spec = f"dpledger.verify.distributed_trainer:train_{flaw}"
     result = run_battery(load_trainer(spec), trainer_name=spec, seed=0, progress=False)

@@ -31,8 +31,9 @@ def cycle():
 print(applied, *[cycle() for _ in range(5)])
 """
 
-glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                                reason="mallopt is glibc's")
+glibc_only = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's"
+)
 
 
 def _faults_per_cycle(mode: str) -> tuple[str, list[int]]:
@@ -46,8 +47,8 @@ def test_freed_memory_is_reused_without_page_faults():
     applied, retained = _faults_per_cycle("retain")
     _, default = _faults_per_cycle("default")
     assert applied == "True"
-    assert min(default[2:]) > 30_000    # glibc trims the 160 MiB and faults its 40 960 pages in every cycle
-    assert max(retained[1:]) < 256      # after the first cycle the same blocks come back from the kept heap
+    assert min(default[2:]) > 30_000  # glibc trims the 160 MiB and faults its 40 960 pages in every cycle
+    assert max(retained[1:]) < 256  # after the first cycle the same blocks come back from the kept heap
 
 
 def test_returns_false_off_glibc(monkeypatch):

@@ -9,7 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from dpledger.engine import BKEngine, NoiseSource, ReferenceTrainer, UnsupportedLayerError, make_optimizer, train_consecutive
+from dpledger.engine import (
+    BKEngine,
+    NoiseSource,
+    ReferenceTrainer,
+    UnsupportedLayerError,
+    make_optimizer,
+    train_consecutive,
+)
 from dpledger.errors import ParamsError
 from dpledger.models import build_model
 from test_engine_helpers import bk_clipped_sum, cross_entropy, naive_clipped_sum, relative_error
@@ -17,20 +24,33 @@ from test_engine_helpers import bk_clipped_sum, cross_entropy, naive_clipped_sum
 
 def _data(shape=(1, 8, 8), n=24, classes=4, seed=0):
     generator = torch.Generator().manual_seed(seed)
-    return torch.rand(n, *shape, generator=generator, dtype=torch.float64), torch.randint(0, classes, (n,), generator=generator)
+    return torch.rand(n, *shape, generator=generator, dtype=torch.float64), torch.randint(
+        0, classes, (n,), generator=generator
+    )
 
 
-@pytest.mark.parametrize("name,optimizer,sigma", [
-    ("mlp", "sgd", 0.0), ("cnn", "momentum", 0.0), ("transformer", "adam", 0.0), ("mlp", "adam", 1.3),
-])
+@pytest.mark.parametrize(
+    "name,optimizer,sigma",
+    [
+        ("mlp", "sgd", 0.0),
+        ("cnn", "momentum", 0.0),
+        ("transformer", "adam", 0.0),
+        ("mlp", "adam", 1.3),
+    ],
+)
 def test_bk_training_equals_reference_trainer_step_for_step(name, optimizer, sigma):
     torch.manual_seed(0)
     model = build_model(name, (1, 8, 8), 4, **({"dim": 16, "depth": 1} if name == "transformer" else {})).double()
     twin = copy.deepcopy(model)
     x, y = _data()
-    opt_bk, opt_ref = make_optimizer(optimizer, model.parameters(), 0.05), make_optimizer(optimizer, twin.parameters(), 0.05)
+    opt_bk, opt_ref = (
+        make_optimizer(optimizer, model.parameters(), 0.05),
+        make_optimizer(optimizer, twin.parameters(), 0.05),
+    )
     engine = BKEngine(model, opt_bk, clip_norm=0.3, noise_multiplier=sigma, normalizer=8, seed=5)
-    reference = ReferenceTrainer(twin, opt_ref, loss_fn=cross_entropy, clip_norm=0.3, noise_multiplier=sigma, normalizer=8, seed=5)
+    reference = ReferenceTrainer(
+        twin, opt_ref, loss_fn=cross_entropy, clip_norm=0.3, noise_multiplier=sigma, normalizer=8, seed=5
+    )
     for step in range(3):
         rows = slice(8 * step, 8 * step + 8)
         engine.private_step(cross_entropy(model(x[rows]), y[rows]))
@@ -45,7 +65,9 @@ def test_train_consecutive_applies_the_documented_update():
     model = nn.Linear(3, 2).double()
     start = copy.deepcopy(model)
     x, y = torch.randn(5, 3, dtype=torch.float64), torch.randint(0, 2, (5,))
-    train_consecutive(model, x, y, loss_fn=cross_entropy, clip_norm=0.7, noise_multiplier=2.0, batch_size=4, steps=2, lr=0.1, seed=9)
+    train_consecutive(
+        model, x, y, loss_fn=cross_entropy, clip_norm=0.7, noise_multiplier=2.0, batch_size=4, steps=2, lr=0.1, seed=9
+    )
     expected = copy.deepcopy(start)
     noise = NoiseSource(sum(p.numel() for p in start.parameters()), seed=9, dtype=torch.float64)
     for step, rows in enumerate([[0, 1, 2, 3], [4, 0, 1, 2]]):
@@ -54,7 +76,7 @@ def test_train_consecutive_applies_the_documented_update():
         with torch.no_grad():
             offset = 0
             for name, p in expected.named_parameters():
-                p -= 0.1 * (sums[name] + 2.0 * 0.7 * z[offset:offset + p.numel()].view_as(p)) / 4
+                p -= 0.1 * (sums[name] + 2.0 * 0.7 * z[offset : offset + p.numel()].view_as(p)) / 4
                 offset += p.numel()
     for p, q in zip(model.parameters(), expected.parameters()):
         assert torch.allclose(p, q, rtol=1e-12, atol=1e-14)
@@ -146,7 +168,7 @@ def test_other_noise_is_drawn_in_fixed_seeded_chunks_whatever_the_thread_count()
     for k, seed in enumerate(seeds):
         size = min(NOISE_CHUNK, numel - k * NOISE_CHUNK)
         expected = torch.empty(size, dtype=torch.float64).normal_(generator=torch.Generator().manual_seed(seed))
-        assert torch.equal(serial[k * NOISE_CHUNK:(k + 1) * NOISE_CHUNK], expected)
+        assert torch.equal(serial[k * NOISE_CHUNK : (k + 1) * NOISE_CHUNK], expected)
     assert len(set(seeds)) == 3 and chunk_seeds(3, 7, 1) == seeds[:1] and chunk_seeds(3, 8, 1) != seeds[:1]
 
 
@@ -179,8 +201,17 @@ def test_correlated_noise_follows_the_mechanism_stream_and_replays_on_resume():
 
     model = nn.Linear(30, 10)
     params = banded_params(3)
-    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0, seed=4, mechanism="banded",
-                      mechanism_params=params, num_steps=5)
+    engine = BKEngine(
+        model,
+        None,
+        clip_norm=1.0,
+        noise_multiplier=1.0,
+        normalizer=1.0,
+        seed=4,
+        mechanism="banded",
+        mechanism_params=params,
+        num_steps=5,
+    )
     identity = NoiseSource(310, seed=4)  # the engine transforms its own i.i.d. rows z_t by C⁻¹
     expected = list(noise_stream("banded", params, 5, 310, normals=lambda t: identity.draw(t).clone()))
     got = []
@@ -202,10 +233,13 @@ def test_secure_noise_is_standard_normal_and_refuses_correlated_mechanisms():
         NoiseSource(10, seed=0, secure=True, mechanism="banded", num_steps=3)
 
 
-@pytest.mark.parametrize("model,named", [
-    (lambda: nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)), "1.weight"),
-    (lambda: nn.Embedding(5, 3, sparse=True), "sparse"),
-])
+@pytest.mark.parametrize(
+    "model,named",
+    [
+        (lambda: nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)), "1.weight"),
+        (lambda: nn.Embedding(5, 3, sparse=True), "sparse"),
+    ],
+)
 def test_unsupported_trainable_parameter_stops_with_an_error_naming_it(model, named):
     with pytest.raises(UnsupportedLayerError, match=named):
         BKEngine(model(), None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0)
@@ -235,9 +269,16 @@ def test_forward_without_backward_under_no_grad_leaves_no_record():
 def test_cnn_first_layer_instantiates_and_deeper_layers_use_ghost_norm_with_less_workspace():
     torch.manual_seed(5)
     model = nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.Tanh(), nn.MaxPool2d(4),
-        nn.Conv2d(4, 32, 3, padding=1), nn.Tanh(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 32, 3, padding=1), nn.Flatten(), nn.Linear(32 * 4 * 4, 3),
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.GroupNorm(2, 4),
+        nn.Tanh(),
+        nn.MaxPool2d(4),
+        nn.Conv2d(4, 32, 3, padding=1),
+        nn.Tanh(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 32, 3, padding=1),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 3),
     ).double()
     x, y = torch.rand(4, 3, 32, 32, dtype=torch.float64), torch.randint(0, 3, (4,))
     expected = naive_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.1)
@@ -245,7 +286,13 @@ def test_cnn_first_layer_instantiates_and_deeper_layers_use_ghost_norm_with_less
     assert relative_error(hybrid, expected) < 1e-10
     # 2T² vs p·d: conv 0 at 32×32: 2.1e6 > 108 and conv 4 at 8×8: 8192 > 1152 -> instantiate;
     # conv 7 at 4×4: 512 < 9216 and the Linear (T = 1): 2 < 1536 -> ghost; GroupNorm always instantiates
-    assert engine.layer_methods == {"0": "instantiate", "1": "instantiate", "4": "instantiate", "7": "ghost", "9": "ghost"}
+    assert engine.layer_methods == {
+        "0": "instantiate",
+        "1": "instantiate",
+        "4": "instantiate",
+        "7": "ghost",
+        "9": "ghost",
+    }
     _, ghost_only = bk_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.1, ghost="always")
     _, instantiate_only = bk_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.1, ghost="never")
     assert engine.last_workspace_elements < ghost_only.last_workspace_elements
@@ -296,10 +343,16 @@ def test_device_selection_refuses_missing_cuda_and_bad_options():
         autocast(torch.device("cpu"), "fp8")
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"clip_norm": 0.0}, "clip_norm"), ({"clipping": "layer"}, "clipping"), ({"noise_multiplier": -1.0}, "noise_multiplier"),
-    ({"normalizer": 0}, "normalizer"), ({"ghost": "maybe"}, "ghost"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"clip_norm": 0.0}, "clip_norm"),
+        ({"clipping": "layer"}, "clipping"),
+        ({"noise_multiplier": -1.0}, "noise_multiplier"),
+        ({"normalizer": 0}, "normalizer"),
+        ({"ghost": "maybe"}, "ghost"),
+    ],
+)
 def test_bad_engine_options_raise_one_line_errors(kwargs, match):
     options = {"clip_norm": 1.0, "noise_multiplier": 1.0, "normalizer": 1.0, **kwargs}
     with pytest.raises(ParamsError, match=match):
@@ -356,8 +409,9 @@ def test_embedding_max_norm_is_refused_because_it_renormalises_rows_from_the_dat
     7.21 and 2.73 became 0.5, the others unchanged after one step): the released weights show which tokens
     the private batch held."""
     with pytest.raises(UnsupportedLayerError, match=r"layer 0 \(Embedding\).*max_norm"):
-        BKEngine(nn.Sequential(nn.Embedding(6, 4, max_norm=0.5)), None, clip_norm=1.0, noise_multiplier=1.0,
-                 normalizer=1.0)
+        BKEngine(
+            nn.Sequential(nn.Embedding(6, 4, max_norm=0.5)), None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0
+        )
     frozen = nn.Sequential(nn.Embedding(6, 4, max_norm=0.5), nn.Flatten(), nn.Linear(8, 2))
     frozen[0].requires_grad_(False)
     BKEngine(frozen, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0)
@@ -377,8 +431,9 @@ def test_instance_norm_that_tracks_running_statistics_is_refused():
     x, y = torch.randn(5, 1, 6, 6, dtype=torch.float64) + 5, torch.randint(0, 2, (5,))
 
     def build(track):
-        return nn.Sequential(nn.Conv2d(1, 2, 3), nn.InstanceNorm2d(2, track_running_stats=track), nn.Flatten(),
-                             nn.Linear(2 * 4 * 4, 2)).double()
+        return nn.Sequential(
+            nn.Conv2d(1, 2, 3), nn.InstanceNorm2d(2, track_running_stats=track), nn.Flatten(), nn.Linear(2 * 4 * 4, 2)
+        ).double()
 
     model = build(True)
     BKEngine(model, None, clip_norm=0.1, noise_multiplier=0.0, normalizer=1.0)

@@ -12,8 +12,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 from dpledger.engine import BKEngine, UnsupportedLayerError, replace_batchnorm
-from test_engine_helpers import (check_every_parameter, compare, cross_entropy, naive_clipped_sum, relative_error,
-                                 sum_loss)
+from test_engine_helpers import (
+    check_every_parameter,
+    compare,
+    cross_entropy,
+    naive_clipped_sum,
+    relative_error,
+    sum_loss,
+)
 
 TOL = 1e-10
 FAST = settings(max_examples=6, deadline=None)
@@ -53,13 +59,20 @@ class _LayerScaleModel(nn.Module):
 
 
 @FAST
-@given(batch=st.integers(1, 4), steps=st.integers(1, 3), dim=st.integers(1, 4), keyword=st.booleans(),
-       ghost=st.sampled_from(["auto", "always", "never"]), seed=st.integers(0, 1000))
+@given(
+    batch=st.integers(1, 4),
+    steps=st.integers(1, 3),
+    dim=st.integers(1, 4),
+    keyword=st.booleans(),
+    ghost=st.sampled_from(["auto", "always", "never"]),
+    seed=st.integers(0, 1000),
+)
 def test_generic_rule_matches_naive_loop_and_keeps_child_rules(batch, steps, dim, keyword, ghost, seed):
     torch.manual_seed(seed)
     model = _LayerScaleModel(dim, keyword)
-    error, engine = compare(model, cross_entropy, torch.randn(batch, steps, dim), torch.randint(0, 3, (batch,)),
-                            ghost=ghost)
+    error, engine = compare(
+        model, cross_entropy, torch.randn(batch, steps, dim), torch.randint(0, 3, (batch,)), ghost=ghost
+    )
     assert error < TOL
     assert engine.layer_methods["block"] == engine.layer_methods["scaled"] == "generic"
     assert engine.layer_methods["block.inner"] in ("ghost", "instantiate")
@@ -85,8 +98,9 @@ class _Positions(nn.Module):
 @pytest.mark.parametrize("batch", [1, 3, 5])
 def test_input_broadcast_over_the_batch_gets_each_examples_own_gradient(batch, ghost):
     torch.manual_seed(batch)
-    error, engine = compare(_Positions(), cross_entropy, torch.randint(0, 9, (batch, 5)),
-                            torch.randint(0, 3, (batch,)), ghost=ghost)
+    error, engine = compare(
+        _Positions(), cross_entropy, torch.randint(0, 9, (batch, 5)), torch.randint(0, 3, (batch,)), ghost=ghost
+    )
     assert error < TOL
     assert "positions" in engine.layer_methods and "shared_proj" in engine.layer_methods
 
@@ -160,16 +174,26 @@ class _Block(nn.Module):
 
 
 def _resnet(norm=True):
-    layers = [nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4) if not norm else nn.GroupNorm(2, 4), nn.ReLU(),
-              _Block(4), nn.MaxPool2d(2), _Block(4), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)]
+    layers = [
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.BatchNorm2d(4) if not norm else nn.GroupNorm(2, 4),
+        nn.ReLU(),
+        _Block(4),
+        nn.MaxPool2d(2),
+        _Block(4),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 3),
+    ]
     return nn.Sequential(*layers)
 
 
 @pytest.mark.parametrize("clipping", ["flat", "per-layer", "automatic"])
 def test_resnet_with_group_norm_is_exact(clipping):
     torch.manual_seed(9)
-    check_every_parameter(_resnet(), cross_entropy, torch.randn(4, 3, 8, 8), torch.randint(0, 3, (4,)),
-                          clipping=clipping)
+    check_every_parameter(
+        _resnet(), cross_entropy, torch.randn(4, 3, 8, 8), torch.randint(0, 3, (4,)), clipping=clipping
+    )
 
 
 def test_batchnorm_is_refused_with_the_replace_batchnorm_fix_which_makes_the_model_trainable():
@@ -241,10 +265,13 @@ class _Dropping(nn.Module):
         return nn.functional.dropout(x, 0.5, self.training) * self.scale
 
 
-@pytest.mark.parametrize("layer,match", [
-    (_Mixer, "layer 0 \\(_Mixer\\).*mixes examples"),
-    (_Dropping, "layer 0 \\(_Dropping\\).*random operations"),
-])
+@pytest.mark.parametrize(
+    "layer,match",
+    [
+        (_Mixer, "layer 0 \\(_Mixer\\).*mixes examples"),
+        (_Dropping, "layer 0 \\(_Dropping\\).*random operations"),
+    ],
+)
 def test_generic_rule_refuses_layers_it_cannot_split_per_example_naming_them(layer, match):
     model = nn.Sequential(layer(), nn.Linear(3, 2))
     engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)

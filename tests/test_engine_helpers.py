@@ -25,7 +25,7 @@ def naive_per_example(model: nn.Module, loss_fn, inputs, targets) -> list[dict[s
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     out = []
     for i in range(inputs.shape[0]):
-        loss = loss_fn(model(inputs[i:i + 1]), targets[i:i + 1]).sum()
+        loss = loss_fn(model(inputs[i : i + 1]), targets[i : i + 1]).sum()
         grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
         out.append({n: (g if g is not None else torch.zeros_like(p)) for (n, p), g in zip(named, grads)})
     return out
@@ -49,7 +49,7 @@ def naive_clipped_sum(model, loss_fn, inputs, targets, clip_norm, *, clipping="f
                 for n in members:
                     total[n] += factor * grads[n]
             continue
-        norm = float(torch.sqrt(sum((g ** 2).sum() for g in grads.values())))
+        norm = float(torch.sqrt(sum((g**2).sum() for g in grads.values())))
         if clipping == "automatic":
             factor = clip_norm / (norm + gamma)
         else:
@@ -79,18 +79,22 @@ def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 def median_norm(model, loss_fn, inputs, targets) -> float:
     """A clip norm that clips about half of the examples (so both branches of min(1, R/‖g‖) run)."""
     per_example = naive_per_example(model, loss_fn, inputs, targets)
-    norms = [float(torch.sqrt(sum((g ** 2).sum() for g in grads.values()))) for grads in per_example]
+    norms = [float(torch.sqrt(sum((g**2).sum() for g in grads.values()))) for grads in per_example]
     return float(torch.tensor(norms).median()) + 1e-12
 
 
-def compare(model, loss_fn, inputs, targets, *, clipping="flat", weights=None, **engine_options) -> tuple[float, BKEngine]:
+def compare(
+    model, loss_fn, inputs, targets, *, clipping="flat", weights=None, **engine_options
+) -> tuple[float, BKEngine]:
     """Relative error of the BK clipped sum against the naive loop, on float64 copies of the model."""
     model = copy.deepcopy(model).double()
     inputs = inputs.double() if inputs.is_floating_point() else inputs
     targets = targets.double() if targets.is_floating_point() else targets
     clip_norm = median_norm(model, loss_fn, inputs, targets)
     expected = naive_clipped_sum(model, loss_fn, inputs, targets, clip_norm, clipping=clipping, weights=weights)
-    got, engine = bk_clipped_sum(model, loss_fn, inputs, targets, clip_norm, weights=weights, clipping=clipping, **engine_options)
+    got, engine = bk_clipped_sum(
+        model, loss_fn, inputs, targets, clip_norm, weights=weights, clipping=clipping, **engine_options
+    )
     return relative_error(got, expected), engine
 
 

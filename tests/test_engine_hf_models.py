@@ -67,40 +67,94 @@ def seq2seq_loss(logits, ids):
 
 
 def gpt2():
-    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=VOCAB, n_positions=16, n_embd=8, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
-        attn_pdrop=0.0, **TINY))
+    return transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=16,
+            n_embd=8,
+            n_layer=2,
+            n_head=2,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **TINY,
+        )
+    )
 
 
 def bert(cls_name="BertForSequenceClassification", config_name="BertConfig", **extra):
     config = getattr(transformers, config_name)(
-        vocab_size=VOCAB, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16,
-        max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3,
-        **extra, **TINY)
+        vocab_size=VOCAB,
+        hidden_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=16,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=3,
+        **extra,
+        **TINY,
+    )
     return getattr(transformers, cls_name)(config)
 
 
 def vit():
-    return transformers.ViTForImageClassification(transformers.ViTConfig(
-        image_size=8, patch_size=4, num_channels=3, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3, **TINY))
+    return transformers.ViTForImageClassification(
+        transformers.ViTConfig(
+            image_size=8,
+            patch_size=4,
+            num_channels=3,
+            hidden_size=8,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=16,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            num_labels=3,
+            **TINY,
+        )
+    )
 
 
 def llama():
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=32, **TINY))
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=8,
+            intermediate_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=32,
+            **TINY,
+        )
+    )
 
 
 def t5():
-    return transformers.T5ForConditionalGeneration(transformers.T5Config(
-        vocab_size=VOCAB, d_model=8, d_kv=4, d_ff=16, num_layers=2, num_decoder_layers=2, num_heads=2,
-        relative_attention_num_buckets=4, dropout_rate=0.0, use_cache=False, decoder_start_token_id=0, **TINY))
+    return transformers.T5ForConditionalGeneration(
+        transformers.T5Config(
+            vocab_size=VOCAB,
+            d_model=8,
+            d_kv=4,
+            d_ff=16,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_heads=2,
+            relative_attention_num_buckets=4,
+            dropout_rate=0.0,
+            use_cache=False,
+            decoder_start_token_id=0,
+            **TINY,
+        )
+    )
 
 
 def gpt2_lora():
-    config = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["c_attn", "c_fc"], lora_dropout=0.0,
-                             fan_in_fan_out=True)
+    config = peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["c_attn", "c_fc"], lora_dropout=0.0, fan_in_fan_out=True
+    )
     return peft.get_peft_model(gpt2(), config)
 
 
@@ -116,8 +170,12 @@ def _labels(seed):
 MODELS = {
     "gpt2": lambda: (_LM(gpt2()), lm_loss, _tokens(0), _tokens(0)),
     "bert": lambda: (_Classifier(bert()), class_loss, _tokens(1), _labels(1)),
-    "roberta": lambda: (_Classifier(bert("RobertaForSequenceClassification", "RobertaConfig", pad_token_id=1)),
-                        class_loss, _tokens(2), _labels(2)),
+    "roberta": lambda: (
+        _Classifier(bert("RobertaForSequenceClassification", "RobertaConfig", pad_token_id=1)),
+        class_loss,
+        _tokens(2),
+        _labels(2),
+    ),
     "vit": lambda: (_Classifier(vit()), class_loss, torch.randn(B, 3, 8, 8), _labels(3)),
     "llama": lambda: (_LM(llama()), lm_loss, _tokens(4), _tokens(4)),
     "t5": lambda: (_Seq2Seq(t5()), seq2seq_loss, _tokens(5, 2 * T), _tokens(5, 2 * T)),
@@ -166,8 +224,9 @@ def test_gpt2_is_exact_with_gradient_accumulation_over_physical_batches():
     assert relative_error(got, expected) < TOL
 
 
-@pytest.mark.parametrize("name,clipping", [("gpt2", "per-layer"), ("t5", "per-layer"), ("vit", "automatic"),
-                                           ("llama", "automatic")])
+@pytest.mark.parametrize(
+    "name,clipping", [("gpt2", "per-layer"), ("t5", "per-layer"), ("vit", "automatic"), ("llama", "automatic")]
+)
 def test_hf_models_are_exact_with_per_layer_and_automatic_clipping(name, clipping):
     model, loss_fn, inputs, targets = MODELS[name]()
     check_every_parameter(model, loss_fn, inputs, targets, clipping=clipping)
@@ -184,8 +243,14 @@ class _Conv1DModel(nn.Module):
 
 
 @settings(max_examples=8, deadline=None)
-@given(batch=st.integers(1, 4), lead=st.lists(st.integers(1, 3), max_size=2), d=st.integers(1, 5),
-       p=st.integers(1, 5), ghost=st.sampled_from(["auto", "always", "never"]), seed=st.integers(0, 1000))
+@given(
+    batch=st.integers(1, 4),
+    lead=st.lists(st.integers(1, 3), max_size=2),
+    d=st.integers(1, 5),
+    p=st.integers(1, 5),
+    ghost=st.sampled_from(["auto", "always", "never"]),
+    seed=st.integers(0, 1000),
+)
 def test_transformers_conv1d_matches_naive_loop(batch, lead, d, p, ghost, seed):
     torch.manual_seed(seed)
     model = _Conv1DModel(d, p)
@@ -199,22 +264,32 @@ def test_transformers_conv1d_matches_naive_loop(batch, lead, d, p, ghost, seed):
 
 
 def test_the_engine_imports_transformers_only_for_a_model_that_uses_it():
-    code = ("import sys, torch; from dpledger.engine import BKEngine; "
-            "BKEngine(torch.nn.Linear(2, 2), None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0); "
-            "print('transformers' in sys.modules, 'peft' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    code = (
+        "import sys, torch; from dpledger.engine import BKEngine; "
+        "BKEngine(torch.nn.Linear(2, 2), None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0); "
+        "print('transformers' in sys.modules, 'peft' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert result.stdout.split() == ["False", "False"]
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.mark.parametrize("device,dtype", [
-    ("cpu", torch.bfloat16),
-    pytest.param("cuda", torch.bfloat16, marks=[pytest.mark.gpu, CUDA]),
-    pytest.param("cuda", torch.float16, marks=[pytest.mark.gpu, CUDA]),
-])
+@pytest.mark.parametrize(
+    "device,dtype",
+    [
+        ("cpu", torch.bfloat16),
+        pytest.param("cuda", torch.bfloat16, marks=[pytest.mark.gpu, CUDA]),
+        pytest.param("cuda", torch.float16, marks=[pytest.mark.gpu, CUDA]),
+    ],
+)
 def test_gpt2_and_llama_under_half_precision_autocast_are_within_five_percent(device, dtype):
     """The forward pass in bf16/fp16 (8 or 11 mantissa bits), norms in float32: the stated tolerance is 5e-2
     relative against the float32 naive loop."""

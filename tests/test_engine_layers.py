@@ -21,8 +21,15 @@ def _targets(model, inputs):
 
 
 @FAST
-@given(batch=st.integers(1, 5), lead=st.lists(st.integers(1, 3), max_size=2), d=st.integers(1, 6),
-       p=st.integers(1, 6), bias=st.booleans(), ghost=st.sampled_from(GHOST), seed=st.integers(0, 10_000))
+@given(
+    batch=st.integers(1, 5),
+    lead=st.lists(st.integers(1, 3), max_size=2),
+    d=st.integers(1, 6),
+    p=st.integers(1, 6),
+    bias=st.booleans(),
+    ghost=st.sampled_from(GHOST),
+    seed=st.integers(0, 10_000),
+)
 def test_linear_with_leading_dimensions_matches_naive_loop(batch, lead, d, p, bias, ghost, seed):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(d, p, bias=bias), nn.Tanh(), nn.Linear(p, 2))
@@ -43,16 +50,34 @@ def test_linear_over_long_sequences_uses_symmetric_gram_blocks_exactly(steps):
 
 
 @FAST
-@given(batch=st.integers(1, 4), c_in=st.sampled_from([2, 4]), groups=st.sampled_from([1, 2]), kernel=st.integers(1, 3),
-       stride=st.integers(1, 2), padding=st.sampled_from([0, 1, "same"]), dilation=st.integers(1, 2),
-       mode=st.sampled_from(["zeros", "reflect", "circular"]), bias=st.booleans(), ghost=st.sampled_from(GHOST),
-       seed=st.integers(0, 10_000))
+@given(
+    batch=st.integers(1, 4),
+    c_in=st.sampled_from([2, 4]),
+    groups=st.sampled_from([1, 2]),
+    kernel=st.integers(1, 3),
+    stride=st.integers(1, 2),
+    padding=st.sampled_from([0, 1, "same"]),
+    dilation=st.integers(1, 2),
+    mode=st.sampled_from(["zeros", "reflect", "circular"]),
+    bias=st.booleans(),
+    ghost=st.sampled_from(GHOST),
+    seed=st.integers(0, 10_000),
+)
 def test_conv2d_matches_naive_loop(batch, c_in, groups, kernel, stride, padding, dilation, mode, bias, ghost, seed):
     if padding == "same":
         stride = 1
     torch.manual_seed(seed)
-    conv = nn.Conv2d(c_in, 2 * groups, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                     bias=bias, padding_mode=mode)
+    conv = nn.Conv2d(
+        c_in,
+        2 * groups,
+        kernel,
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+        groups=groups,
+        bias=bias,
+        padding_mode=mode,
+    )
     model = nn.Sequential(conv, nn.Tanh())
     inputs = torch.randn(batch, c_in, 7, 6)
     error, _ = compare(model, sum_loss, inputs, _targets(model, inputs), ghost=ghost)
@@ -60,11 +85,21 @@ def test_conv2d_matches_naive_loop(batch, c_in, groups, kernel, stride, padding,
 
 
 @FAST
-@given(batch=st.integers(1, 4), kernel=st.integers(1, 4), stride=st.integers(1, 3), padding=st.integers(0, 2),
-       dilation=st.integers(1, 2), groups=st.sampled_from([1, 3]), ghost=st.sampled_from(GHOST), seed=st.integers(0, 10_000))
+@given(
+    batch=st.integers(1, 4),
+    kernel=st.integers(1, 4),
+    stride=st.integers(1, 3),
+    padding=st.integers(0, 2),
+    dilation=st.integers(1, 2),
+    groups=st.sampled_from([1, 3]),
+    ghost=st.sampled_from(GHOST),
+    seed=st.integers(0, 10_000),
+)
 def test_conv1d_matches_naive_loop(batch, kernel, stride, padding, dilation, groups, ghost, seed):
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Conv1d(3, 3, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups), nn.Tanh())
+    model = nn.Sequential(
+        nn.Conv1d(3, 3, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups), nn.Tanh()
+    )
     inputs = torch.randn(batch, 3, 11)
     error, _ = compare(model, sum_loss, inputs, _targets(model, inputs), ghost=ghost)
     assert error < TOL
@@ -81,9 +116,17 @@ class _Tokens(nn.Module):
 
 
 @FAST
-@given(batch=st.integers(1, 5), length=st.integers(1, 6), vocab=st.integers(2, 6), padding_idx=st.sampled_from([None, 0, 1]),
-       ghost=st.sampled_from(GHOST), seed=st.integers(0, 10_000))
-def test_embedding_with_repeated_tokens_and_padding_idx_matches_naive_loop(batch, length, vocab, padding_idx, ghost, seed):
+@given(
+    batch=st.integers(1, 5),
+    length=st.integers(1, 6),
+    vocab=st.integers(2, 6),
+    padding_idx=st.sampled_from([None, 0, 1]),
+    ghost=st.sampled_from(GHOST),
+    seed=st.integers(0, 10_000),
+)
+def test_embedding_with_repeated_tokens_and_padding_idx_matches_naive_loop(
+    batch, length, vocab, padding_idx, ghost, seed
+):
     torch.manual_seed(seed)
     model = _Tokens(vocab, 4, padding_idx)
     tokens = torch.randint(0, vocab, (batch, length))
@@ -103,15 +146,23 @@ def test_embedding_norm_by_row_sums_is_exact_over_long_sequences_and_chosen_belo
     assert engine.layer_methods["embed"] == "instantiate"
 
 
-@pytest.mark.parametrize("norm", [
-    lambda: nn.LayerNorm(6), lambda: nn.LayerNorm(6, bias=False), lambda: nn.LayerNorm([3, 6]),
-    lambda: nn.RMSNorm(6), lambda: nn.GroupNorm(3, 3),
-])
+@pytest.mark.parametrize(
+    "norm",
+    [
+        lambda: nn.LayerNorm(6),
+        lambda: nn.LayerNorm(6, bias=False),
+        lambda: nn.LayerNorm([3, 6]),
+        lambda: nn.RMSNorm(6),
+        lambda: nn.GroupNorm(3, 3),
+    ],
+)
 def test_normalisation_layers_match_naive_loop(norm):
     torch.manual_seed(1)
     layer = norm()
     shape = (5, 3, 6) if not isinstance(layer, nn.GroupNorm) else (5, 3, 4, 2)
-    model = nn.Sequential(layer, nn.Tanh()) if isinstance(layer, nn.GroupNorm) else nn.Sequential(nn.Linear(6, 6), layer)
+    model = (
+        nn.Sequential(layer, nn.Tanh()) if isinstance(layer, nn.GroupNorm) else nn.Sequential(nn.Linear(6, 6), layer)
+    )
     inputs = torch.randn(*shape)
     error, _ = compare(model, sum_loss, inputs, _targets(model, inputs))
     assert error < TOL
@@ -119,7 +170,9 @@ def test_normalisation_layers_match_naive_loop(norm):
 
 @pytest.mark.parametrize("ghost", GHOST)
 @pytest.mark.parametrize("frozen", ["weight", "bias"])
-@pytest.mark.parametrize("layer", [lambda: nn.Linear(6, 6), lambda: nn.Conv1d(3, 3, 3, padding=1), lambda: nn.LayerNorm(6)])
+@pytest.mark.parametrize(
+    "layer", [lambda: nn.Linear(6, 6), lambda: nn.Conv1d(3, 3, 3, padding=1), lambda: nn.LayerNorm(6)]
+)
 def test_a_frozen_weight_or_bias_leaves_the_other_parameter_exact(layer, frozen, ghost):
     """Bias-only training (frozen weights) and frozen biases: the engine handles exactly the trainable
     parameters of a layer, and never computes a frozen weight's norm."""
@@ -204,7 +257,9 @@ def test_padding_rows_contribute_exactly_zero():
 
 def test_in_place_activation_after_a_layer_keeps_the_layer_output_gradient():
     torch.manual_seed(5)
-    model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(inplace=True), nn.Linear(6, 6), nn.ReLU(inplace=True), nn.Linear(6, 3))
+    model = nn.Sequential(
+        nn.Linear(5, 6), nn.ReLU(inplace=True), nn.Linear(6, 6), nn.ReLU(inplace=True), nn.Linear(6, 3)
+    )
     error, _ = compare(model, cross_entropy, torch.randn(7, 5), torch.randint(0, 3, (7,)))
     assert error < TOL
 
@@ -256,18 +311,29 @@ class _EmbeddingTwiceTiedHead(nn.Module):
 
     def forward(self, tokens):
         half = tokens.shape[1] // 2
-        h = self.embed(tokens[:, :half]) + torch.tanh(self.mix(self.embed(tokens[:, half:2 * half])))
+        h = self.embed(tokens[:, :half]) + torch.tanh(self.mix(self.embed(tokens[:, half : 2 * half])))
         return self.head(h).sum(1)
 
 
 @FAST
-@given(batch=st.integers(1, 4), length=st.integers(1, 4), vocab=st.integers(2, 6), padding_idx=st.sampled_from([None, 0]),
-       ghost=st.sampled_from(GHOST), seed=st.integers(0, 10_000))
+@given(
+    batch=st.integers(1, 4),
+    length=st.integers(1, 4),
+    vocab=st.integers(2, 6),
+    padding_idx=st.sampled_from([None, 0]),
+    ghost=st.sampled_from(GHOST),
+    seed=st.integers(0, 10_000),
+)
 def test_a_weight_tied_across_three_uses_keeps_an_exact_ghost_norm(batch, length, vocab, padding_idx, ghost, seed):
     torch.manual_seed(seed)
     tokens = torch.randint(0, vocab, (batch, 2 * length))
-    error, engine = compare(_EmbeddingTwiceTiedHead(vocab, padding_idx), cross_entropy, tokens,
-                            torch.randint(0, vocab, (batch,)), ghost=ghost)
+    error, engine = compare(
+        _EmbeddingTwiceTiedHead(vocab, padding_idx),
+        cross_entropy,
+        tokens,
+        torch.randint(0, vocab, (batch,)),
+        ghost=ghost,
+    )
     assert error < TOL
     if ghost != "auto":
         assert engine.layer_methods["head"] == ("ghost" if ghost == "always" else "instantiate")

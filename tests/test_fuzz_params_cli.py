@@ -12,7 +12,6 @@ import signal
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,8 +25,9 @@ KEYS = [(section, key) for section, body in BASE.items() if isinstance(body, dic
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 CASE_SECONDS = 10
 
-hostile_numbers = st.sampled_from([0, -1, 1, 2, 3, 10**9, 10**12, 2**64, -(2**63), 1e-300, 1e300, 0.5, 1e9,
-                                   math.nan, math.inf, -math.inf, -0.0])
+hostile_numbers = st.sampled_from(
+    [0, -1, 1, 2, 3, 10**9, 10**12, 2**64, -(2**63), 1e-300, 1e300, 0.5, 1e9, math.nan, math.inf, -math.inf, -0.0]
+)
 scalars = st.one_of(
     hostile_numbers,
     st.integers(-(10**20), 10**20),
@@ -37,7 +37,11 @@ scalars = st.one_of(
     st.text(st.characters(exclude_categories=("Cs",)), max_size=12),
     st.sampled_from(["1e9", "nan", "inf", "poisson", "module:callable", "os:system", "digits", "npz", "mlp"]),
 )
-values = st.one_of(scalars, st.lists(scalars, max_size=4), st.dictionaries(st.text(st.characters(exclude_categories=("Cs",)), max_size=6), scalars, max_size=3))
+values = st.one_of(
+    scalars,
+    st.lists(scalars, max_size=4),
+    st.dictionaries(st.text(st.characters(exclude_categories=("Cs",)), max_size=6), scalars, max_size=3),
+)
 
 
 @contextmanager
@@ -81,7 +85,9 @@ def edited_params(draw) -> dict:
         elif action == "delete":
             raw[section].pop(key, None)
         elif action == "extra":
-            raw[section][draw(st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=8))] = draw(values)
+            raw[section][draw(st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=8))] = draw(
+                values
+            )
         else:
             raw[section] = draw(values)
     return raw
@@ -128,18 +134,60 @@ flag_values = st.one_of(
 
 # Commands outside accounting, with the flags that take a value and the fixed flags that keep a valid case cheap.
 COMMANDS = {
-    ("audit", "bgm"): (["--steps", "--epochs", "--noise-multiplier", "--observations", "--batch-size", "--confidence",
-                        "--delta", "--epsilon-claimed", "--split-fraction", "--buffer-size", "--seed", "--threshold",
-                        "--sampler", "--claim-sampler", "--backend"],
-                       ["--sampler", "poisson", "--steps", "4", "--noise-multiplier", "1", "--observations", "200"]),
-    ("audit", "selfcheck"): (["--repeats", "--observations", "--epsilon", "--steps", "--noise-multiplier", "--delta",
-                              "--confidence", "--mechanism", "--threshold"],
-                             ["--repeats", "2", "--observations", "200", "--steps", "4"]),
-    ("audit", "dpsgd"): (["--threat-model", "--sampler", "--observations", "--epochs", "--batch-size", "--lr",
-                          "--dataset-size", "--threshold", "--delta", "--confidence", "--buffer-size"],
-                         ["--observations", "4", "--dataset-size", "64", "--batch-size", "32"]),
-    ("verify",): (["--trainer", "--command", "--optimizer", "--significance", "--seeds", "--plots"],
-                  ["--trainer", "zoo:no-such-trainer"]),
+    ("audit", "bgm"): (
+        [
+            "--steps",
+            "--epochs",
+            "--noise-multiplier",
+            "--observations",
+            "--batch-size",
+            "--confidence",
+            "--delta",
+            "--epsilon-claimed",
+            "--split-fraction",
+            "--buffer-size",
+            "--seed",
+            "--threshold",
+            "--sampler",
+            "--claim-sampler",
+            "--backend",
+        ],
+        ["--sampler", "poisson", "--steps", "4", "--noise-multiplier", "1", "--observations", "200"],
+    ),
+    ("audit", "selfcheck"): (
+        [
+            "--repeats",
+            "--observations",
+            "--epsilon",
+            "--steps",
+            "--noise-multiplier",
+            "--delta",
+            "--confidence",
+            "--mechanism",
+            "--threshold",
+        ],
+        ["--repeats", "2", "--observations", "200", "--steps", "4"],
+    ),
+    ("audit", "dpsgd"): (
+        [
+            "--threat-model",
+            "--sampler",
+            "--observations",
+            "--epochs",
+            "--batch-size",
+            "--lr",
+            "--dataset-size",
+            "--threshold",
+            "--delta",
+            "--confidence",
+            "--buffer-size",
+        ],
+        ["--observations", "4", "--dataset-size", "64", "--batch-size", "32"],
+    ),
+    ("verify",): (
+        ["--trainer", "--command", "--optimizer", "--significance", "--seeds", "--plots"],
+        ["--trainer", "zoo:no-such-trainer"],
+    ),
     ("schedule-stats",): ([], []),
     ("samplers",): ([], []),
 }
@@ -171,16 +219,29 @@ def _check_cli(arguments: list[str]) -> None:
         _assert_one_line(result.exception)
 
 
-ACCOUNTING_FLAGS = ["--delta", "--sample-rate", "--steps", "--accountant", "--sampler", "--group-size",
-                    "--dataset-size", "--batch-size", "--batches-per-epoch", "--epochs", "--mechanism", "--bands",
-                    "--mechanism-params", "--discretization"]
+ACCOUNTING_FLAGS = [
+    "--delta",
+    "--sample-rate",
+    "--steps",
+    "--accountant",
+    "--sampler",
+    "--group-size",
+    "--dataset-size",
+    "--batch-size",
+    "--batches-per-epoch",
+    "--epochs",
+    "--mechanism",
+    "--bands",
+    "--mechanism-params",
+    "--discretization",
+]
+
 
 @FUZZ
 @given(command=st.sampled_from(["epsilon", "noise"]), data=st.data())
 def test_accounting_flags_are_accepted_or_refused_with_one_line(command, data):
     target = ["--noise-multiplier", "1"] if command == "epsilon" else ["--epsilon", "3"]
-    arguments = [command, *target, "--delta", "1e-5", "--dataset-size", "1000", "--batch-size", "100",
-                 "--epochs", "2"]
+    arguments = [command, *target, "--delta", "1e-5", "--dataset-size", "1000", "--batch-size", "100", "--epochs", "2"]
     for flag in data.draw(st.lists(st.sampled_from([*ACCOUNTING_FLAGS, target[0]]), max_size=2, unique=True)):
         arguments += [flag, data.draw(flag_values)]
     _check_cli([*arguments, "--json"])

@@ -46,8 +46,11 @@ def test_a_schedule_beyond_the_machine_memory_is_refused(monkeypatch):
     monkeypatch.setattr(bounds, "machine_memory", lambda: 1 << 30)
     params = parse_params(_params("batching", "epochs", 10_000))
     params = params.model_copy(update={"batching": params.batching.model_copy(update={"batch_size": 10_000})})
-    with pytest.raises(ParamsError, match=r"schedule of batching.epochs = 10000 over 50000 examples is too large: "
-                                          r"it needs about 7.5 GiB of memory, more than half of this machine's 1.0 GiB"):
+    with pytest.raises(
+        ParamsError,
+        match=r"schedule of batching.epochs = 10000 over 50000 examples is too large: "
+        r"it needs about 7.5 GiB of memory, more than half of this machine's 1.0 GiB",
+    ):
         check_dataset_size(params, 50_000)
 
 
@@ -97,11 +100,27 @@ def test_audit_functions_refuse_huge_runs_at_once():
     from dpledger.audit.selfcheck import run_selfcheck
 
     with pytest.raises(ParamsError, match="must be at most 100,000,000"):
-        audit_bgm("poisson", dataset_size=100, batch_size=1, epochs=1, noise_multiplier=1.0, observations=10**12,
-                  delta=1e-5, progress=False)
+        audit_bgm(
+            "poisson",
+            dataset_size=100,
+            batch_size=1,
+            epochs=1,
+            noise_multiplier=1.0,
+            observations=10**12,
+            delta=1e-5,
+            progress=False,
+        )
     with pytest.raises(ParamsError, match="draws exceeds the limit of 50,000,000,000 draws"):
-        audit_bgm("poisson", dataset_size=10_000, batch_size=1, epochs=100, noise_multiplier=1.0,
-                  observations=10**8, delta=1e-5, progress=False)
+        audit_bgm(
+            "poisson",
+            dataset_size=10_000,
+            batch_size=1,
+            epochs=100,
+            noise_multiplier=1.0,
+            observations=10**8,
+            delta=1e-5,
+            progress=False,
+        )
     with pytest.raises(ParamsError, match="10,000 training runs"):
         audit_dpsgd(DpsgdAudit(observations=10**9, progress=False))
     with pytest.raises(ParamsError, match="epochs of training"):

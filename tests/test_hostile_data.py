@@ -37,8 +37,13 @@ def test_npz_with_one_non_finite_input_names_the_file_and_the_example(tmp_path, 
 def test_npz_split_names_which_array_holds_the_non_finite_input(tmp_path):
     x_test = np.zeros((3, 2))
     x_test[2, 0] = np.nan
-    np.savez(tmp_path / "d.npz", x_train=np.zeros((4, 2)), y_train=np.arange(4) % 2, x_test=x_test,
-             y_test=np.array([0, 1, 0]))
+    np.savez(
+        tmp_path / "d.npz",
+        x_train=np.zeros((4, 2)),
+        y_train=np.arange(4) % 2,
+        x_test=x_test,
+        y_test=np.array([0, 1, 0]),
+    )
     with pytest.raises(DpledgerError, match=r"x_test: example 2 holds a non-finite value"):
         load_dataset("npz", str(tmp_path / "d.npz"), 0.2, seed=0)
 

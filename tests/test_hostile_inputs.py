@@ -56,7 +56,8 @@ def test_an_unterminated_quote_in_verify_command_is_one_line():
 
 @pytest.fixture
 def plugin_module(tmp_path, monkeypatch):
-    (tmp_path / "hostile_plugins.py").write_text(textwrap.dedent("""
+    (tmp_path / "hostile_plugins.py").write_text(
+        textwrap.dedent("""
         import numpy as np
 
         def two_arguments(dataset_size, batch_size):
@@ -64,7 +65,8 @@ def plugin_module(tmp_path, monkeypatch):
 
         def not_iterable(dataset_size, batch_size, epochs, seed):
             return 42
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "hostile_plugins"
     sys.modules.pop("hostile_plugins", None)
@@ -154,8 +156,23 @@ def test_a_corrupt_schedule_is_one_line_naming_it(built_root, tmp_path, damage):
         (["audit", "selfcheck", "--epsilon", "-inf"], "--epsilon"),  # was ValueError: scale < 0 (found by the fuzz)
         (["audit", "selfcheck", "--noise-multiplier", "nan"], "--noise-multiplier"),
         (["audit", "dpsgd", "--lr", "inf"], "--lr"),
-        (["audit", "bgm", "--sampler", "poisson", "--steps", "4", "--noise-multiplier", "1", "--observations", "200",
-          "--confidence", "1.5"], "--confidence"),
+        (
+            [
+                "audit",
+                "bgm",
+                "--sampler",
+                "poisson",
+                "--steps",
+                "4",
+                "--noise-multiplier",
+                "1",
+                "--observations",
+                "200",
+                "--confidence",
+                "1.5",
+            ],
+            "--confidence",
+        ),
     ],
 )
 def test_audit_flags_out_of_range_are_one_line(args, flag):

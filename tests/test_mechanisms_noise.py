@@ -38,8 +38,11 @@ def test_noise_stream_equals_dense_inverse_product(mechanism, params):
 def test_noise_stream_over_given_normals_equals_dense_inverse_product(mechanism, params):
     """``normals(t)`` (the engine's counter-based rows) takes the generator's place, row t for step t."""
     z = np.random.default_rng(3).standard_normal((STEPS, NUMEL))
-    rows = list(noise_stream(mechanism, params, STEPS, NUMEL, normals=lambda t: torch.from_numpy(z[t].copy()),
-                             dtype=torch.float64))
+    rows = list(
+        noise_stream(
+            mechanism, params, STEPS, NUMEL, normals=lambda t: torch.from_numpy(z[t].copy()), dtype=torch.float64
+        )
+    )
     expected = solve_triangular(dense_matrix(coefficients(mechanism, params, STEPS)), z, lower=True)
     np.testing.assert_allclose(torch.stack(rows).numpy(), expected, rtol=1e-10, atol=1e-10)
     with pytest.raises(ValueError, match="exactly one of generator and normals"):
@@ -61,6 +64,7 @@ def test_float32_stream_rounds_float64_normals_so_tails_are_not_cut_at_5_77_sigm
     stream must be the float64 stream (53-bit uniforms, cap 8.57) rounded, not torch's float32 draw.
     (numel >= 16: torch draws fewer than 16 normals in double precision either way.)"""
     numel = 64
+
     def rows(dtype):
         generator = torch.Generator().manual_seed(7)
         return torch.stack(list(noise_stream(mechanism, params, STEPS, numel, generator=generator, dtype=dtype)))
@@ -88,8 +92,12 @@ def test_negative_coefficient_is_refused_with_appendix_a_reason():
 
 @pytest.mark.parametrize(
     "mechanism,params",
-    [("banded", {}), ("toeplitz", {"coefficients": [0.0, 1.0]}), ("blt", {"buffer_decays": [1.5], "output_scales": [1]}),
-     ("dense", {})],
+    [
+        ("banded", {}),
+        ("toeplitz", {"coefficients": [0.0, 1.0]}),
+        ("blt", {"buffer_decays": [1.5], "output_scales": [1]}),
+        ("dense", {}),
+    ],
 )
 def test_bad_mechanism_params_raise_params_error(mechanism, params):
     with pytest.raises(ParamsError):

@@ -10,16 +10,25 @@ from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.pld import gaussian_noise_for
 from dpledger.errors import ParamsError
 from dpledger.mechanisms import banded_params, coefficients, dense_matrix
-from dpledger.mechanisms.optimize import (
-    _blt, _implicit_gradient, amplified_rmse, best_bands, blt_fit, optimize_banded, optimize_blt_unamplified,
-    optimize_matrix, unamplified_rmse,
-)
 from dpledger.mechanisms.matrices import blt_coefficients
+from dpledger.mechanisms.optimize import (
+    _blt,
+    _implicit_gradient,
+    amplified_rmse,
+    best_bands,
+    blt_fit,
+    optimize_banded,
+    optimize_blt_unamplified,
+    optimize_matrix,
+    unamplified_rmse,
+)
 from dpledger.mechanisms.rmse import prefix_error_norm, prefix_error_norm_torch, prefix_rmse
 
 
-@pytest.mark.parametrize("mechanism,params", [("identity", {}), ("banded", banded_params(5)),
-                                              ("blt", {"buffer_decays": [0.7], "output_scales": [0.3]})])
+@pytest.mark.parametrize(
+    "mechanism,params",
+    [("identity", {}), ("banded", banded_params(5)), ("blt", {"buffer_decays": [0.7], "output_scales": [0.3]})],
+)
 def test_prefix_rmse_equals_dense_frobenius_norm(mechanism, params):
     n = 24
     values = coefficients(mechanism, params, n)
@@ -48,8 +57,11 @@ def test_balls_in_bins_improves_on_unamplified_rmse():
 
 def test_best_bands_is_the_minimum_over_candidates():
     best = best_bands(2.0, 1e-4, 8, 4, samples=1 << 13, candidates=[1, 2, 4])
-    each = [amplified_rmse("banded", params, 2.0, 1e-4, 8, 4, samples=1 << 13).rmse
-            for w in (1, 2, 4) for params in (banded_params(w), optimize_banded(w, 8, 4))]
+    each = [
+        amplified_rmse("banded", params, 2.0, 1e-4, 8, 4, samples=1 << 13).rmse
+        for w in (1, 2, 4)
+        for params in (banded_params(w), optimize_banded(w, 8, 4))
+    ]
     assert best.rmse == pytest.approx(min(each))
     assert len(set(each)) > 3  # the optimized C differs from the square root for w > 1
 
@@ -98,8 +110,9 @@ def test_optimized_blt_improves_on_its_start_and_is_non_negative():
 def test_blt_fit_reproduces_a_geometric_target():
     target = np.concatenate([[1.0], 0.3 * 0.8 ** np.arange(30)])
     decays, scales = blt_fit(target, 3)
-    np.testing.assert_allclose(coefficients("blt", {"buffer_decays": decays, "output_scales": scales}, 31), target,
-                               atol=0.02)
+    np.testing.assert_allclose(
+        coefficients("blt", {"buffer_decays": decays, "output_scales": scales}, 31), target, atol=0.02
+    )
 
 
 def _dense_unamplified_factor(values: np.ndarray, bins: int, epochs: int) -> float:
@@ -123,7 +136,7 @@ def test_optimized_banded_is_a_local_minimum_of_the_unamplified_rmse_below_the_s
     rng = np.random.default_rng(bands)
     for _ in range(20):
         nudged = values.copy()
-        nudged[1:len(params["coefficients"])] += 1e-3 * rng.standard_normal(len(params["coefficients"]) - 1)
+        nudged[1 : len(params["coefficients"])] += 1e-3 * rng.standard_normal(len(params["coefficients"]) - 1)
         if np.all(nudged >= 0):
             assert _dense_unamplified_factor(nudged, bins, epochs) >= best - 1e-9
 

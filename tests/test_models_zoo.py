@@ -10,8 +10,10 @@ from dpledger.models import build_model
 from test_engine_helpers import compare, cross_entropy
 
 
-@pytest.mark.parametrize("name,opts", [("mlp", {"hidden": [8, 8]}), ("cnn", {"channels": [4, 8]}),
-                                       ("transformer", {"dim": 8, "depth": 2, "heads": 2})])
+@pytest.mark.parametrize(
+    "name,opts",
+    [("mlp", {"hidden": [8, 8]}), ("cnn", {"channels": [4, 8]}), ("transformer", {"dim": 8, "depth": 2, "heads": 2})],
+)
 def test_every_model_maps_images_to_logits_and_bk_clips_it_exactly(name, opts):
     torch.manual_seed(0)
     model = build_model(name, (1, 8, 8), 10, **opts)
@@ -30,8 +32,9 @@ def test_token_transformer_uses_embeddings_and_is_exact():
     assert error < 1e-10 and "tokens" in engine.layer_methods and "positions" in engine.layer_methods
 
 
-@pytest.mark.parametrize("name,opts,match", [("resnet", {}, "train.model = 'resnet'"),
-                                             ("mlp", {"depth": 3}, "model_options")])
+@pytest.mark.parametrize(
+    "name,opts,match", [("resnet", {}, "train.model = 'resnet'"), ("mlp", {"depth": 3}, "model_options")]
+)
 def test_unknown_model_or_option_is_a_params_error(name, opts, match):
     with pytest.raises(ParamsError, match=match):
         build_model(name, (1, 8, 8), 10, **opts)

@@ -75,7 +75,9 @@ def test_bad_value_names_key_value_and_allowed_range(raw, key, value, allowed):
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("key", ["seed", "data", "batching", "calibrate", "calibrate.epsilon", "calibrate.delta", "train"])
+@pytest.mark.parametrize(
+    "key", ["seed", "data", "batching", "calibrate", "calibrate.epsilon", "calibrate.delta", "train"]
+)
 def test_missing_key_is_named(raw, key):
     with pytest.raises(ParamsError, match=rf"{key} is missing"):
         parse_params(_without(raw, key))

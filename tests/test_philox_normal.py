@@ -20,8 +20,11 @@ from dpledger.engine import philox_normal as pn
     [
         ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
         ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-        ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-         (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+        (
+            (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+            (0xA4093822, 0x299F31D0),
+            (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+        ),
     ],
 )
 def test_philox_matches_random123_known_answers(counter, key, expected):
@@ -30,8 +33,10 @@ def test_philox_matches_random123_known_answers(counter, key, expected):
 
 def _words(key, step, block, lanes, second=0):
     """Philox words of a block's counters from the scalar reference, as a (4, lanes) array."""
-    return np.array([pn.philox4x32(block * pn.LANES + lane, second, step & 0xFFFFFFFF, step >> 32, *key)
-                     for lane in range(lanes)], dtype=np.float64).T
+    return np.array(
+        [pn.philox4x32(block * pn.LANES + lane, second, step & 0xFFFFFFFF, step >> 32, *key) for lane in range(lanes)],
+        dtype=np.float64,
+    ).T
 
 
 def _reference(key, step, numel):
@@ -47,8 +52,8 @@ def _reference(key, step, numel):
             rho = np.sqrt(-2 * np.log(radius))
             draws += [rho * np.cos(2 * np.pi * angle), rho * np.sin(2 * np.pi * angle)]
             rhos += [rho, rho]
-        out[start:start + 4 * lanes] = np.concatenate(draws)[:numel - start]
-        radii[start:start + 4 * lanes] = np.concatenate(rhos)[:numel - start]
+        out[start : start + 4 * lanes] = np.concatenate(draws)[: numel - start]
+        radii[start : start + 4 * lanes] = np.concatenate(rhos)[: numel - start]
     return out, radii
 
 
@@ -63,16 +68,33 @@ def test_draws_follow_the_documented_layout_to_within_four_float32_units_of_the_
 def _edge_words():
     rng = np.random.default_rng(0)
     words = rng.integers(0, 2**32, 400_000, dtype=np.uint64)
-    edges = [1, 2, 3, 2**29 - 1, 2**29, 2**30 - 1, 2**30, 2**31, 3 * 2**30 + 2**29, int(pn._NEAR_ONE) - 1,
-             int(pn._NEAR_ONE), 2**32 - 1000, 2**32 - 2, 2**32 - 1]
+    edges = [
+        1,
+        2,
+        3,
+        2**29 - 1,
+        2**29,
+        2**30 - 1,
+        2**30,
+        2**31,
+        3 * 2**30 + 2**29,
+        int(pn._NEAR_ONE) - 1,
+        int(pn._NEAR_ONE),
+        2**32 - 1000,
+        2**32 - 2,
+        2**32 - 1,
+    ]
     return np.concatenate([np.array(edges, np.uint64), words]).astype(np.uint32)
 
 
 def test_float32_log_and_turn_are_accurate_over_every_word():
     @njit
     def evaluate(words):
-        logs, sines, cosines = (np.empty(words.size, np.float32), np.empty(words.size, np.float32),
-                                np.empty(words.size, np.float32))
+        logs, sines, cosines = (
+            np.empty(words.size, np.float32),
+            np.empty(words.size, np.float32),
+            np.empty(words.size, np.float32),
+        )
         for i in range(words.shape[0]):
             logs[i] = pn._minus_two_log(words[i], pn._ZERO)
             sines[i], cosines[i] = pn._sin_cos_turn(words[i])
@@ -137,7 +159,7 @@ def test_the_thread_pool_draws_the_same_values(threads):
     pooled[:] = 0
     pn.fill_standard_normal(pooled, (1, 2), 3, scale=0.5, block_range=(1, 4), threads=threads)
     inside = slice(4 * pn.LANES, 16 * pn.LANES)
-    assert np.array_equal(serial[inside], pooled[inside]) and not pooled[:4 * pn.LANES].any()
+    assert np.array_equal(serial[inside], pooled[inside]) and not pooled[: 4 * pn.LANES].any()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

@@ -79,15 +79,19 @@ def test_the_closure_follows_function_level_imports_and_parent_packages():
 @pytest.mark.parametrize("stage", sorted(STAGES))
 def test_every_imported_file_is_a_dep_of_the_stage(stage):
     deps = code_deps(stage)
-    uncovered = sorted(str(f.relative_to(REPO)) for f in stage_closure(stage)
-                       if f.name != "__init__.py" or f.parent != REPO / "lib/dpledger"
-                       if not any(f == dep or dep in f.parents for dep in deps))
+    uncovered = sorted(
+        str(f.relative_to(REPO))
+        for f in stage_closure(stage)
+        if f.name != "__init__.py" or f.parent != REPO / "lib/dpledger"
+        if not any(f == dep or dep in f.parents for dep in deps)
+    )
     assert uncovered == [], f"dvc.yaml stage {stage} misses deps for {uncovered}"
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
 def test_no_code_dep_is_unused(stage):
     closure = stage_closure(stage)
-    unused = [str(dep.relative_to(REPO)) for dep in code_deps(stage)
-              if not any(f == dep or dep in f.parents for f in closure)]
+    unused = [
+        str(dep.relative_to(REPO)) for dep in code_deps(stage) if not any(f == dep or dep in f.parents for f in closure)
+    ]
     assert unused == [], f"dvc.yaml stage {stage} lists code it never imports: {unused}"

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import yaml
+
 from dpledger.params import parse_params
 from dpledger.pipeline import run_stage
 
@@ -29,8 +30,15 @@ def test_a_one_file_plugin_sampler_runs_through_every_stage(tmp_path, repo_root)
     raw["data"] = {"name": "npz", "path": str(tmp_path / "data.npz"), "test_fraction": 0.2}
     raw["batching"] = {"batch_size": 16, "epochs": 1}
     raw["schedule"]["sampler"] = f"{__name__}:coin_flips"
-    raw["calibrate"].update({"sampler": coin_flips.accounted_as, "accountant": "auto", "mechanism": "identity",
-                             "group_sizes": [1], "curve_points": 2})
+    raw["calibrate"].update(
+        {
+            "sampler": coin_flips.accounted_as,
+            "accountant": "auto",
+            "mechanism": "identity",
+            "group_sizes": [1],
+            "curve_points": 2,
+        }
+    )
     raw["audit"].update({"observations": 4000, "pattern_observations": 2000})
     assert parse_params(raw).schedule.sampler == f"{__name__}:coin_flips"  # validated by params
     path = tmp_path / "params.yaml"

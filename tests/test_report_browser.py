@@ -138,7 +138,9 @@ PAGE_FACTS = """JSON.stringify({
 })"""
 
 
-def open_page(html: Path, user_data_dir: Path, width: int = 1280) -> tuple[dict[str, Any], list[str], list[dict], bytes]:
+def open_page(
+    html: Path, user_data_dir: Path, width: int = 1280
+) -> tuple[dict[str, Any], list[str], list[dict], bytes]:
     """Load ``html``; return (page facts, URLs the page requested, console/log entries, full-page screenshot PNG)."""
     browser = DevTools(user_data_dir)
     try:
@@ -146,14 +148,20 @@ def open_page(html: Path, user_data_dir: Path, width: int = 1280) -> tuple[dict[
         session = browser.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Network", "Log", "Runtime"):
             browser.call(f"{domain}.enable", session=session)
-        browser.call("Emulation.setDeviceMetricsOverride",
-                     {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session)
+        browser.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+            session,
+        )
         browser.call("Page.navigate", {"url": html.resolve().as_uri()}, session)
         browser.wait_for("Page.loadEventFired", session)
         evaluated = browser.call("Runtime.evaluate", {"expression": PAGE_FACTS, "returnByValue": True}, session)
         facts = json.loads(evaluated["result"]["value"])
-        browser.call("Emulation.setDeviceMetricsOverride",
-                     {"width": width, "height": int(facts["height"]), "deviceScaleFactor": 1, "mobile": False}, session)
+        browser.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": int(facts["height"]), "deviceScaleFactor": 1, "mobile": False},
+            session,
+        )
         shot = base64.b64decode(browser.call("Page.captureScreenshot", {"format": "png"}, session)["data"])
         requested = [
             e["params"]["request"]["url"]

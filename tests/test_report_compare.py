@@ -70,9 +70,21 @@ def test_compare_uses_the_same_checks_as_the_report():
 
 def test_compare_with_an_unknown_revision_is_one_line_and_exit_code_2(repository):
     done = subprocess.run(
-        [sys.executable, "-c", "from dpledger.cli import main; main()", "report", "--compare", "no-such-rev",
-         "--root", str(repository), "--params", PARAMS],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "from dpledger.cli import main; main()",
+            "report",
+            "--compare",
+            "no-such-rev",
+            "--root",
+            str(repository),
+            "--params",
+            PARAMS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [

@@ -111,8 +111,13 @@ def _calibrate(root: Path, accountant: str, mc_failure: float | None):
         "mechanism": "identity",
         "mechanism_params": {"coefficients": [1.0] + [0.0] * 40},
         "accountants": [
-            {"accountant": "pld", "epsilon": 3.0000049, "delta": 1e-5, "details": {},
-             "assumptions": ["zero-out adjacency; every intermediate model is released"]},
+            {
+                "accountant": "pld",
+                "epsilon": 3.0000049,
+                "delta": 1e-5,
+                "details": {},
+                "assumptions": ["zero-out adjacency; every intermediate model is released"],
+            },
             {"accountant": "rdp", "epsilon": 3.41, "delta": 1e-5, "assumptions": ["RDP conversion"], "details": {}},
         ],
         "group": [
@@ -193,8 +198,15 @@ def _verify(root: Path, failed: bool):
             "steps": 3,
         },
         {"name": "noise_calibration", "statistic": 1.1, "p_value": 0.27, "passed": True, "diagnosis": "", "steps": 3},
-        {"name": "opacus_only", "statistic": None, "p_value": None, "passed": True, "skipped": True,
-         "diagnosis": "not applicable to this trainer", "steps": 0},
+        {
+            "name": "opacus_only",
+            "statistic": None,
+            "p_value": None,
+            "passed": True,
+            "skipped": True,
+            "diagnosis": "not applicable to this trainer",
+            "steps": 0,
+        },
     ]
     metrics = {"passed": not failed, "tests_run": 3, "tests_failed": int(failed), "training_steps": 9}
     metrics.update({f"p_value_{t['name']}": t["p_value"] for t in tests if not t.get("skipped")})

@@ -18,7 +18,11 @@ def _raw() -> dict:
 @pytest.mark.parametrize(
     "key, value, message",
     [
-        ("mc_failure_warning", 0.0, "params: report.mc_failure_warning = 0.0 is invalid: Input should be greater than 0"),
+        (
+            "mc_failure_warning",
+            0.0,
+            "params: report.mc_failure_warning = 0.0 is invalid: Input should be greater than 0",
+        ),
         ("mc_failure_warning", 1.0, "params: report.mc_failure_warning = 1.0 is invalid: Input should be less than 1"),
         ("mc_failure_warning", "often", "params: report.mc_failure_warning = 'often' is invalid"),
         ("title", "", "params: report.title = '' is invalid: String should have at least 1 character"),

@@ -90,8 +90,12 @@ def test_all_planted_problems_are_warned_about_before_anything_else(tmp_path):
     head, rest = markdown.split("## Headline", 1)
     assert markdown_before_first_alert(head).strip() == "# dpledger report"
     assert head.count("> [!CAUTION]") == 4
-    for phrase in ("ε_emp ≥ 4.2", "'poisson' sampler but training used 'shuffle'", "minibatch_clipping (p = 1e-4)",
-                   "failure probability is 0.001"):
+    for phrase in (
+        "ε_emp ≥ 4.2",
+        "'poisson' sampler but training used 'shuffle'",
+        "minibatch_clipping (p = 1e-4)",
+        "failure probability is 0.001",
+    ):
         assert phrase in head
     top = outline(html).top
     assert top[0] == ("h1", "")
@@ -127,15 +131,23 @@ def test_training_past_the_accounted_budget_is_a_warning(tmp_path):
     (root / "metrics/train.json").write_text(json.dumps({**train, "epsilon_spent": 3.2, "steps_done": 240}))
     metrics, markdown, _ = render(root)
     assert metrics["warning_kinds"] == "budget-exceeded"
-    assert "Training spent ε = 3.2, more than the claimed ε = 3.001; took 240 steps but the accountant covered 225" in markdown
+    assert (
+        "Training spent ε = 3.2, more than the claimed ε = 3.001; took 240 steps but the accountant covered 225"
+        in markdown
+    )
 
 
 def test_audit_above_the_claim_without_a_valid_bound_is_not_a_contradiction(tmp_path):
     """The uncorrected ``max`` threshold's ε_emp is no lower bound: the audit's inconclusive verdict stands."""
     root = fabricate_project(tmp_path)
     audit = json.loads((root / "metrics/audit.json").read_text())
-    invalid = {**audit, "epsilon_emp": 9.0, "threshold_method": "max", "threshold_valid": False,
-               "verdict": "inconclusive"}
+    invalid = {
+        **audit,
+        "epsilon_emp": 9.0,
+        "threshold_method": "max",
+        "threshold_valid": False,
+        "verdict": "inconclusive",
+    }
     (root / "metrics/audit.json").write_text(json.dumps(invalid))
     assert "audit-contradicted" not in render(root)[0]["warning_kinds"]
     older = {key: value for key, value in invalid.items() if key != "verdict"}
@@ -310,7 +322,10 @@ def test_plugin_sampler_declared_equivalent_is_a_notice_not_a_warning(tmp_path):
     _use_plugin_sampler(root, declared="poisson", train_mismatch=False)
     metrics, markdown, _ = render(root)
     assert metrics["warnings"] == 0
-    assert "**Sampler equivalence declared, not proven.** The batches came from the plugin sampler 'mylib:sampler'" in markdown
+    assert (
+        "**Sampler equivalence declared, not proven.** The batches came from the plugin sampler 'mylib:sampler'"
+        in markdown
+    )
 
 
 def test_plugin_declared_as_another_sampler_is_a_mismatch_even_before_training(tmp_path):

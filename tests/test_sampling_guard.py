@@ -115,15 +115,21 @@ def test_one_comparison_names_every_field_that_differs():
 
 def test_a_sampler_mismatch_with_other_sizes_is_refused_even_when_mismatch_is_allowed():
     with pytest.raises(SamplerMismatchError, match="sampler 'shuffle' .*batch_size 10"):
-        check_schedule(run("poisson"), build_schedule("shuffle", dataset_size=50, batch_size=10, epochs=2, seed=0),
-                       allow_mismatch=True)
+        check_schedule(
+            run("poisson"),
+            build_schedule("shuffle", dataset_size=50, batch_size=10, epochs=2, seed=0),
+            allow_mismatch=True,
+        )
 
 
-@pytest.mark.parametrize("accounted,options,message", [
-    ("poisson", {"sample_rate": 0.3}, "sample_rate 0.3"),
-    ("balls-in-bins", {"bins": 4}, "batches_per_epoch 4"),
-    ("balls-in-bins-redrawn", {"bins": 4, "pad_truncate": True}, "batches_per_epoch 4"),
-])
+@pytest.mark.parametrize(
+    "accounted,options,message",
+    [
+        ("poisson", {"sample_rate": 0.3}, "sample_rate 0.3"),
+        ("balls-in-bins", {"bins": 4}, "batches_per_epoch 4"),
+        ("balls-in-bins-redrawn", {"bins": 4, "pad_truncate": True}, "batches_per_epoch 4"),
+    ],
+)
 def test_sampler_options_other_than_the_accounted_rate_or_bins_are_refused(accounted, options, message):
     schedule = schedule_of(accounted, **options)
     with pytest.raises(SamplerMismatchError, match=message):

@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 
 from dpledger.sampling import SAMPLERS, build_sampler, build_schedule
 
-PER_EPOCH_PARTITIONS = ("shuffle", "sequential", "partial-shuffle", "batch-then-shuffle", "balls-in-bins", "balls-in-bins-redrawn")
+PER_EPOCH_PARTITIONS = (
+    "shuffle",
+    "sequential",
+    "partial-shuffle",
+    "batch-then-shuffle",
+    "balls-in-bins",
+    "balls-in-bins-redrawn",
+)
 
 
 def sizes_and_seed():
@@ -35,7 +42,9 @@ def epochs_of(schedule):
 @given(sizes_and_seed(), st.sampled_from(PER_EPOCH_PARTITIONS))
 def test_every_example_exactly_once_per_epoch(sizes, name):
     n, batch_size, epochs, seed = sizes
-    schedule = build_schedule(name, dataset_size=n, batch_size=batch_size, epochs=epochs, seed=seed, **options(name, batch_size))
+    schedule = build_schedule(
+        name, dataset_size=n, batch_size=batch_size, epochs=epochs, seed=seed, **options(name, batch_size)
+    )
     assert schedule.num_steps == epochs * schedule.steps_per_epoch
     for used in epochs_of(schedule):
         assert np.array_equal(np.sort(used), np.arange(n))
@@ -46,7 +55,13 @@ def test_every_example_exactly_once_per_epoch(sizes, name):
 def test_drop_last_keeps_full_batches_and_each_example_at_most_once(sizes, name):
     n, batch_size, epochs, seed = sizes
     schedule = build_schedule(
-        name, dataset_size=n, batch_size=batch_size, epochs=epochs, seed=seed, last_batch="drop", **options(name, batch_size)
+        name,
+        dataset_size=n,
+        batch_size=batch_size,
+        epochs=epochs,
+        seed=seed,
+        last_batch="drop",
+        **options(name, batch_size),
     )
     assert schedule.steps_per_epoch == n // batch_size
     assert np.all(schedule.batch_sizes() == batch_size)
@@ -105,7 +120,9 @@ def test_padding_rows_contribute_zero_gradient_in_a_per_example_training_step():
     per_row = torch.stack([clipped_gradient(int(i), float(not pad)) for i, pad in zip(rows, padding)])
     assert torch.all(per_row[torch.from_numpy(padding)] == 0)
     real_only = torch.stack([clipped_gradient(int(i), 1.0) for i in rows[~padding]])
-    torch.testing.assert_close(per_row.sum(0) / schedule.normalizer, real_only.sum(0) / schedule.normalizer, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        per_row.sum(0) / schedule.normalizer, real_only.sum(0) / schedule.normalizer, rtol=0, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLERS))
@@ -151,7 +168,9 @@ def test_sampler_is_a_dataloader_batch_sampler():
 def test_partial_shuffle_keeps_each_window_in_its_own_stretch_of_batches():
     """002 §7.1: with buffer K a multiple of B, window w's examples fill exactly batches w·K/B .. (w+1)·K/B − 1."""
     n, batch_size, buffer_size = 100, 5, 20
-    schedule = build_schedule("partial-shuffle", dataset_size=n, batch_size=batch_size, epochs=2, seed=1, buffer_size=buffer_size)
+    schedule = build_schedule(
+        "partial-shuffle", dataset_size=n, batch_size=batch_size, epochs=2, seed=1, buffer_size=buffer_size
+    )
     per_window = buffer_size // batch_size
     for t in range(schedule.num_steps):
         window = (t % schedule.steps_per_epoch) // per_window

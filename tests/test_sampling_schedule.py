@@ -50,7 +50,10 @@ def test_stats_agree_with_a_direct_count():
     stats = schedule_stats(schedule)
     assert stats["batch_size_mean"] == pytest.approx(np.mean(sizes)) and stats["batch_size_max"] == max(sizes) <= 4
     assert stats["padding_rows"] == 4 * schedule.num_steps - sum(sizes)
-    truncated = sum(max(0, len(b.indices) - 4) for b in build_sampler("balls-in-bins", dataset_size=50, batch_size=4, epochs=2, seed=1).batches())
+    truncated = sum(
+        max(0, len(b.indices) - 4)
+        for b in build_sampler("balls-in-bins", dataset_size=50, batch_size=4, epochs=2, seed=1).batches()
+    )
     assert stats["truncated_examples"] == truncated > 0
     seen = {int(i) for t in range(schedule.num_steps) for i, pad in zip(*schedule.batch(t)) if not pad}
     assert stats["examples_never_used"] == 50 - len(seen)
@@ -68,7 +71,12 @@ def write_params(tmp_path, repo_root, **schedule_section):
 
 
 @pytest.mark.parametrize(
-    "section", [{"sampler": "poisson"}, {"sampler": "balls-in-bins", "pad_truncate": True}, {"sampler": "partial-shuffle", "buffer_size": 100}]
+    "section",
+    [
+        {"sampler": "poisson"},
+        {"sampler": "balls-in-bins", "pad_truncate": True},
+        {"sampler": "partial-shuffle", "buffer_size": 100},
+    ],
 )
 def test_schedule_stage_writes_artifact_metrics_and_plots(tmp_path, repo_root, section):
     params_path, raw = write_params(tmp_path, repo_root, **section)
@@ -127,17 +135,29 @@ SIZES = {"dataset_size": 100, "batch_size": 10, "epochs": 2, "seed": 0}
 @pytest.mark.parametrize(
     "name, changes, message",
     [
-        ("shuffle", {"batch_size": 101}, "batch_size = 101 is invalid: it must be in \\[1, 100\\] \\(the dataset has 100"),
+        (
+            "shuffle",
+            {"batch_size": 101},
+            "batch_size = 101 is invalid: it must be in \\[1, 100\\] \\(the dataset has 100",
+        ),
         ("poisson", {"batch_size": 0}, "batch_size = 0 is invalid"),
         ("poisson", {"dataset_size": 0}, "dataset_size = 0 is invalid"),
         ("poisson", {"epochs": 0}, "epochs = 0 is invalid"),
         ("poisson", {"seed": -1}, "seed = -1 is invalid"),
         ("poisson", {"sample_rate": 0.0}, "sample_rate = 0.0 is invalid: the Poisson rate q must be in \\(0, 1\\]"),
         ("poisson", {"sample_rate": 1.5}, "sample_rate = 1.5 is invalid"),
-        ("partial-shuffle", {"buffer_size": 0}, "buffer_size = 0 is invalid: it must be >= 1 \\(the shuffle buffer K\\)"),
+        (
+            "partial-shuffle",
+            {"buffer_size": 0},
+            "buffer_size = 0 is invalid: it must be >= 1 \\(the shuffle buffer K\\)",
+        ),
         ("balls-in-bins", {"bins": 0}, "bins = 0 is invalid: it must be >= 1 \\(bins per epoch, b\\)"),
         ("shuffle", {"last_batch": "pad"}, "last_batch = 'pad' is invalid"),
-        ("shuffle", {"pad_truncate": True}, "pad_truncate = True is invalid: sampler 'shuffle' takes options: last_batch"),
+        (
+            "shuffle",
+            {"pad_truncate": True},
+            "pad_truncate = True is invalid: sampler 'shuffle' takes options: last_batch",
+        ),
         ("poisson", {"batch_size": 2.5}, "batch_size = 2.5 is invalid: it must be an integer"),
         ("nope", {}, "sampler = 'nope' is invalid: allowed values are poisson"),
     ],
@@ -171,4 +191,3 @@ def test_cli_schedule_stats_reads_a_saved_schedule(tmp_path):
     assert result.exit_code == 0 and json.loads(result.output) == json.loads(json.dumps(schedule_stats(schedule)))
     missing = CliRunner().invoke(app, ["schedule-stats", str(tmp_path / "none")])
     assert isinstance(missing.exception, ParamsError)
-

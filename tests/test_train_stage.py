@@ -18,9 +18,9 @@ from dpledger.accounting.description import describe
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.errors import DpledgerError, SamplerMismatchError
 from dpledger.pipeline import run_stage
+from dpledger.pipeline.inputs_check import seal_record
 from dpledger.pipeline.train import epsilon_spent
 from dpledger.sampling.schedule import Schedule
-from dpledger.pipeline.inputs_check import seal_record
 from test_train_helpers import TRAIN_SIZE, genuine_record, make_project, poisson_schedule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,8 +35,17 @@ def test_stage_trains_and_writes_metrics_plots_and_ledger(tmp_path):
     params = make_project(tmp_path, epochs=3)
     metrics = run_stage("train", params, tmp_path)
     flat = json.loads((tmp_path / "metrics/train.json").read_text())
-    for key in ("test_accuracy", "final_train_loss", "epsilon_spent", "steps_done", "throughput_examples_per_s",
-                "wall_time_s", "sampler_accounted", "sampler_used", "sampler_mismatch"):
+    for key in (
+        "test_accuracy",
+        "final_train_loss",
+        "epsilon_spent",
+        "steps_done",
+        "throughput_examples_per_s",
+        "wall_time_s",
+        "sampler_accounted",
+        "sampler_used",
+        "sampler_mismatch",
+    ):
         assert key in flat
     assert all(not isinstance(v, (dict, list)) for v in flat.values())
     assert metrics["test_accuracy"] > 0.8
@@ -53,8 +62,14 @@ def test_stage_trains_and_writes_metrics_plots_and_ledger(tmp_path):
 
 def test_epsilon_spent_reads_the_curve_pessimistically():
     description = describe(sampler="poisson", noise_multiplier=1.0, dataset_size=100, batch_size=10, epochs=10)
-    record = CalibrationRecord(description=description, epsilon=3.0, delta=1e-5, accountant="pld", assumptions=[],
-                               epsilon_curve=[(10, 0.5), (50, 1.5), (90, 2.5)])
+    record = CalibrationRecord(
+        description=description,
+        epsilon=3.0,
+        delta=1e-5,
+        accountant="pld",
+        assumptions=[],
+        epsilon_curve=[(10, 0.5), (50, 1.5), (90, 2.5)],
+    )
     assert epsilon_spent(record, 0) == 0.0
     assert epsilon_spent(record, 10) == 0.5
     assert epsilon_spent(record, 11) == 1.5  # not interpolated down
@@ -66,15 +81,23 @@ def test_sampler_mismatch_stops_before_writing_unless_allowed(tmp_path):
     with pytest.raises(SamplerMismatchError, match="allow_sampler_mismatch"):
         run_stage("train", params, tmp_path)
     assert not (tmp_path / "artifacts/train").exists() and not (tmp_path / "metrics").exists()
-    params = make_project(tmp_path, sampler="shuffle", accounted="poisson", epochs=1, train={"allow_sampler_mismatch": True})
+    params = make_project(
+        tmp_path, sampler="shuffle", accounted="poisson", epochs=1, train={"allow_sampler_mismatch": True}
+    )
     assert run_stage("train", params, tmp_path)["sampler_mismatch"] is True
 
 
 def test_schedule_longer_than_the_accounted_steps_is_refused(tmp_path):
     params = make_project(tmp_path, epochs=1)
     record = CalibrationRecord.load(tmp_path / "artifacts/calibration/calibration.json")
-    shorter = genuine_record(noise_multiplier=record.noise_multiplier, sampler="poisson", steps=record.steps - 1,
-                             batch_size=record.batch_size, dataset_size=record.dataset_size, epochs=record.epochs)
+    shorter = genuine_record(
+        noise_multiplier=record.noise_multiplier,
+        sampler="poisson",
+        steps=record.steps - 1,
+        batch_size=record.batch_size,
+        dataset_size=record.dataset_size,
+        epochs=record.epochs,
+    )
     seal_record(tmp_path / "artifacts/calibration", shorter)
     with pytest.raises(DpledgerError, match="accounted for"):
         run_stage("train", params, tmp_path)
@@ -97,9 +120,17 @@ def test_pad_truncate_schedule_normalises_by_fixed_batch_size_and_ignores_paddin
     steps, size = 45, 32  # one epoch of b = ⌈1438 / 32⌉ bins
     indices = rng.integers(0, TRAIN_SIZE, steps * size)
     padding = rng.random(steps * size) < 0.2
-    schedule = Schedule(indices=indices, offsets=np.arange(0, steps * size + 1, size), padding=padding,
-                        sampler="balls-in-bins", sampler_params={"batch_size": size, "epochs": 1, "pad_truncate": True},
-                        seed=0, dataset_size=TRAIN_SIZE, steps_per_epoch=steps, normalizer=size)
+    schedule = Schedule(
+        indices=indices,
+        offsets=np.arange(0, steps * size + 1, size),
+        padding=padding,
+        sampler="balls-in-bins",
+        sampler_params={"batch_size": size, "epochs": 1, "pad_truncate": True},
+        seed=0,
+        dataset_size=TRAIN_SIZE,
+        steps_per_epoch=steps,
+        normalizer=size,
+    )
     params = make_project(tmp_path, schedule=schedule, accounted="balls-in-bins", batch_size=size, epochs=1)
     assert run_stage("train", params, tmp_path)["steps_done"] == steps
 

@@ -148,6 +148,14 @@ def _retarget_record(root, dataset_size, noise_multiplier):
     from test_train_helpers import genuine_record
 
     old = CalibrationRecord.load(root / CALIBRATION)
-    seal_record(root / "artifacts/calibration", genuine_record(
-        noise_multiplier=noise_multiplier, sampler="poisson", steps=old.steps, batch_size=old.batch_size,
-        dataset_size=dataset_size, epochs=old.epochs))
+    seal_record(
+        root / "artifacts/calibration",
+        genuine_record(
+            noise_multiplier=noise_multiplier,
+            sampler="poisson",
+            steps=old.steps,
+            batch_size=old.batch_size,
+            dataset_size=dataset_size,
+            epochs=old.epochs,
+        ),
+    )

@@ -37,8 +37,10 @@ def test_a_plugin_sampler_goes_through_schedule_train_audit_and_report(tmp_path,
     assert schedule["num_steps"] == 5
     folder = tmp_path / "artifacts/calibration"
     folder.mkdir(parents=True)
-    seal_record(folder, genuine_record(noise_multiplier=1.0, sampler="poisson", steps=5, batch_size=16,
-                                       dataset_size=80, epochs=1))
+    seal_record(
+        folder,
+        genuine_record(noise_multiplier=1.0, sampler="poisson", steps=5, batch_size=16, dataset_size=80, epochs=1),
+    )
     train = run_stage("train", path, tmp_path)
     assert train["steps_done"] == 5 and train["sampler_mismatch"] is False
     audit = run_stage("audit", path, tmp_path)

@@ -47,8 +47,9 @@ def test_an_edited_record_sigma_is_a_warning(tmp_path):
     assert "sigma-mismatch" in kinds
 
 
-@pytest.mark.parametrize("change", [{"final_train_loss": float("nan")}, {"loss_diverged": True},
-                                    {"test_loss": float("inf")}])
+@pytest.mark.parametrize(
+    "change", [{"final_train_loss": float("nan")}, {"loss_diverged": True}, {"test_loss": float("inf")}]
+)
 def test_a_diverged_loss_is_a_warning(tmp_path, change):
     root = fabricate_project(tmp_path)
     _rewrite(root / "metrics/train.json", **change)

@@ -38,11 +38,18 @@ def test_adam_mode_warms_up_skips_sgd_only_tests_and_still_catches_clipping_and_
     correct = run_battery(load_trainer("opacus"), trainer_name="opacus", seed=0, optimizer="adam", progress=False)
     assert correct.passed, correct.findings
     assert correct.heuristics["warmup_steps"] == 5
-    assert {t.name for t in correct.tests if t.skipped} == {"sensitivity", "ks_update_distribution", "noise_scale",
-                                                            "noise_independence"}
+    assert {t.name for t in correct.tests if t.skipped} == {
+        "sensitivity",
+        "ks_update_distribution",
+        "noise_scale",
+        "noise_independence",
+    }
     assert correct.heuristics["t3_noise_multiplier"] < 0.01
-    for name, test in (("no_clipping", "t1_no_clipping"), ("mini_batch_clipping", "t2_minibatch_clipping"),
-                       ("uncalibrated_noise", "t3_noise_calibration")):
+    for name, test in (
+        ("no_clipping", "t1_no_clipping"),
+        ("mini_batch_clipping", "t2_minibatch_clipping"),
+        ("uncalibrated_noise", "t3_noise_calibration"),
+    ):
         result = run_battery(zoo_trainer(name), trainer_name=name, seed=0, optimizer="adam", progress=False)
         assert test in result.failed_tests, (name, result.findings)
 

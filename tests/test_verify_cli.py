@@ -12,8 +12,9 @@ runner = CliRunner()
 
 
 def test_verify_json_on_a_correct_trainer_exits_zero():
-    result = runner.invoke(app, ["verify", "--trainer", "dpledger.verify.opacus_trainer:train", "--json",
-                                 "--no-progress"])
+    result = runner.invoke(
+        app, ["verify", "--trainer", "dpledger.verify.opacus_trainer:train", "--json", "--no-progress"]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["verdict"]["passed"] is True
@@ -23,9 +24,21 @@ def test_verify_json_on_a_correct_trainer_exits_zero():
 
 def test_verify_exits_non_zero_with_a_diagnosis_when_a_bug_is_found(tmp_path):
     completed = subprocess.run(
-        [sys.executable, "-c", "from dpledger.cli import main; main()", "verify", "--trainer",
-         "zoo:no_clipping", "--json", "--no-progress", "--plots", str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            "from dpledger.cli import main; main()",
+            "verify",
+            "--trainer",
+            "zoo:no_clipping",
+            "--json",
+            "--no-progress",
+            "--plots",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert completed.returncode == 1, completed.stderr
     report = json.loads(completed.stdout)
@@ -37,7 +50,9 @@ def test_verify_exits_non_zero_with_a_diagnosis_when_a_bug_is_found(tmp_path):
 def test_verify_refuses_bad_options_in_one_line():
     completed = subprocess.run(
         [sys.executable, "-c", "from dpledger.cli import main; main()", "verify", "--command", "train.py {init}"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert completed.returncode == 2
     assert completed.stderr.count("\n") == 1 and "lacks the placeholders" in completed.stderr

@@ -51,12 +51,15 @@ def test_stage_can_let_the_pipeline_go_on_so_the_report_shows_the_bug(repo_root,
     assert metrics["passed"] is False and metrics["tests_failed"] >= 1
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("significance", 0.7, "verify.significance"),
-    ("optimizer", "rmsprop", "verify.optimizer"),
-    ("trainer", "", "verify.trainer"),
-    ("tpyo", 1, "verify.tpyo"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("significance", 0.7, "verify.significance"),
+        ("optimizer", "rmsprop", "verify.optimizer"),
+        ("trainer", "", "verify.trainer"),
+        ("tpyo", 1, "verify.tpyo"),
+    ],
+)
 def test_bad_verify_params_are_one_line_errors(repo_root, key, value, message):
     raw = json.loads(load_params(repo_root / "params.yaml").model_dump_json())
     raw["verify"][key] = value
@@ -81,8 +84,13 @@ def test_stage_entrypoint_exits_non_zero_on_a_bug(repo_root, tmp_path):
     raw = yaml.safe_load((repo_root / "params.yaml").read_text())
     raw["verify"]["trainer"] = "zoo:uncalibrated_noise"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    completed = subprocess.run([sys.executable, "-m", "stages.verify", "--params", str(tmp_path / "params.yaml"),
-                                "--root", str(tmp_path)], cwd=repo_root, capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(
+        [sys.executable, "-m", "stages.verify", "--params", str(tmp_path / "params.yaml"), "--root", str(tmp_path)],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert completed.returncode == 2
     assert "t3_noise_calibration" in completed.stderr and completed.stderr.count("\n") == 1
     assert (tmp_path / "metrics" / "verify.json").exists()

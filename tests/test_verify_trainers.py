@@ -28,7 +28,7 @@ def _naive_step(task, inputs, targets, clip_norm, noise, lr):
     clipped = [torch.zeros_like(p) for p in model.parameters()]
     for row in range(inputs.shape[0]):
         model.zero_grad()
-        weighted_half_mse(model(inputs[row:row + 1]), targets[row:row + 1]).sum().backward()
+        weighted_half_mse(model(inputs[row : row + 1]), targets[row : row + 1]).sum().backward()
         grads = [p.grad.clone() for p in model.parameters()]
         norm = torch.sqrt(sum((g**2).sum() for g in grads))
         factor = min(1.0, clip_norm / float(norm)) if norm > 0 else 1.0
@@ -51,16 +51,29 @@ def test_reference_step_equals_naive_loop_with_the_same_noise(task):
     generator = torch.Generator().manual_seed(seed)
     noise = [torch.normal(0.0, sigma * clip_norm, size=p.shape, generator=generator) for p in task.model.parameters()]
     expected = _naive_step(task, inputs, targets, clip_norm, noise, lr)
-    got = _trained(train, task, inputs, targets, clip_norm=clip_norm, noise_multiplier=sigma, batch_size=6, steps=1,
-                   lr=lr, seed=seed)
+    got = _trained(
+        train,
+        task,
+        inputs,
+        targets,
+        clip_norm=clip_norm,
+        noise_multiplier=sigma,
+        batch_size=6,
+        steps=1,
+        lr=lr,
+        seed=seed,
+    )
     assert torch.allclose(got, expected, atol=1e-6)
 
 
 def test_opacus_matches_the_reference_without_noise(task):
     inputs, targets = _batch(task)
     settings = dict(clip_norm=1.0, noise_multiplier=0.0, batch_size=3, steps=2, lr=0.2, seed=0)
-    assert torch.allclose(_trained(opacus_trainer.train, task, inputs, targets, **settings),
-                          _trained(train, task, inputs, targets, **settings), atol=1e-6)
+    assert torch.allclose(
+        _trained(opacus_trainer.train, task, inputs, targets, **settings),
+        _trained(train, task, inputs, targets, **settings),
+        atol=1e-6,
+    )
 
 
 def test_zero_weight_rows_have_zero_gradient_and_the_probe_dominates(task):
@@ -68,7 +81,8 @@ def test_zero_weight_rows_have_zero_gradient_and_the_probe_dominates(task):
     assert torch.all(per_example_gradient_norms(task.model, inputs, targets) == 0)
     assert task.probe_norm >= 20 * float(task.ordinary_norms.max())
     assert float(per_example_gradient_norms(task.model, task.probe_input, task.probe_target)[0]) == pytest.approx(
-        task.probe_norm, rel=1e-5)
+        task.probe_norm, rel=1e-5
+    )
 
 
 def test_per_example_gradient_norms_match_torch_func(task):
@@ -79,17 +93,40 @@ def test_per_example_gradient_norms_match_torch_func(task):
 
     grads = vmap(grad(loss), in_dims=(None, 0, 0))(params, task.inputs[:5], task.targets[:5])
     norms = torch.sqrt(sum(g.reshape(5, -1).pow(2).sum(1) for g in grads.values()))
-    assert torch.allclose(per_example_gradient_norms(task.model, task.inputs[:5], task.targets[:5]).float(), norms,
-                          rtol=1e-5)
+    assert torch.allclose(
+        per_example_gradient_norms(task.model, task.inputs[:5], task.targets[:5]).float(), norms, rtol=1e-5
+    )
 
 
 def test_mini_batch_flaw_clips_the_mean_gradient(task):
     inputs, targets = _batch(task)
     clip_norm, lr = 0.5, 0.1
-    unclipped = _trained(train_with_flaws, task, inputs, targets, clip_norm=1e9, noise_multiplier=0.0, batch_size=6,
-                         steps=1, lr=lr, seed=0, flaws=Flaws(clipping="mini_batch"))
-    clipped = _trained(train_with_flaws, task, inputs, targets, clip_norm=clip_norm, noise_multiplier=0.0,
-                       batch_size=6, steps=1, lr=lr, seed=0, flaws=Flaws(clipping="mini_batch"))
+    unclipped = _trained(
+        train_with_flaws,
+        task,
+        inputs,
+        targets,
+        clip_norm=1e9,
+        noise_multiplier=0.0,
+        batch_size=6,
+        steps=1,
+        lr=lr,
+        seed=0,
+        flaws=Flaws(clipping="mini_batch"),
+    )
+    clipped = _trained(
+        train_with_flaws,
+        task,
+        inputs,
+        targets,
+        clip_norm=clip_norm,
+        noise_multiplier=0.0,
+        batch_size=6,
+        steps=1,
+        lr=lr,
+        seed=0,
+        flaws=Flaws(clipping="mini_batch"),
+    )
     start = flat_parameters(task.model)
     assert float(torch.linalg.vector_norm(clipped - start)) == pytest.approx(lr * clip_norm, rel=1e-5)
     direction = torch.nn.functional.cosine_similarity(clipped - start, unclipped - start, dim=0)

@@ -58,8 +58,10 @@ class Accountant(Protocol):
 
 
 def _base_assumptions(description: MechanismDescription) -> list[str]:
-    adjacency = ADJACENCY if description.group_size == 1 else (
-        f"add or remove up to k = {description.group_size} examples (group privacy; both directions accounted)"
+    adjacency = (
+        ADJACENCY
+        if description.group_size == 1
+        else (f"add or remove up to k = {description.group_size} examples (group privacy; both directions accounted)")
     )
     return [
         description.sampling_sentence(),
@@ -79,11 +81,15 @@ class PldAccountant:
 
     def unsupported(self, description: MechanismDescription) -> str | None:
         if description.sampler not in ("poisson", "fixed"):
-            return (f"the PLD accountant covers poisson and fixed sampling, not {description.sampler}; "
-                    f"use --accountant montecarlo")
+            return (
+                f"the PLD accountant covers poisson and fixed sampling, not {description.sampler}; "
+                f"use --accountant montecarlo"
+            )
         if description.mechanism != "identity":
-            return ("correlated noise (mechanism != identity) is accounted only under balls-in-bins batching "
-                    "(004); use sampler balls-in-bins with accountant montecarlo")
+            return (
+                "correlated noise (mechanism != identity) is accounted only under balls-in-bins batching "
+                "(004); use sampler balls-in-bins with accountant montecarlo"
+            )
         if description.sampler == "fixed" and (description.dataset_size is None or description.batch_size is None):
             return "fixed-size sampling needs dataset_size and batch_size"
         return None
@@ -94,14 +100,18 @@ class PldAccountant:
     def epsilon(self, description: MechanismDescription, delta: float) -> AccountantResult:
         require_support(self, description)
         eps = pld_epsilon(*self._args(description), delta, self.discretization)
-        method = ("Poisson-subsampled Gaussian" if description.sampler == "poisson" and description.group_size == 1
-                  else "mixture of Gaussians (001)")
+        method = (
+            "Poisson-subsampled Gaussian"
+            if description.sampler == "poisson" and description.group_size == 1
+            else "mixture of Gaussians (001)"
+        )
         assumptions = _base_assumptions(description) + [
             f"dp-accounting PLD of the {method}, pessimistic connect-the-dots discretization "
             f"(interval {self.discretization:g}): an upper bound on ε up to float rounding",
         ]
-        return AccountantResult(self.name, eps, delta, assumptions,
-                                {"discretization": self.discretization, "method": method})
+        return AccountantResult(
+            self.name, eps, delta, assumptions, {"discretization": self.discretization, "method": method}
+        )
 
     def delta(self, description: MechanismDescription, epsilon: float) -> float:
         require_support(self, description)
@@ -127,7 +137,9 @@ class RdpAccountant:
         require_support(self, description)
         d = description
         eps = rdp_epsilon(d.noise_multiplier, d.sample_rate, d.steps, delta)
-        assumptions = _base_assumptions(d) + ["dp-accounting RDP (default orders), converted to (ε, δ): looser than PLD"]
+        assumptions = _base_assumptions(d) + [
+            "dp-accounting RDP (default orders), converted to (ε, δ): looser than PLD"
+        ]
         return AccountantResult(self.name, eps, delta, assumptions, {})
 
     def delta(self, description: MechanismDescription, epsilon: float) -> float:
@@ -144,36 +156,47 @@ class AllocationAccountant:
 
     def unsupported(self, description: MechanismDescription) -> str | None:
         if description.sampler not in ("balls-in-bins", "balls-in-bins-redrawn"):
-            return (f"the allocation accountant covers balls-in-bins batching, not {description.sampler}; "
-                    f"use --accountant pld")
+            return (
+                f"the allocation accountant covers balls-in-bins batching, not {description.sampler}; "
+                f"use --accountant pld"
+            )
         if description.mechanism != "identity":
             return "correlated noise (mechanism != identity) needs the Monte Carlo accountant (004 Lemma 3.2)"
         if description.group_size != 1:
             return "the allocation accountant is example-level only; group-level ε needs poisson or fixed with pld"
         return None
 
-    def epsilon(self, description: MechanismDescription, delta: float,
-                grid: float | None = None) -> AccountantResult:
+    def epsilon(self, description: MechanismDescription, delta: float, grid: float | None = None) -> AccountantResult:
         """Upper (the claim) and lower ε: adaptively refined, or on one fixed ``grid`` (σ searches)."""
         require_support(self, description)
         d = description
         if d.noise_multiplier == 0:
             return AccountantResult(self.name, math.inf, delta, _base_assumptions(d), {})
         bounds = allocation_epsilon(d, delta) if grid is None else allocation_on_grid(d, delta, grid)
-        mapping = (f"{d.epochs} epoch(s) of a 1-of-{d.batches_per_epoch} random allocation, composed"
-                   if d.sampler == "balls-in-bins-redrawn" else
-                   f"one 1-of-{d.batches_per_epoch} random allocation at noise σ/√E = "
-                   f"{d.noise_multiplier / math.sqrt(d.epochs):.6g} (the example sits in the same slot of all "
-                   f"{d.epochs} epochs: one Gaussian of sensitivity √E)")
+        mapping = (
+            f"{d.epochs} epoch(s) of a 1-of-{d.batches_per_epoch} random allocation, composed"
+            if d.sampler == "balls-in-bins-redrawn"
+            else f"one 1-of-{d.batches_per_epoch} random allocation at noise σ/√E = "
+            f"{d.noise_multiplier / math.sqrt(d.epochs):.6g} (the example sits in the same slot of all "
+            f"{d.epochs} epochs: one Gaussian of sensitivity √E)"
+        )
         assumptions = _base_assumptions(d) + [
             f"pld-accounting (Feldman & Shenfeld) random-allocation PLD: {mapping}; the claim is the dominating "
             f"(upper) bound, the dominated (lower) bound is ε = {bounds.lower:.6g}"
             + ("" if bounds.converged else " (refinement stopped before upper/lower <= 1.1)"),
         ]
-        return AccountantResult(self.name, bounds.upper, delta, assumptions,
-                                {"epsilon_lower": bounds.lower, "epsilon_upper": bounds.upper,
-                                 "converged": bounds.converged,
-                                 "loss_discretization": "adaptive" if grid is None else grid})
+        return AccountantResult(
+            self.name,
+            bounds.upper,
+            delta,
+            assumptions,
+            {
+                "epsilon_lower": bounds.lower,
+                "epsilon_upper": bounds.upper,
+                "converged": bounds.converged,
+                "loss_discretization": "adaptive" if grid is None else grid,
+            },
+        )
 
     def delta(self, description: MechanismDescription, epsilon: float) -> float:
         raise UnsupportedMechanismError("accountant allocation: δ(ε) is not offered; ask for ε at δ")
@@ -214,8 +237,9 @@ class MonteCarloAccountant:
         if self.failure_probability is not None and not 0.0 < self.failure_probability < 1.0:
             raise ParamsError(f"failure_probability = {self.failure_probability} is invalid: it must lie in (0, 1)")
         if self.verification not in VERIFICATIONS:
-            raise ParamsError(f"verification = {self.verification!r} is invalid: allowed values are "
-                              f"{', '.join(VERIFICATIONS)}")
+            raise ParamsError(
+                f"verification = {self.verification!r} is invalid: allowed values are {', '.join(VERIFICATIONS)}"
+            )
         mc.resolve_device(self.device)
 
     def failure_target(self, delta: float) -> float:
@@ -232,13 +256,17 @@ class MonteCarloAccountant:
 
     def unsupported(self, description: MechanismDescription) -> str | None:
         if description.sampler not in ("balls-in-bins", "balls-in-bins-redrawn"):
-            return (f"the Monte Carlo accountant covers balls-in-bins batching, not {description.sampler}; "
-                    f"use --accountant pld")
+            return (
+                f"the Monte Carlo accountant covers balls-in-bins batching, not {description.sampler}; "
+                f"use --accountant pld"
+            )
         if description.group_size != 1:
             return "the Monte Carlo accountant is example-level only; group-level ε needs poisson or fixed with pld"
         if description.sampler == "balls-in-bins-redrawn" and description.mechanism != "identity":
-            return ("correlated noise needs bins fixed across epochs (004 Lemma 3.2 sums the same slot over "
-                    "epochs); use sampler balls-in-bins")
+            return (
+                "correlated noise needs bins fixed across epochs (004 Lemma 3.2 sums the same slot over "
+                "epochs); use sampler balls-in-bins"
+            )
         return None
 
     def pair(self, description: MechanismDescription) -> mc.DominatingPair:
@@ -254,21 +282,28 @@ class MonteCarloAccountant:
         sentences = _base_assumptions(d)
         poisson = poisson_at_same_noise(d, delta)
         if poisson is not None:
-            sentences.insert(0, (
-                f"WARNING: with independent noise (mechanism identity) over {d.epochs} epochs, bins fixed across "
-                f"epochs are far worse than Poisson sampling: at this σ = {d.noise_multiplier:.4g} and q, Poisson "
-                f"would give ε = {poisson:.3g}; for DP-SGD use balls-in-bins-redrawn or poisson, and keep fixed "
-                f"bins for correlated noise"
-            ))
+            sentences.insert(
+                0,
+                (
+                    f"WARNING: with independent noise (mechanism identity) over {d.epochs} epochs, bins fixed across "
+                    f"epochs are far worse than Poisson sampling: at this σ = {d.noise_multiplier:.4g} and q, Poisson "
+                    f"would give ε = {poisson:.3g}; for DP-SGD use balls-in-bins-redrawn or poisson, and keep fixed "
+                    f"bins for correlated noise"
+                ),
+            )
         if d.mechanism != "identity":
-            sentences.append(f"correlated noise: the model receives x + C⁻¹z with C the {d.mechanism} matrix "
-                             f"(non-negative lower-triangular Toeplitz); dominating pair of 004 Lemma 3.2")
+            sentences.append(
+                f"correlated noise: the model receives x + C⁻¹z with C the {d.mechanism} matrix "
+                f"(non-negative lower-triangular Toeplitz); dominating pair of 004 Lemma 3.2"
+            )
         failure_probability = details["mc_failure_probability"]
         if details["verification"] == "importance":
-            how = (f"importance-sampled fresh sets of {details['verify_samples_remove']} (remove) and "
-                   f"{details['verify_samples_add']} (add) draws with weights bounded by M = "
-                   f"{details['importance_bound_remove']:.3g} / {details['importance_bound_add']:.3g} "
-                   f"(KL bound on f·w/M; where M <= δ the bound δ <= M proves the direction)")
+            how = (
+                f"importance-sampled fresh sets of {details['verify_samples_remove']} (remove) and "
+                f"{details['verify_samples_add']} (add) draws with weights bounded by M = "
+                f"{details['importance_bound_remove']:.3g} / {details['importance_bound_add']:.3g} "
+                f"(KL bound on f·w/M; where M <= δ the bound δ <= M proves the direction)"
+            )
         else:
             how = f"fresh sets of {details['verify_samples']} samples"
         sentences.append(
@@ -280,8 +315,9 @@ class MonteCarloAccountant:
         )
         return sentences
 
-    def importance_plan(self, pair: mc.DominatingPair, sigma: float, epsilon: float,
-                        delta: float) -> tuple[tuple[importance.Proposal, ...], tuple[int, ...]] | None:
+    def importance_plan(
+        self, pair: mc.DominatingPair, sigma: float, epsilon: float, delta: float
+    ) -> tuple[tuple[importance.Proposal, ...], tuple[int, ...]] | None:
         """The importance-sampling proposals and per-direction draws for this attempt, or None where plain
         sampling is used (``verification``, several pieces, a fixed ``verify_samples``, or more draws)."""
         if self.verification == "plain" or self.verify_samples is not None:
@@ -290,7 +326,8 @@ class MonteCarloAccountant:
             if self.verification == "importance":
                 raise UnsupportedMechanismError(
                     "verification = importance needs bins fixed across epochs (one piece): with bins redrawn every "
-                    "epoch the losses of the epochs add and the per-piece union bound does not cover their sum")
+                    "epoch the losses of the epochs add and the per-piece union bound does not cover their sum"
+                )
             return None
         threshold, plain, failure = self.verification_plan(delta)
         gram = torch.as_tensor(pair.grams[0], dtype=torch.float64)
@@ -300,8 +337,9 @@ class MonteCarloAccountant:
             return None
         return proposals, counts
 
-    def verify(self, pair: mc.DominatingPair, sigma: float, epsilon: float, delta: float,
-               raise_sigma: bool) -> tuple[float, float, dict]:
+    def verify(
+        self, pair: mc.DominatingPair, sigma: float, epsilon: float, delta: float, raise_sigma: bool
+    ) -> tuple[float, float, dict]:
         """Estimate-Verify-Release on fresh samples; returns the certified (σ, ε) and the details.
 
         If the check fails, σ (or, at a fixed σ, ε) is raised by 5% and checked again on new fresh samples,
@@ -350,8 +388,14 @@ class MonteCarloAccountant:
             "unconditional_delta": min(1.0, delta + total_failure),
         }
         if plan is not None:
-            details.update({"importance_bound_remove": plan[0][0].bound, "importance_bound_add": plan[0][1].bound,
-                            "verify_samples_remove": plan[1][0], "verify_samples_add": plan[1][1]})
+            details.update(
+                {
+                    "importance_bound_remove": plan[0][0].bound,
+                    "importance_bound_add": plan[0][1].bound,
+                    "verify_samples_remove": plan[1][0],
+                    "verify_samples_add": plan[1][1],
+                }
+            )
         return sigma, epsilon, details
 
     def epsilon(self, description: MechanismDescription, delta: float) -> AccountantResult:
@@ -359,38 +403,60 @@ class MonteCarloAccountant:
         pair = self.pair(description)
         if description.noise_multiplier == 0:
             return AccountantResult(self.name, math.inf, delta, _base_assumptions(description), {})
-        _, eps, details = self.verify(pair, description.noise_multiplier, self.epsilon_estimate(description, delta),
-                                      delta, raise_sigma=False)
+        _, eps, details = self.verify(
+            pair, description.noise_multiplier, self.epsilon_estimate(description, delta), delta, raise_sigma=False
+        )
         return AccountantResult(self.name, eps, delta, self.assumptions(description, delta, details), details)
 
     def epsilon_estimate(self, description: MechanismDescription, delta: float) -> float:
         """ε̂ at δ' = evr_delta_ratio·δ from ``samples`` samples, without verification (curves, not claims)."""
         if description.noise_multiplier == 0:
             return math.inf
-        found = mc.collect_losses(self.pair(description), description.noise_multiplier, self.samples, self.seed,
-                                  device=mc.resolve_device(self.device))
+        found = mc.collect_losses(
+            self.pair(description),
+            description.noise_multiplier,
+            self.samples,
+            self.seed,
+            device=mc.resolve_device(self.device),
+        )
         return mc.epsilon_from_losses(found, self.samples, self.evr_delta_ratio * delta)
 
     def delta(self, description: MechanismDescription, epsilon: float) -> float:
-        return mc.estimate_delta(self.pair(description), description.noise_multiplier, epsilon,
-                                 self.samples, self.seed).delta
+        return mc.estimate_delta(
+            self.pair(description), description.noise_multiplier, epsilon, self.samples, self.seed
+        ).delta
 
     def delta_estimate(self, description: MechanismDescription, epsilon: float) -> mc.DeltaEstimate:
         """δ̂(ε) with its confidence interval (no EVR)."""
-        return mc.estimate_delta(self.pair(description), description.noise_multiplier, epsilon,
-                                 self.samples, self.seed)
+        return mc.estimate_delta(self.pair(description), description.noise_multiplier, epsilon, self.samples, self.seed)
 
-    def calibrate(self, description: MechanismDescription, epsilon: float, delta: float) -> tuple[float, AccountantResult]:
+    def calibrate(
+        self, description: MechanismDescription, epsilon: float, delta: float
+    ) -> tuple[float, AccountantResult]:
         """σ by bisection with common random numbers at δ' (004 Alg. 2), then EVR on fresh samples."""
         pair = self.pair(description)
         upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, self.evr_delta_ratio * delta)
-        search = mc.calibrate_sigma(pair, epsilon, self.evr_delta_ratio * delta, self.samples, self.seed, upper,
-                                    device=mc.resolve_device(self.device))
+        search = mc.calibrate_sigma(
+            pair,
+            epsilon,
+            self.evr_delta_ratio * delta,
+            self.samples,
+            self.seed,
+            upper,
+            device=mc.resolve_device(self.device),
+        )
         sigma, _, details = self.verify(pair, search.noise_multiplier, epsilon, delta, raise_sigma=True)
-        details.update({"sigma_calibrated": search.noise_multiplier, "survivors": search.survivors,
-                        "search_passes": search.passes, "delta_hat_calibration": search.delta_hat})
-        result = AccountantResult(self.name, epsilon, delta,
-                                  self.assumptions(description.with_noise(sigma), delta, details), details)
+        details.update(
+            {
+                "sigma_calibrated": search.noise_multiplier,
+                "survivors": search.survivors,
+                "search_passes": search.passes,
+                "delta_hat_calibration": search.delta_hat,
+            }
+        )
+        result = AccountantResult(
+            self.name, epsilon, delta, self.assumptions(description.with_noise(sigma), delta, details), details
+        )
         return sigma, result
 
 
@@ -421,8 +487,7 @@ def get_accountant(name: str, **settings) -> Accountant:
     if name == "allocation":
         return AllocationAccountant()
     if name == "montecarlo":
-        keys = ("samples", "failure_probability", "verify_samples", "seed", "evr_delta_ratio", "device",
-                "verification")
+        keys = ("samples", "failure_probability", "verify_samples", "seed", "evr_delta_ratio", "device", "verification")
         return MonteCarloAccountant(**{k: v for k, v in settings.items() if k in keys})
     raise ParamsError(f"accountant = {name!r} is invalid: allowed values are auto, {', '.join(ACCOUNTANTS)}")
 

@@ -100,10 +100,13 @@ def _one_bin(sigma: float, epochs: int, delta: float) -> AllocationBounds:
     from dp_accounting.pld import privacy_loss_distribution
 
     upper, lower = (
-        float(privacy_loss_distribution.from_gaussian_mechanism(
-            standard_deviation=sigma / math.sqrt(epochs), value_discretization_interval=1e-4,
-            pessimistic_estimate=pessimistic,
-        ).get_epsilon_for_delta(delta))
+        float(
+            privacy_loss_distribution.from_gaussian_mechanism(
+                standard_deviation=sigma / math.sqrt(epochs),
+                value_discretization_interval=1e-4,
+                pessimistic_estimate=pessimistic,
+            ).get_epsilon_for_delta(delta)
+        )
         for pessimistic in (True, False)
     )
     return AllocationBounds(upper, lower, True)

@@ -38,12 +38,19 @@ class Calibration:
     result: AccountantResult
 
 
-def calibrate_noise(accountant: Accountant, description: MechanismDescription, epsilon: float, delta: float,
-                    tolerance: float = EPSILON_TOLERANCE) -> Calibration:
+def calibrate_noise(
+    accountant: Accountant,
+    description: MechanismDescription,
+    epsilon: float,
+    delta: float,
+    tolerance: float = EPSILON_TOLERANCE,
+) -> Calibration:
     """σ for the target (ε, δ) with ``accountant``; its proven ε is within ``tolerance`` below the target."""
     if not (math.isfinite(epsilon) and 0 < epsilon <= MAX_EPSILON):
-        raise ParamsError(f"epsilon = {epsilon} is invalid: it must be a number in (0, {MAX_EPSILON:g}] (beyond it "
-                          f"no noise multiplier >= {MIN_NOISE:g} is needed and the claim says nothing)")
+        raise ParamsError(
+            f"epsilon = {epsilon} is invalid: it must be a number in (0, {MAX_EPSILON:g}] (beyond it "
+            f"no noise multiplier >= {MIN_NOISE:g} is needed and the claim says nothing)"
+        )
     if not 0.0 < delta < 1.0:
         raise ParamsError(f"delta = {delta} is invalid: it must lie in (0, 1)")
     require_support(accountant, description)
@@ -65,8 +72,9 @@ def calibrate_noise(accountant: Accountant, description: MechanismDescription, e
     while eps_high > epsilon:
         low, eps_low, high = high, eps_high, factor * high
         if high > MAX_NOISE:
-            raise ParamsError(f"epsilon = {epsilon} is unreachable with noise multiplier <= {MAX_NOISE:g} at "
-                              f"delta = {delta}")
+            raise ParamsError(
+                f"epsilon = {epsilon} is unreachable with noise multiplier <= {MAX_NOISE:g} at delta = {delta}"
+            )
         eps_high = eps_at(high)
     while low == 0.0 and high > MIN_NOISE:
         eps_down = eps_at(high / factor)
@@ -76,8 +84,9 @@ def calibrate_noise(accountant: Accountant, description: MechanismDescription, e
             high, eps_high = high / factor, eps_down
     side = 0
     while epsilon - eps_high > tolerance and high - low > 1e-9 * high:
-        mid = _illinois_point(low, eps_low, high, eps_high, epsilon, side,
-                              log_scale=isinstance(accountant, AllocationAccountant))
+        mid = _illinois_point(
+            low, eps_low, high, eps_high, epsilon, side, log_scale=isinstance(accountant, AllocationAccountant)
+        )
         eps_mid = eps_at(mid)
         if eps_mid > epsilon:
             low, eps_low, side = mid, eps_mid, (side - 1 if side < 0 else -1)
@@ -88,8 +97,9 @@ def calibrate_noise(accountant: Accountant, description: MechanismDescription, e
     return Calibration(high, accountant.epsilon(description.with_noise(high), delta))
 
 
-def _search_plan(accountant: Accountant, description: MechanismDescription, epsilon: float, delta: float,
-                 tolerance: float) -> tuple[float, float, float]:
+def _search_plan(
+    accountant: Accountant, description: MechanismDescription, epsilon: float, delta: float, tolerance: float
+) -> tuple[float, float, float]:
     """(first σ, bracketing factor, ε tolerance). The allocation accountant costs seconds per point, so it
     starts at the RDP σ of Poisson sampling with the same q and steps (close to it: a few points bracket
     the answer) and stops within 0.1% of the target. It evaluates the dominating bound alone on one grid
@@ -118,16 +128,20 @@ def _newton_bracket(eps_at, start: float, eps_start: float, target: float) -> tu
     return 0.0, math.inf, small, eps_small
 
 
-def _illinois_point(low: float, eps_low: float, high: float, eps_high: float, target: float, side: int,
-                    log_scale: bool = False) -> float:
+def _illinois_point(
+    low: float, eps_low: float, high: float, eps_high: float, target: float, side: int, log_scale: bool = False
+) -> float:
     """Next σ inside (low, high): false position on ε(σ) − target (on log ε against log σ with
     ``log_scale``, where ε is close to a power of σ), with the Illinois halving of the end that keeps being
     retained; bisection where the low end's ε is infinite."""
     if not math.isfinite(eps_low):
         return 0.5 * (low + high)
     if log_scale and low > 0:
-        point = math.exp(_illinois_point(math.log(low), math.log(eps_low), math.log(high), math.log(eps_high),
-                                         math.log(target), side))
+        point = math.exp(
+            _illinois_point(
+                math.log(low), math.log(eps_low), math.log(high), math.log(eps_high), math.log(target), side
+            )
+        )
         width = high - low
         return min(max(point, low + 1e-3 * width), high - 1e-3 * width)
     f_low, f_high = eps_low - target, eps_high - target

@@ -36,22 +36,34 @@ class AccountedSampling:
 
     def sentence(self, description: "MechanismDescription") -> str:
         d = description
-        return self.law.format(q=f"{d.sample_rate:.6g}", B=d.batch_size, N=d.dataset_size, b=d.batches_per_epoch,
-                               E=d.epochs)
+        return self.law.format(
+            q=f"{d.sample_rate:.6g}", B=d.batch_size, N=d.dataset_size, b=d.batches_per_epoch, E=d.epochs
+        )
 
 
 ACCOUNTED_SAMPLINGS = {
     law.name: law
     for law in (
-        AccountedSampling("poisson", "Poisson sampling: each example joins each step independently with probability "
-                                     "q = {q}"),
-        AccountedSampling("fixed", "fixed-size sampling: each step uses a fresh uniformly random subset of B = {B} "
-                                   "of N = {N} examples (not a shuffle)"),
-        AccountedSampling("balls-in-bins", "balls-in-bins: each example is put in one of b = {b} bins once, and the "
-                                           "bins are reused in the same order every epoch ({E} epochs)",
-                          whole_epochs=True),
-        AccountedSampling("balls-in-bins-redrawn", "balls-in-bins redrawn every epoch: each epoch puts every example "
-                                                   "in one of b = {b} bins afresh ({E} epochs)", whole_epochs=True),
+        AccountedSampling(
+            "poisson", "Poisson sampling: each example joins each step independently with probability q = {q}"
+        ),
+        AccountedSampling(
+            "fixed",
+            "fixed-size sampling: each step uses a fresh uniformly random subset of B = {B} "
+            "of N = {N} examples (not a shuffle)",
+        ),
+        AccountedSampling(
+            "balls-in-bins",
+            "balls-in-bins: each example is put in one of b = {b} bins once, and the "
+            "bins are reused in the same order every epoch ({E} epochs)",
+            whole_epochs=True,
+        ),
+        AccountedSampling(
+            "balls-in-bins-redrawn",
+            "balls-in-bins redrawn every epoch: each epoch puts every example "
+            "in one of b = {b} bins afresh ({E} epochs)",
+            whole_epochs=True,
+        ),
     )
 }
 SAMPLERS = tuple(ACCOUNTED_SAMPLINGS)
@@ -136,8 +148,14 @@ def describe(
     if sampler not in SAMPLERS:
         raise ParamsError(f"sampler = {sampler!r} is invalid: allowed values are {', '.join(SAMPLERS)}")
     _positive("noise_multiplier", noise_multiplier, allow_zero=True)
-    for name, value in (("dataset_size", dataset_size), ("batch_size", batch_size), ("steps", steps),
-                        ("epochs", epochs), ("batches_per_epoch", batches_per_epoch), ("group_size", group_size)):
+    for name, value in (
+        ("dataset_size", dataset_size),
+        ("batch_size", batch_size),
+        ("steps", steps),
+        ("epochs", epochs),
+        ("batches_per_epoch", batches_per_epoch),
+        ("group_size", group_size),
+    ):
         if value is not None:
             _positive_int(name, value)
     if dataset_size is not None and batch_size is not None:
@@ -203,5 +221,7 @@ def vacuous_delta_warning(delta: float, dataset_size: int | None) -> str | None:
     """δ >= 1/n admits mechanisms that publish an example outright: the (ε, δ) claim then says little."""
     if dataset_size is None or delta < 1.0 / dataset_size:
         return None
-    return (f"WARNING: delta = {delta:g} >= 1/n = {1.0 / dataset_size:.3g} (n = {dataset_size} examples): a mechanism "
-            f"that publishes one random example outright meets this delta, so the claim says little; use delta < 1/n")
+    return (
+        f"WARNING: delta = {delta:g} >= 1/n = {1.0 / dataset_size:.3g} (n = {dataset_size} examples): a mechanism "
+        f"that publishes one random example outright meets this delta, so the claim says little; use delta < 1/n"
+    )

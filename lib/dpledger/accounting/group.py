@@ -34,8 +34,13 @@ class GroupEpsilon:
         return asdict(self)
 
 
-def group_conversion_epsilon(description: MechanismDescription, delta: float, group_size: int,
-                             discretization: float = DISCRETIZATION, grid_points: int = 241) -> float:
+def group_conversion_epsilon(
+    description: MechanismDescription,
+    delta: float,
+    group_size: int,
+    discretization: float = DISCRETIZATION,
+    grid_points: int = 241,
+) -> float:
     """Smallest k·ε₁(δ₁) over a log grid of δ₁ (refined around the best point) with the telescoped
     δ_k(δ₁) <= δ; ∞ if no grid point is feasible. Any feasible δ₁ gives a valid bound."""
     if group_size == 1:
@@ -49,8 +54,17 @@ def group_conversion_epsilon(description: MechanismDescription, delta: float, gr
         if dataset_size < description.batch_size:
             return math.inf
         sample_rate = description.batch_size / dataset_size
-    pld = composed_pld(description.noise_multiplier, description.sampler, 1, sample_rate,
-                        dataset_size, description.batch_size, description.steps, discretization)
+    pld = composed_pld(
+        description.noise_multiplier,
+        description.sampler,
+        1,
+        sample_rate,
+        dataset_size,
+        description.batch_size,
+        description.steps,
+        discretization,
+    )
+
     def bound(log_delta_1: float) -> float:
         eps_1 = float(pld.get_epsilon_for_delta(math.exp(log_delta_1)))
         feasible = math.isfinite(eps_1) and log_delta_1 + _log_growth(group_size, eps_1) <= math.log(delta)
@@ -70,17 +84,26 @@ def _log_growth(group_size: int, eps_1: float) -> float:
     """log((e^{kε} − 1)/(e^ε − 1)), in log space so that large kε does not overflow (k at ε = 0)."""
     if eps_1 == 0:
         return math.log(group_size)
-    return (group_size * eps_1 + math.log(-math.expm1(-group_size * eps_1))
-            - eps_1 - math.log(-math.expm1(-eps_1)))
+    return group_size * eps_1 + math.log(-math.expm1(-group_size * eps_1)) - eps_1 - math.log(-math.expm1(-eps_1))
 
 
 def _example_epsilon(description: MechanismDescription, delta: float, discretization: float) -> float:
-    return pld_epsilon(description.noise_multiplier, description.sampler, 1, description.sample_rate,
-                       description.dataset_size, description.batch_size, description.steps, delta, discretization)
+    return pld_epsilon(
+        description.noise_multiplier,
+        description.sampler,
+        1,
+        description.sample_rate,
+        description.dataset_size,
+        description.batch_size,
+        description.steps,
+        delta,
+        discretization,
+    )
 
 
-def group_table(description: MechanismDescription, delta: float, group_sizes: list[int],
-                discretization: float = DISCRETIZATION) -> list[GroupEpsilon]:
+def group_table(
+    description: MechanismDescription, delta: float, group_sizes: list[int], discretization: float = DISCRETIZATION
+) -> list[GroupEpsilon]:
     """Group-level ε for each k by MoG, by the conversion and the linear line (Poisson and fixed samplers).
 
     ``discretization`` is the (pessimistic) PLD interval of the MoG accountant, whose cost grows with k;
@@ -96,14 +119,31 @@ def group_table(description: MechanismDescription, delta: float, group_sizes: li
     example = _example_epsilon(description, delta, DISCRETIZATION)
     rows = []
     for k in group_sizes:
-        mog = example if k == 1 else pld_epsilon(
-            description.noise_multiplier, description.sampler, k, description.sample_rate,
-            description.dataset_size, description.batch_size, description.steps, delta, discretization)
+        mog = (
+            example
+            if k == 1
+            else pld_epsilon(
+                description.noise_multiplier,
+                description.sampler,
+                k,
+                description.sample_rate,
+                description.dataset_size,
+                description.batch_size,
+                description.steps,
+                delta,
+                discretization,
+            )
+        )
         conversion = group_conversion_epsilon(description, delta, k)
         too_small = description.sampler == "fixed" and description.dataset_size - k + 1 < description.batch_size
-        note = "" if math.isfinite(conversion) else (
-            f"conversion returned ∞: removing {k} examples leaves fewer than B = {description.batch_size}"
-            if too_small else "conversion returned ∞: the example-level δ₁ it needs is below the PLD's tail truncation"
+        note = (
+            ""
+            if math.isfinite(conversion)
+            else (
+                f"conversion returned ∞: removing {k} examples leaves fewer than B = {description.batch_size}"
+                if too_small
+                else "conversion returned ∞: the example-level δ₁ it needs is below the PLD's tail truncation"
+            )
         )
         rows.append(GroupEpsilon(k, mog, conversion, k * example, note))
     return rows

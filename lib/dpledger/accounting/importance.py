@@ -118,8 +118,9 @@ def samples_needed(bound: float, failure: float, delta: float, threshold: float)
     return evr.samples_for(failure, delta / bound, threshold / bound)
 
 
-def _inputs(seed: int, block: int, rows: int, bins: int, probabilities: torch.Tensor,
-            device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _inputs(
+    seed: int, block: int, rows: int, bins: int, probabilities: torch.Tensor, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(category, uniform in (0, 1], N(0, I_b) rows) of one block, seeded from (seed, block) alone."""
     key = np.random.SeedSequence((int(seed), block, 7919)).generate_state(2, np.uint64)
     if device.type == "cuda":
@@ -133,8 +134,11 @@ def _inputs(seed: int, block: int, rows: int, bins: int, probabilities: torch.Te
     weights = probabilities.cpu().numpy()
     category = np.searchsorted(np.cumsum(weights / weights.sum()), rng.random(rows), side="right")
     category = np.minimum(category, weights.size - 1)
-    return (torch.from_numpy(category), torch.from_numpy(1.0 - rng.random(rows)),
-            torch.from_numpy(rng.standard_normal((rows, bins))))
+    return (
+        torch.from_numpy(category),
+        torch.from_numpy(1.0 - rng.random(rows)),
+        torch.from_numpy(rng.standard_normal((rows, bins))),
+    )
 
 
 def _tail(uniform: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
@@ -142,8 +146,9 @@ def _tail(uniform: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
     return -torch.special.ndtri(uniform * torch.special.log_ndtr(-cut).exp())
 
 
-def conditioned(normals: torch.Tensor, factor: torch.Tensor, direction: torch.Tensor, spread: torch.Tensor,
-                value: torch.Tensor) -> torch.Tensor:
+def conditioned(
+    normals: torch.Tensor, factor: torch.Tensor, direction: torch.Tensor, spread: torch.Tensor, value: torch.Tensor
+) -> torch.Tensor:
     """Rows of U ~ N(0, G) conditioned on dᵀU = value, given d and Gd per row (``direction``, ``spread``):
     U = value·Gd/(dᵀGd) + (U' − dᵀU'·Gd/(dᵀGd)), U' = normals·Fᵀ (U − value·Gd/dᵀGd is independent of dᵀU)."""
     fresh = normals @ factor.T
@@ -153,8 +158,15 @@ def conditioned(normals: torch.Tensor, factor: torch.Tensor, direction: torch.Te
 
 
 @mc.single_threaded
-def estimate(gram: np.ndarray, proposal: Proposal, sigma: float, epsilon: float, samples: int, seed: int,
-             device: torch.device = torch.device("cpu")) -> ImportanceEstimate:
+def estimate(
+    gram: np.ndarray,
+    proposal: Proposal,
+    sigma: float,
+    epsilon: float,
+    samples: int,
+    seed: int,
+    device: torch.device = torch.device("cpu"),
+) -> ImportanceEstimate:
     """mean(f·w) over ``samples`` draws from ``proposal`` (float64), in blocks of mc.BLOCK."""
     gram_t = torch.as_tensor(gram, dtype=torch.float64, device=device)
     factor = mc.gram_factor(gram_t)
@@ -194,8 +206,16 @@ def estimate(gram: np.ndarray, proposal: Proposal, sigma: float, epsilon: float,
     return ImportanceEstimate(proposal.direction, mean, stderr, proposal.bound, samples, largest)
 
 
-def verify(gram: np.ndarray, proposals: tuple[Proposal, Proposal], counts: tuple[int, int], sigma: float,
-           epsilon: float, seed: int, device: torch.device = torch.device("cpu")) -> Verification:
+def verify(
+    gram: np.ndarray,
+    proposals: tuple[Proposal, Proposal],
+    counts: tuple[int, int],
+    sigma: float,
+    epsilon: float,
+    seed: int,
+    device: torch.device = torch.device("cpu"),
+) -> Verification:
     """Both directions on their own fresh draws (seeds ``seed`` and ``seed + 1``)."""
-    return Verification(tuple(estimate(gram, p, sigma, epsilon, m, seed + k, device)
-                              for k, (p, m) in enumerate(zip(proposals, counts))))
+    return Verification(
+        tuple(estimate(gram, p, sigma, epsilon, m, seed + k, device) for k, (p, m) in enumerate(zip(proposals, counts)))
+    )

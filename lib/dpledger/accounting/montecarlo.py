@@ -15,8 +15,8 @@ numbers across σ (004 Alg. 2) and a different seed gives the fresh samples EVR 
 
 from __future__ import annotations
 
-import math
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, TypeVar
 
@@ -170,12 +170,15 @@ def _block(pair: DominatingPair, seed: int, block: int, piece: int, rows: int, d
         normals = torch.randn((rows, pair.bins), generator=generator, device=device, dtype=torch.float64)
         return Draw(bins, normals.to(torch.float32))
     rng = np.random.Generator(np.random.SFC64(key))
-    return Draw(torch.from_numpy(rng.integers(0, pair.bins, rows)),
-                torch.from_numpy(rng.standard_normal((rows, pair.bins)).astype(np.float32)))
+    return Draw(
+        torch.from_numpy(rng.integers(0, pair.bins, rows)),
+        torch.from_numpy(rng.standard_normal((rows, pair.bins)).astype(np.float32)),
+    )
 
 
-def draws(pair: DominatingPair, samples: int, seed: int, chunk: int | None = None,
-          device: torch.device = torch.device("cpu")) -> Iterator[list[Draw]]:
+def draws(
+    pair: DominatingPair, samples: int, seed: int, chunk: int | None = None, device: torch.device = torch.device("cpu")
+) -> Iterator[list[Draw]]:
     """Chunks of samples (one Draw per piece), reproducible from ``seed`` (common random numbers).
 
     Samples come in blocks of BLOCK seeded independently (:func:`_block`); a chunk is a run of whole
@@ -185,8 +188,10 @@ def draws(pair: DominatingPair, samples: int, seed: int, chunk: int | None = Non
     for first in range(0, blocks, per_chunk):
         pieces = []
         for piece in range(len(pair.grams)):
-            parts = [_block(pair, seed, k, piece, min(BLOCK, samples - k * BLOCK), device)
-                     for k in range(first, min(first + per_chunk, blocks))]
+            parts = [
+                _block(pair, seed, k, piece, min(BLOCK, samples - k * BLOCK), device)
+                for k in range(first, min(first + per_chunk, blocks))
+            ]
             pieces.append(Draw(torch.cat([p.bins for p in parts]), torch.cat([p.normals for p in parts])))
         yield pieces
 
@@ -198,8 +203,9 @@ def correlate(normals: torch.Tensor, factor: torch.Tensor, diagonal: bool) -> to
     return normals @ factor.T.to(normals.dtype)
 
 
-def losses(gram: torch.Tensor, bins: torch.Tensor, correlated: torch.Tensor,
-           sigma: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def losses(
+    gram: torch.Tensor, bins: torch.Tensor, correlated: torch.Tensor, sigma: float | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Privacy losses (remove, add) of one piece at noise σ (module docstring)."""
     log_bins = math.log(gram.shape[0])
     half_norms = torch.diagonal(gram) / 2
@@ -232,8 +238,9 @@ class PreparedPair:
             remove, add = remove + piece_remove, add + piece_add
         return remove, add
 
-    def chunk_loss_bounds(self, chunk: list[Draw], low: float,
-                          high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def chunk_loss_bounds(
+        self, chunk: list[Draw], low: float, high: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Upper bounds on the (remove, add) losses over σ ∈ [low, high]: each term of each LSE is bounded
         at the endpoints separately (a/σ² and u/σ are monotone in σ), and LSE is monotone. Computed in
         float32; the third tensor is each row's largest term magnitude, for a rounding margin."""
@@ -269,8 +276,15 @@ class DeltaEstimate:
 
 
 @single_threaded
-def estimate_delta(pair: DominatingPair, sigma: float, epsilon: float, samples: int, seed: int,
-                   chunk: int | None = None, device: torch.device = torch.device("cpu")) -> DeltaEstimate:
+def estimate_delta(
+    pair: DominatingPair,
+    sigma: float,
+    epsilon: float,
+    samples: int,
+    seed: int,
+    chunk: int | None = None,
+    device: torch.device = torch.device("cpu"),
+) -> DeltaEstimate:
     """Monte Carlo δ̂(ε) at noise σ (the larger direction), streaming over chunks (float64 losses)."""
     prepared = PreparedPair(pair, device)
     sums = np.zeros(2)
@@ -283,13 +297,20 @@ def estimate_delta(pair: DominatingPair, sigma: float, epsilon: float, samples: 
     means = sums / samples
     variances = np.maximum(squares / samples - means**2, 0.0)
     worst = int(np.argmax(means))
-    return DeltaEstimate(float(means[worst]), float(means[0]), float(means[1]),
-                         float(math.sqrt(variances[worst] / samples)), samples)
+    return DeltaEstimate(
+        float(means[worst]), float(means[0]), float(means[1]), float(math.sqrt(variances[worst] / samples)), samples
+    )
 
 
 @single_threaded
-def collect_losses(pair: DominatingPair, sigma: float, samples: int, seed: int, chunk: int | None = None,
-                   device: torch.device = torch.device("cpu")) -> tuple[np.ndarray, np.ndarray]:
+def collect_losses(
+    pair: DominatingPair,
+    sigma: float,
+    samples: int,
+    seed: int,
+    chunk: int | None = None,
+    device: torch.device = torch.device("cpu"),
+) -> tuple[np.ndarray, np.ndarray]:
     """All positive privacy losses (remove, add) at σ; memory O(samples) (ε(δ) at a fixed σ needs them)."""
     prepared = PreparedPair(pair, device)
     kept: tuple[list, list] = ([], [])
@@ -301,6 +322,7 @@ def collect_losses(pair: DominatingPair, sigma: float, samples: int, seed: int, 
 
 def epsilon_from_losses(losses_by_direction: tuple[np.ndarray, np.ndarray], samples: int, delta: float) -> float:
     """Smallest ε >= 0 with δ̂(ε) <= δ in both directions (δ̂ is decreasing in ε; bisection)."""
+
     def delta_hat(epsilon: float) -> float:
         return max(float(np.sum(-np.expm1(epsilon - y[y > epsilon]))) / samples for y in losses_by_direction)
 
@@ -330,10 +352,19 @@ class SigmaSearch:
 
 
 @single_threaded
-def calibrate_sigma(pair: DominatingPair, epsilon: float, delta: float, samples: int, seed: int,
-                    upper: float, pilot_samples: int = 1 << 14, chunk: int | None = None,
-                    tolerance: float = 1e-7, guess: float | None = None,
-                    device: torch.device = torch.device("cpu")) -> SigmaSearch:
+def calibrate_sigma(
+    pair: DominatingPair,
+    epsilon: float,
+    delta: float,
+    samples: int,
+    seed: int,
+    upper: float,
+    pilot_samples: int = 1 << 14,
+    chunk: int | None = None,
+    tolerance: float = 1e-7,
+    guess: float | None = None,
+    device: torch.device = torch.device("cpu"),
+) -> SigmaSearch:
     """Smallest σ (to ``tolerance`` relative) with δ̂(σ) <= δ on ``samples`` fixed samples (004 Alg. 2).
 
     ``upper`` is a σ known to satisfy the target (the unamplified Gaussian's). A pilot on the first
@@ -353,13 +384,15 @@ def calibrate_sigma(pair: DominatingPair, epsilon: float, delta: float, samples:
             continue
         if survivors.delta_hat(epsilon, high) > delta:
             if high >= upper:
-                return SigmaSearch(upper, survivors.delta_hat(epsilon, high), samples, survivors.size, passes,
-                                   survivors.chunks)
+                return SigmaSearch(
+                    upper, survivors.delta_hat(epsilon, high), samples, survivors.size, passes, survivors.chunks
+                )
             low, high = high, min(high * 1.5, upper)
             continue
         sigma = survivors.bisect(epsilon, delta, low, high, tolerance)
-        return SigmaSearch(sigma, survivors.delta_hat(epsilon, sigma), samples, survivors.size, passes,
-                           survivors.chunks)
+        return SigmaSearch(
+            sigma, survivors.delta_hat(epsilon, sigma), samples, survivors.size, passes, survivors.chunks
+        )
     raise RuntimeError("Monte Carlo σ search did not bracket the target")
 
 
@@ -377,8 +410,9 @@ class _Survivors:
         return sum(int(chunk[0].bins.shape[0]) for chunk in self.chunks)
 
     @classmethod
-    def collect(cls, prepared: PreparedPair, samples: int, seed: int, chunk: int | None, epsilon: float,
-                low: float, high: float) -> "_Survivors":
+    def collect(
+        cls, prepared: PreparedPair, samples: int, seed: int, chunk: int | None, epsilon: float, low: float, high: float
+    ) -> "_Survivors":
         kept = []
         for piece in draws(prepared.pair, samples, seed, chunk, prepared.device):
             remove, add, scale = prepared.chunk_loss_bounds(piece, low, high)
@@ -391,8 +425,10 @@ class _Survivors:
     def delta_hat(self, epsilon: float, sigma: float) -> float:
         if self.correlated is None:
             self.correlated = [
-                [correlate(d.normals.to(torch.float64), f, diag) for d, f, diag in
-                 zip(piece, self.prepared.factors, self.prepared.diagonal)]
+                [
+                    correlate(d.normals.to(torch.float64), f, diag)
+                    for d, f, diag in zip(piece, self.prepared.factors, self.prepared.diagonal)
+                ]
                 for piece in self.chunks
             ]
         totals = np.zeros(2)

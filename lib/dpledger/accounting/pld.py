@@ -29,8 +29,9 @@ DISCRETIZATION = 1e-4
 """Default value_discretization_interval (dp-accounting's default); finer is slower and tighter."""
 
 
-def mog_sensitivities(sampler: str, group_size: int, sample_rate: float,
-                      dataset_size: int | None, batch_size: int | None) -> tuple[list[float], list[float]]:
+def mog_sensitivities(
+    sampler: str, group_size: int, sample_rate: float, dataset_size: int | None, batch_size: int | None
+) -> tuple[list[float], list[float]]:
     """The scalar mixture-of-Gaussians (sensitivities, probabilities) dominating one step (001 §3.2–3.3)."""
     counts = np.arange(group_size + 1)
     if sampler == "poisson":
@@ -41,8 +42,14 @@ def mog_sensitivities(sampler: str, group_size: int, sample_rate: float,
     raise ValueError(f"no mixture-of-Gaussians reduction for sampler {sampler!r}")
 
 
-def mog_event(noise_multiplier: float, sampler: str, group_size: int, sample_rate: float,
-              dataset_size: int | None, batch_size: int | None) -> dp_event.MixtureOfGaussiansDpEvent:
+def mog_event(
+    noise_multiplier: float,
+    sampler: str,
+    group_size: int,
+    sample_rate: float,
+    dataset_size: int | None,
+    batch_size: int | None,
+) -> dp_event.MixtureOfGaussiansDpEvent:
     """The dp-accounting event of one step: std σ (clip norm 1), random sensitivity (001 Def. 2.8)."""
     sens, probs = mog_sensitivities(sampler, group_size, sample_rate, dataset_size, batch_size)
     keep = [i for i, p in enumerate(probs) if p > 0.0]
@@ -50,8 +57,16 @@ def mog_event(noise_multiplier: float, sampler: str, group_size: int, sample_rat
 
 
 @lru_cache(maxsize=8)
-def composed_pld(noise_multiplier: float, sampler: str, group_size: int, sample_rate: float,
-                  dataset_size: int | None, batch_size: int | None, steps: int, discretization: float):
+def composed_pld(
+    noise_multiplier: float,
+    sampler: str,
+    group_size: int,
+    sample_rate: float,
+    dataset_size: int | None,
+    batch_size: int | None,
+    steps: int,
+    discretization: float,
+):
     """The PLD of ``steps`` self-compositions of one step (cached: calibration re-asks the same σ)."""
     if group_size == 1 and sampler in ("poisson", "fixed"):
         # Fixed batch, k = 1: the MoG {0: 1 − B/N, 2: B/N} with std σ is the subsampled Gaussian with
@@ -77,25 +92,43 @@ def composed_pld(noise_multiplier: float, sampler: str, group_size: int, sample_
     return single.self_compose(steps)
 
 
-def pld_epsilon(noise_multiplier: float, sampler: str, group_size: int, sample_rate: float,
-                dataset_size: int | None, batch_size: int | None, steps: int, delta: float,
-                discretization: float = DISCRETIZATION) -> float:
+def pld_epsilon(
+    noise_multiplier: float,
+    sampler: str,
+    group_size: int,
+    sample_rate: float,
+    dataset_size: int | None,
+    batch_size: int | None,
+    steps: int,
+    delta: float,
+    discretization: float = DISCRETIZATION,
+) -> float:
     """ε(δ) of ``steps`` compositions (∞ for σ = 0)."""
     if noise_multiplier == 0:
         return math.inf
-    pld = composed_pld(noise_multiplier, sampler, group_size, sample_rate, dataset_size, batch_size,
-                        steps, discretization)
+    pld = composed_pld(
+        noise_multiplier, sampler, group_size, sample_rate, dataset_size, batch_size, steps, discretization
+    )
     return float(pld.get_epsilon_for_delta(delta))
 
 
-def pld_delta(noise_multiplier: float, sampler: str, group_size: int, sample_rate: float,
-              dataset_size: int | None, batch_size: int | None, steps: int, epsilon: float,
-              discretization: float = DISCRETIZATION) -> float:
+def pld_delta(
+    noise_multiplier: float,
+    sampler: str,
+    group_size: int,
+    sample_rate: float,
+    dataset_size: int | None,
+    batch_size: int | None,
+    steps: int,
+    epsilon: float,
+    discretization: float = DISCRETIZATION,
+) -> float:
     """δ(ε) of ``steps`` compositions (1 for σ = 0)."""
     if noise_multiplier == 0:
         return 1.0
-    pld = composed_pld(noise_multiplier, sampler, group_size, sample_rate, dataset_size, batch_size,
-                        steps, discretization)
+    pld = composed_pld(
+        noise_multiplier, sampler, group_size, sample_rate, dataset_size, batch_size, steps, discretization
+    )
     return float(pld.get_delta_for_epsilon(epsilon))
 
 

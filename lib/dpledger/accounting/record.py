@@ -9,8 +9,16 @@ from typing import Any
 from dpledger import io
 from dpledger.accounting.description import MechanismDescription
 
-DESCRIBED = ("noise_multiplier", "sampler", "steps", "batch_size", "dataset_size", "epochs", "mechanism",
-             "mechanism_params")
+DESCRIBED = (
+    "noise_multiplier",
+    "sampler",
+    "steps",
+    "batch_size",
+    "dataset_size",
+    "epochs",
+    "mechanism",
+    "mechanism_params",
+)
 
 
 @dataclass(frozen=True)

@@ -69,9 +69,16 @@ def simulate_bgm(
     if observations < 4 or observations % 2:
         raise ParamsError(f"audit.observations = {observations} is invalid: it must be an even number >= 4")
     if observations > MAX_AUDIT_OBSERVATIONS:
-        raise ParamsError(f"audit.observations = {observations} is invalid: it must be at most {MAX_AUDIT_OBSERVATIONS:,}")
-    refuse_beyond(f"audit.observations = {observations} of games drawing {entries_per_game(audited.model)} values each",
-                  observations * entries_per_game(audited.model), MAX_AUDIT_DRAWS, "draws", "lower audit.observations")
+        raise ParamsError(
+            f"audit.observations = {observations} is invalid: it must be at most {MAX_AUDIT_OBSERVATIONS:,}"
+        )
+    refuse_beyond(
+        f"audit.observations = {observations} of games drawing {entries_per_game(audited.model)} values each",
+        observations * entries_per_game(audited.model),
+        MAX_AUDIT_DRAWS,
+        "draws",
+        "lower audit.observations",
+    )
     chosen = select_backend(backend)
     started = time.perf_counter()
     scores = simulate_scores(audited.model, observations // 2, seed=seed, backend=chosen, progress=progress)
@@ -102,30 +109,54 @@ def audit_bgm(
 ) -> tuple[AuditResult, GameScores]:
     """Audit the BGM run with ``sampler``; the claim defaults to the PLD ε accounted for ``claim_sampler``."""
     audited = audited_sampler(
-        sampler, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs,
-        noise_multiplier=noise_multiplier, options=options, seed=seed,
+        sampler,
+        dataset_size=dataset_size,
+        batch_size=batch_size,
+        epochs=epochs,
+        noise_multiplier=noise_multiplier,
+        options=options,
+        seed=seed,
     )
     steps = audited.steps_per_epoch * epochs
     if epsilon_claimed is None:
         rate = claim_sample_rate(claim_sampler, sampler, options, dataset_size, batch_size)
         epsilon_claimed = accounted_epsilon(
-            claim_sampler, noise_multiplier=noise_multiplier, dataset_size=dataset_size,
-            batch_size=batch_size, steps=steps, delta=delta, sample_rate=rate,
+            claim_sampler,
+            noise_multiplier=noise_multiplier,
+            dataset_size=dataset_size,
+            batch_size=batch_size,
+            steps=steps,
+            delta=delta,
+            sample_rate=rate,
         )
         q = "B/n" if rate == batch_size / dataset_size else f"{rate:g} (the sampler's sample_rate)"
         claim_basis = f"PLD accountant assuming '{claim_sampler}' sampling, q = {q}, {steps} steps"
     started = time.perf_counter()
     scores, timing = simulate_bgm(audited, observations, seed=seed, backend=backend, progress=progress)
     setting = {
-        "dataset_size": dataset_size, "batch_size": batch_size, "epochs": epochs,
-        "steps_per_epoch": audited.steps_per_epoch, "noise_multiplier": noise_multiplier,
-        "options": dict(options or {}), "seed": seed, "backend": select_backend(backend).name,
-        "pair": audited.pair, "placement": audited.placement,
+        "dataset_size": dataset_size,
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "steps_per_epoch": audited.steps_per_epoch,
+        "noise_multiplier": noise_multiplier,
+        "options": dict(options or {}),
+        "seed": seed,
+        "backend": select_backend(backend).name,
+        "pair": audited.pair,
+        "placement": audited.placement,
     }
     result = conclude(
-        scores, audit="bgm", sampler=sampler, epsilon_claimed=epsilon_claimed,
-        claim_basis=claim_basis or "given", delta=delta, confidence=confidence, method=method,
-        split_fraction=split_fraction, setting=setting, assumptions=bgm_assumptions(audited),
+        scores,
+        audit="bgm",
+        sampler=sampler,
+        epsilon_claimed=epsilon_claimed,
+        claim_basis=claim_basis or "given",
+        delta=delta,
+        confidence=confidence,
+        method=method,
+        split_fraction=split_fraction,
+        setting=setting,
+        assumptions=bgm_assumptions(audited),
         timing=timing,
     )
     timing = {**timing, "wall_time_s": round(time.perf_counter() - started, 3)}

@@ -100,8 +100,9 @@ def digits_workload(seed: int) -> Workload:
 
     data = load_dataset("digits", None, 0.2, seed)
     x, y = torch.as_tensor(data.x_train), torch.as_tensor(data.y_train)
-    return Workload("digits (MLP)", x, y, Task("classification"),
-                    lambda: build_model("mlp", tuple(x.shape[1:]), int(y.max()) + 1))
+    return Workload(
+        "digits (MLP)", x, y, Task("classification"), lambda: build_model("mlp", tuple(x.shape[1:]), int(y.max()) + 1)
+    )
 
 
 def train_workload(data_params: Any, train_params: Any, seed: int) -> Workload:
@@ -113,24 +114,44 @@ def train_workload(data_params: Any, train_params: Any, seed: int) -> Workload:
 
     data = load_data(data_params, seed)
     task = task_for(train_params.model, train_params.task, data)
-    return Workload(f"{data_params.name} ({train_params.model}, {task.name})", torch.as_tensor(data.x_train),
-                    torch.as_tensor(data.y_train), task,
-                    lambda: build_task_model(train_params.model, train_params.model_options, task, data))
+    return Workload(
+        f"{data_params.name} ({train_params.model}, {task.name})",
+        torch.as_tensor(data.x_train),
+        torch.as_tensor(data.y_train),
+        task,
+        lambda: build_task_model(train_params.model, train_params.model_options, task, data),
+    )
 
 
-def canary_outputs(config: DpsgdAudit, workload: Workload, *, present: bool, canary: torch.Tensor,
-                   seed: int) -> np.ndarray:
+def canary_outputs(
+    config: DpsgdAudit, workload: Workload, *, present: bool, canary: torch.Tensor, seed: int
+) -> np.ndarray:
     """One game: a DP-SGD run on D (``present``) or D' over ``workload``'s first ``config.dataset_size``
     rows; returns o_t = ⟨g̃_t, ĝ⟩/C² for every step."""
     torch.manual_seed(seed)
     model = workload.build().train()
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=config.lr)
-    engine = BKEngine(model, optimizer, clip_norm=config.clip_norm, noise_multiplier=config.noise_multiplier,
-                      normalizer=config.batch_size, seed=seed)
-    pieces = [piece.reshape(p.shape) for piece, p in zip(torch.split(canary, [p.numel() for p in engine.params]), engine.params)]
+    engine = BKEngine(
+        model,
+        optimizer,
+        clip_norm=config.clip_norm,
+        noise_multiplier=config.noise_multiplier,
+        normalizer=config.batch_size,
+        seed=seed,
+    )
+    pieces = [
+        piece.reshape(p.shape)
+        for piece, p in zip(torch.split(canary, [p.numel() for p in engine.params]), engine.params)
+    ]
     n = config.dataset_size or workload.x.shape[0]
-    batches = build_sampler(config.sampler, dataset_size=n, batch_size=config.batch_size, epochs=config.epochs,
-                            seed=seed, **config.sampler_kwargs()).batches()
+    batches = build_sampler(
+        config.sampler,
+        dataset_size=n,
+        batch_size=config.batch_size,
+        epochs=config.epochs,
+        seed=seed,
+        **config.sampler_kwargs(),
+    ).batches()
     outputs = []
     for batch in batches:
         indices = batch.indices[~batch.padding]
@@ -164,24 +185,46 @@ def audit_dpsgd(config: DpsgdAudit = DpsgdAudit(), workload: Workload | None = N
     steps = len(outputs[True][0])
     epsilon_claimed, claim_basis = _claim(config, n, steps)
     setting = {
-        "threat_model": config.threat_model, "dataset": workload.name, "dataset_size": n,
-        "batch_size": config.batch_size, "epochs": config.epochs, "steps": steps,
-        "noise_multiplier": config.noise_multiplier, "clip_norm": config.clip_norm, "lr": config.lr,
-        "sampler_options": config.sampler_kwargs(), "seed": config.seed,
+        "threat_model": config.threat_model,
+        "dataset": workload.name,
+        "dataset_size": n,
+        "batch_size": config.batch_size,
+        "epochs": config.epochs,
+        "steps": steps,
+        "noise_multiplier": config.noise_multiplier,
+        "clip_norm": config.clip_norm,
+        "lr": config.lr,
+        "sampler_options": config.sampler_kwargs(),
+        "seed": config.seed,
         "trainer": "dpledger.engine.BKEngine (exact per-example clipping, canary hook)",
     }
     assumptions = [
-        (f"{config.threat_model} threat model (002 Alg. 1): the adversary inserts gradient canaries and sees "
-         "⟨g̃_t, ĝ⟩ every step."),
+        (
+            f"{config.threat_model} threat model (002 Alg. 1): the adversary inserts gradient canaries and sees "
+            "⟨g̃_t, ĝ⟩ every step."
+        ),
         "Zero-out adjacency: the audited record's gradient is the canary on D and zero on D'.",
-        ("Every game is a real training run with a fresh model (re-initialised, or the same checkpoint), "
-         "sampler seed and noise."),
+        (
+            "Every game is a real training run with a fresh model (re-initialised, or the same checkpoint), "
+            "sampler seed and noise."
+        ),
     ]
-    timing = {"wall_time_s": round(seconds, 3), "observations_per_s": round(2 * len(outputs[True]) / max(seconds, 1e-9), 2)}
+    timing = {
+        "wall_time_s": round(seconds, 3),
+        "observations_per_s": round(2 * len(outputs[True]) / max(seconds, 1e-9), 2),
+    }
     return conclude(
-        _scores(config, score_model, outputs), audit=f"dpsgd-{config.threat_model}", sampler=config.sampler,
-        epsilon_claimed=epsilon_claimed, claim_basis=claim_basis, delta=config.delta, confidence=config.confidence,
-        method=config.method, split_fraction=config.split_fraction, setting=setting, assumptions=assumptions,
+        _scores(config, score_model, outputs),
+        audit=f"dpsgd-{config.threat_model}",
+        sampler=config.sampler,
+        epsilon_claimed=epsilon_claimed,
+        claim_basis=claim_basis,
+        delta=config.delta,
+        confidence=config.confidence,
+        method=config.method,
+        split_fraction=config.split_fraction,
+        setting=setting,
+        assumptions=assumptions,
         timing=timing,
     )
 
@@ -189,13 +232,24 @@ def audit_dpsgd(config: DpsgdAudit = DpsgdAudit(), workload: Workload | None = N
 def _refuse_bad(config: DpsgdAudit) -> None:
     """One line for an unknown threat model or a run too large to play."""
     if config.threat_model not in THREAT_MODELS:
-        raise ParamsError(f"audit: threat_model = {config.threat_model!r} is invalid: allowed values are "
-                          f"{', '.join(THREAT_MODELS)}")
+        raise ParamsError(
+            f"audit: threat_model = {config.threat_model!r} is invalid: allowed values are {', '.join(THREAT_MODELS)}"
+        )
     observations, epochs = config.observations, config.epochs
-    refuse_beyond(f"audit: dpsgd observations = {observations}", observations, MAX_DPSGD_OBSERVATIONS,
-                  "training runs", "lower audit.dpsgd_observations")
-    refuse_beyond(f"audit: dpsgd observations = {observations} × epochs = {epochs}", observations * epochs,
-                  MAX_DPSGD_EPOCHS, "epochs of training", "lower the observations or the epochs")
+    refuse_beyond(
+        f"audit: dpsgd observations = {observations}",
+        observations,
+        MAX_DPSGD_OBSERVATIONS,
+        "training runs",
+        "lower audit.dpsgd_observations",
+    )
+    refuse_beyond(
+        f"audit: dpsgd observations = {observations} × epochs = {epochs}",
+        observations * epochs,
+        MAX_DPSGD_EPOCHS,
+        "epochs of training",
+        "lower the observations or the epochs",
+    )
     if config.threat_model != "worst-case" and (observations < 4 or observations % 2):
         raise ParamsError(f"audit: observations = {observations} is invalid: it must be an even number >= 4")
 
@@ -211,11 +265,21 @@ def _dataset_size(config: DpsgdAudit, workload: Workload) -> int:
 def _worst_case(config: DpsgdAudit, n: int) -> AuditResult:
     """The worst-case threat model is the batched Gaussian mechanism (002 §5.3), audited as such."""
     result, _ = audit_bgm(
-        config.sampler, dataset_size=n, batch_size=config.batch_size, epochs=config.epochs,
-        noise_multiplier=config.noise_multiplier, observations=config.observations, delta=config.delta,
-        confidence=config.confidence, method=config.method, split_fraction=config.split_fraction,
-        epsilon_claimed=config.epsilon_claimed, claim_basis=config.claim_basis, options=config.sampler_kwargs(),
-        seed=config.seed, progress=config.progress,
+        config.sampler,
+        dataset_size=n,
+        batch_size=config.batch_size,
+        epochs=config.epochs,
+        noise_multiplier=config.noise_multiplier,
+        observations=config.observations,
+        delta=config.delta,
+        confidence=config.confidence,
+        method=config.method,
+        split_fraction=config.split_fraction,
+        epsilon_claimed=config.epsilon_claimed,
+        claim_basis=config.claim_basis,
+        options=config.sampler_kwargs(),
+        seed=config.seed,
+        progress=config.progress,
     )
     return replace(result, audit="dpsgd-worst-case")
 
@@ -224,8 +288,12 @@ def _score_model(config: DpsgdAudit, n: int) -> BgmModel:
     """The Λ^N / Λ^PI score: the sampler's placement model with the threat model's canary means (where
     the placement has no closed form, the record's memberships in pilot runs of the sampler itself)."""
     model = audited_sampler(
-        config.sampler, dataset_size=n, batch_size=config.batch_size, epochs=config.epochs,
-        noise_multiplier=config.noise_multiplier, options=config.sampler_kwargs(),
+        config.sampler,
+        dataset_size=n,
+        batch_size=config.batch_size,
+        epochs=config.epochs,
+        noise_multiplier=config.noise_multiplier,
+        options=config.sampler_kwargs(),
     ).model
     present, absent = SHIFTS[config.threat_model]
     return replace(model, shift_present=present, shift_absent=absent)
@@ -247,11 +315,13 @@ def _play(config: DpsgdAudit, workload: Workload, canary: torch.Tensor) -> dict[
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for index in tqdm(range(2 * games), desc=f"audit dpsgd ({config.threat_model})", disable=not config.progress,
-                          leave=False):
+        for index in tqdm(
+            range(2 * games), desc=f"audit dpsgd ({config.threat_model})", disable=not config.progress, leave=False
+        ):
             present = index % 2 == 0
-            outputs[present].append(canary_outputs(config, workload, present=present, canary=canary,
-                                                   seed=int(seeds[index])))
+            outputs[present].append(
+                canary_outputs(config, workload, present=present, canary=canary, seed=int(seeds[index]))
+            )
     finally:
         torch.set_num_threads(threads)
     return outputs
@@ -260,10 +330,12 @@ def _play(config: DpsgdAudit, workload: Workload, canary: torch.Tensor) -> dict[
 def _scores(config: DpsgdAudit, score_model: BgmModel, outputs: dict[bool, list[np.ndarray]]) -> GameScores:
     backend = select_backend("numpy")
     background = -1.0 if config.threat_model == "partially-informed" else 0.0
-    return GameScores(*(
-        backend.to_numpy(score_model.score(backend, _as_rows(np.stack(outputs[side]) - background, score_model)))
-        for side in (True, False)
-    ))
+    return GameScores(
+        *(
+            backend.to_numpy(score_model.score(backend, _as_rows(np.stack(outputs[side]) - background, score_model)))
+            for side in (True, False)
+        )
+    )
 
 
 def _claim(config: DpsgdAudit, n: int, steps: int) -> tuple[float, str]:
@@ -272,8 +344,13 @@ def _claim(config: DpsgdAudit, n: int, steps: int) -> tuple[float, str]:
         return config.epsilon_claimed, config.claim_basis or "given"
     rate = claim_sample_rate("poisson", config.sampler, config.sampler_kwargs(), n, config.batch_size)
     epsilon = accounted_epsilon(
-        "poisson", noise_multiplier=config.noise_multiplier, dataset_size=n, batch_size=config.batch_size,
-        steps=steps, delta=config.delta, sample_rate=rate,
+        "poisson",
+        noise_multiplier=config.noise_multiplier,
+        dataset_size=n,
+        batch_size=config.batch_size,
+        steps=steps,
+        delta=config.delta,
+        sample_rate=rate,
     )
     q = "B/n" if rate == config.batch_size / n else f"{rate:g} (the sampler's sample_rate)"
     return epsilon, f"PLD accountant assuming 'poisson' sampling, q = {q}, {steps} steps"

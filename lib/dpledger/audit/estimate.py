@@ -126,8 +126,12 @@ def _small_fpr_side(
         i = int(np.argmax(eps))
         if eps[i] > best.epsilon:
             best = _Candidate(
-                float(eps[i]), float(thresholds[i]), float(chunk[i]), float(false_negatives[i]),
-                float(fpr_upper[i]), float(fnr_upper[i]),
+                float(eps[i]),
+                float(thresholds[i]),
+                float(chunk[i]),
+                float(false_negatives[i]),
+                float(fpr_upper[i]),
+                float(fnr_upper[i]),
             )
         start += block
         block *= 4
@@ -145,8 +149,12 @@ def _best_threshold(
         -present_sorted[::-1], -absent_sorted[::-1], counts, alpha_each, delta, floor=small_fpr.epsilon
     )
     small_fnr = _Candidate(
-        mirrored.epsilon, -mirrored.threshold, mirrored.false_negatives, mirrored.false_positives,
-        mirrored.fnr_upper, mirrored.fpr_upper,
+        mirrored.epsilon,
+        -mirrored.threshold,
+        mirrored.false_negatives,
+        mirrored.false_positives,
+        mirrored.fnr_upper,
+        mirrored.fpr_upper,
     )
     return small_fpr if small_fpr.epsilon >= small_fnr.epsilon else small_fnr
 
@@ -203,9 +211,18 @@ def _estimate(
     best: _Candidate, delta: float, confidence: float, method: str, valid: bool, games: int, tried: int
 ) -> EpsilonEstimate:
     return EpsilonEstimate(
-        epsilon=best.epsilon, delta=delta, confidence=confidence, method=method, valid=valid,
-        threshold=best.threshold, false_positives=best.false_positives, false_negatives=best.false_negatives,
-        fpr_upper=best.fpr_upper, fnr_upper=best.fnr_upper, games_per_side=games, thresholds_tried=tried,
+        epsilon=best.epsilon,
+        delta=delta,
+        confidence=confidence,
+        method=method,
+        valid=valid,
+        threshold=best.threshold,
+        false_positives=best.false_positives,
+        false_negatives=best.false_negatives,
+        fpr_upper=best.fpr_upper,
+        fnr_upper=best.fnr_upper,
+        games_per_side=games,
+        thresholds_tried=tried,
     )
 
 
@@ -231,8 +248,10 @@ def _split_estimate(
     sides = {
         "small_fpr": (np.sort(absent[:held]), np.sort(present[:held]), np.sort(absent[held:]), np.sort(present[held:])),
         "small_fnr": (
-            -np.sort(present[:held])[::-1], -np.sort(absent[:held])[::-1],
-            -np.sort(present[held:])[::-1], -np.sort(absent[held:])[::-1],
+            -np.sort(present[:held])[::-1],
+            -np.sort(absent[:held])[::-1],
+            -np.sort(present[held:])[::-1],
+            -np.sort(absent[held:])[::-1],
         ),
     }
     counts = count_grid(held)

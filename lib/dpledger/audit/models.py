@@ -123,7 +123,8 @@ class SlotModel:
         x -= top  # every exponent below is <= 0: no overflow
         log_present, log_absent = self._log_sums(backend, x, inv_var, present, absent)
         per_row = (
-            log_present - log_absent
+            log_present
+            - log_absent
             + _float64(xp, top[:, 0]) * ((present - absent) * inv_var)
             - (present**2 - absent**2) * inv_var / 2.0
         )

@@ -20,9 +20,9 @@ from dpledger import io  # noqa: E402
 
 def region_boundary(fpr: np.ndarray, epsilon: float, delta: float) -> np.ndarray:
     """Smallest FNR an (ε, δ)-DP mechanism allows at each FPR (Kairouz et al.; 002 §2)."""
-    return np.maximum.reduce([
-        np.zeros_like(fpr), 1.0 - delta - np.exp(epsilon) * fpr, np.exp(-epsilon) * (1.0 - delta - fpr)
-    ])
+    return np.maximum.reduce(
+        [np.zeros_like(fpr), 1.0 - delta - np.exp(epsilon) * fpr, np.exp(-epsilon) * (1.0 - delta - fpr)]
+    )
 
 
 def write_tradeoff(
@@ -31,14 +31,21 @@ def write_tradeoff(
     """``tradeoff.csv`` (fpr, fnr, fpr_upper, fnr_upper, fnr_claimed_bound) and ``tradeoff.png``."""
     claimed = region_boundary(points[:, 2], epsilon_claimed, delta)
     io.write_csv(
-        folder / "tradeoff.csv", ["fpr", "fnr", "fpr_upper", "fnr_upper", "fnr_claimed_bound"],
+        folder / "tradeoff.csv",
+        ["fpr", "fnr", "fpr_upper", "fnr_upper", "fnr_claimed_bound"],
         np.column_stack([points, claimed]),
     )
     grid = np.geomspace(max(points[:, 0].min(), 1e-9), 1.0, 300)
     figure, axis = plt.subplots(figsize=(5.5, 4.2))
     axis.plot(points[:, 0], points[:, 1], label="empirical (raw)", color="tab:blue", alpha=0.5)
     axis.plot(points[:, 2], points[:, 3], label="empirical (95% CP upper)", color="tab:blue")
-    axis.plot(grid, region_boundary(grid, epsilon_claimed, delta), "--", color="tab:green", label=f"claimed ε = {epsilon_claimed:.3g}")
+    axis.plot(
+        grid,
+        region_boundary(grid, epsilon_claimed, delta),
+        "--",
+        color="tab:green",
+        label=f"claimed ε = {epsilon_claimed:.3g}",
+    )
     axis.plot(grid, region_boundary(grid, epsilon_emp, delta), ":", color="tab:red", label=f"ε_emp = {epsilon_emp:.3g}")
     axis.set_xscale("log")
     axis.set_xlabel("false positive rate")

@@ -75,14 +75,31 @@ def conclude(
         scores.present, scores.absent, delta=delta, confidence=confidence, method=method, split_fraction=split_fraction
     )
     judgement = judge(
-        estimate.epsilon, epsilon_claimed, scores.present, scores.absent,
-        delta=delta, confidence=confidence, valid=estimate.valid,
+        estimate.epsilon,
+        epsilon_claimed,
+        scores.present,
+        scores.absent,
+        delta=delta,
+        confidence=confidence,
+        valid=estimate.valid,
     )
     return AuditResult(
-        audit=audit, sampler=sampler, epsilon_emp=estimate.epsilon, epsilon_claimed=float(epsilon_claimed),
-        claim_basis=claim_basis, verdict=judgement.verdict, observations=2 * scores.games_per_side,
-        confidence=confidence, delta=delta, threshold_method=method, valid=estimate.valid, estimate=estimate,
-        judgement=judgement, setting=setting, assumptions=assumptions, timing=timing,
+        audit=audit,
+        sampler=sampler,
+        epsilon_emp=estimate.epsilon,
+        epsilon_claimed=float(epsilon_claimed),
+        claim_basis=claim_basis,
+        verdict=judgement.verdict,
+        observations=2 * scores.games_per_side,
+        confidence=confidence,
+        delta=delta,
+        threshold_method=method,
+        valid=estimate.valid,
+        estimate=estimate,
+        judgement=judgement,
+        setting=setting,
+        assumptions=assumptions,
+        timing=timing,
     )
 
 
@@ -94,7 +111,11 @@ def epsilon_versus_observations(
     for size in sorted({max(8, scores.games_per_side >> j) for j in range(points)}):
         prefix = scores.prefix(min(size, scores.games_per_side))
         estimate = estimate_epsilon(
-            prefix.present, prefix.absent, delta=delta, confidence=confidence, method=method,
+            prefix.present,
+            prefix.absent,
+            delta=delta,
+            confidence=confidence,
+            method=method,
             split_fraction=split_fraction,
         )
         curve.append((2 * prefix.games_per_side, estimate.epsilon))
@@ -110,9 +131,11 @@ def tradeoff_points(scores: GameScores, confidence: float, points: int = 400) ->
     thresholds = absent_sorted[games - 1 - counts]
     false_negatives = np.searchsorted(present_sorted, thresholds, side="right")
     alpha_each = (1.0 - confidence) / 2.0
-    return np.column_stack([
-        counts / games,
-        false_negatives / games,
-        clopper_pearson_upper(counts, games, alpha_each),
-        clopper_pearson_upper(false_negatives, games, alpha_each),
-    ])
+    return np.column_stack(
+        [
+            counts / games,
+            false_negatives / games,
+            clopper_pearson_upper(counts, games, alpha_each),
+            clopper_pearson_upper(false_negatives, games, alpha_each),
+        ]
+    )

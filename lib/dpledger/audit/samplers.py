@@ -64,7 +64,9 @@ def audited_sampler(
 ) -> AuditedSampler:
     """The batched-Gaussian model of ``sampler`` (a built-in name or ``module:callable``)."""
     options = dict(options or {})
-    built = build_sampler(sampler, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, seed=seed, **options)
+    built = build_sampler(
+        sampler, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, seed=seed, **options
+    )
     analytic = _analytic_model(built, noise_multiplier)
     if analytic is None:
         model = _pattern_model(sampler, dataset_size, batch_size, epochs, noise_multiplier, options, seed)
@@ -93,8 +95,9 @@ def _analytic_model(built: BatchSampler, sigma: float) -> tuple[BgmModel, str, s
     if law.step_probability is not None:
         model: BgmModel = StepMixtureModel(sigma, built.num_steps, law.step_probability, shift, shift - 1.0)
     else:
-        model = SlotModel(sigma, built.epochs, law.slot_weights, shift, shift - 1.0,
-                          same_slot_every_epoch=law.same_slot_every_epoch)
+        model = SlotModel(
+            sigma, built.epochs, law.slot_weights, shift, shift - 1.0, same_slot_every_epoch=law.same_slot_every_epoch
+        )
     return model, pair, law.placement
 
 
@@ -102,7 +105,9 @@ def record_memberships(
     sampler: str, *, dataset_size: int, batch_size: int, epochs: int, options: dict[str, Any], seed: int
 ) -> np.ndarray:
     """How many times the audited record (index 0) is in each step's batch, padding rows excluded."""
-    built = build_sampler(sampler, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, seed=seed, **options)
+    built = build_sampler(
+        sampler, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, seed=seed, **options
+    )
     return np.asarray(
         [np.count_nonzero(batch.indices[~batch.padding] == TARGET_INDEX) for batch in built.batches()],
         dtype=np.float64,
@@ -118,7 +123,9 @@ def _pattern_model(
     def draw(rng: np.random.Generator, games: int) -> np.ndarray:
         rows = [record_memberships(sampler, seed=int(s), **sizes) for s in rng.integers(0, 2**62, size=games)]
         if len({row.shape[0] for row in rows}) != 1:
-            raise ParamsError(f"sampler = {sampler!r} is invalid for the audit: its number of steps varies with the seed")
+            raise ParamsError(
+                f"sampler = {sampler!r} is invalid for the audit: its number of steps varies with the seed"
+            )
         return np.stack(rows)
 
     pilot = draw(np.random.default_rng(np.random.SeedSequence([seed, 0x5C0])), SCORE_PATTERNS)

@@ -69,11 +69,20 @@ def run_selfcheck(
     """Run ``repeats`` audits of ``observations`` games each; ``epsilon`` is the Laplace ε, ``steps`` and
     ``noise_multiplier`` set the Poisson BGM (q = 1/steps, one epoch)."""
     if mechanism not in SELFCHECK_MECHANISMS:
-        raise ParamsError(f"audit selfcheck: mechanism = {mechanism!r} is invalid: allowed values are {', '.join(SELFCHECK_MECHANISMS)}")
+        raise ParamsError(
+            f"audit selfcheck: mechanism = {mechanism!r} is invalid: allowed values are {', '.join(SELFCHECK_MECHANISMS)}"
+        )
     if repeats < 1 or observations < 4:
-        raise ParamsError(f"audit selfcheck: repeats = {repeats}, observations = {observations}: need repeats >= 1 and observations >= 4")
-    refuse_beyond(f"audit selfcheck: repeats = {repeats} × observations = {observations}", repeats * observations,
-                  MAX_SELFCHECK_OBSERVATIONS, "games", "lower --repeats or --observations")
+        raise ParamsError(
+            f"audit selfcheck: repeats = {repeats}, observations = {observations}: need repeats >= 1 and observations >= 4"
+        )
+    refuse_beyond(
+        f"audit selfcheck: repeats = {repeats} × observations = {observations}",
+        repeats * observations,
+        MAX_SELFCHECK_OBSERVATIONS,
+        "games",
+        "lower --repeats or --observations",
+    )
     games = observations // 2
     streams = np.random.SeedSequence(seed).spawn(repeats)
     if mechanism == "laplace":
@@ -83,7 +92,9 @@ def run_selfcheck(
             rng = np.random.default_rng(streams[index])
             return rng.laplace(1.0, 1.0 / epsilon, games), rng.laplace(0.0, 1.0 / epsilon, games)
     else:
-        audited = audited_sampler("poisson", dataset_size=steps, batch_size=1, epochs=1, noise_multiplier=noise_multiplier)
+        audited = audited_sampler(
+            "poisson", dataset_size=steps, batch_size=1, epochs=1, noise_multiplier=noise_multiplier
+        )
         epsilon_true = accounted_epsilon(
             "poisson", noise_multiplier=noise_multiplier, dataset_size=steps, batch_size=1, steps=steps, delta=delta
         )
@@ -99,8 +110,15 @@ def run_selfcheck(
         estimates.append(estimate_epsilon(present, absent, delta=delta, confidence=confidence, method=method).epsilon)
     alarms = int(np.sum(np.asarray(estimates) > epsilon_true))
     return SelfCheck(
-        mechanism=mechanism, method=method, epsilon_true=float(epsilon_true), repeats=repeats,
-        observations=2 * games, confidence=confidence, false_alarms=alarms, false_alarm_rate=alarms / repeats,
+        mechanism=mechanism,
+        method=method,
+        epsilon_true=float(epsilon_true),
+        repeats=repeats,
+        observations=2 * games,
+        confidence=confidence,
+        false_alarms=alarms,
+        false_alarm_rate=alarms / repeats,
         false_alarm_rate_upper=float(clopper_pearson_upper(alarms, repeats, 0.05)),
-        allowed_rate=1.0 - confidence, epsilon_emp=[float(e) for e in estimates],
+        allowed_rate=1.0 - confidence,
+        epsilon_emp=[float(e) for e in estimates],
     )

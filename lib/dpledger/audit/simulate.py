@@ -85,8 +85,12 @@ def simulate_scores(
         return games
 
     bar = tqdm(
-        total=2 * games_per_side, unit="obs", unit_scale=True, desc="audit",
-        disable=not (progress and sys.stderr.isatty()), leave=False,
+        total=2 * games_per_side,
+        unit="obs",
+        unit_scale=True,
+        desc="audit",
+        disable=not (progress and sys.stderr.isatty()),
+        leave=False,
     )
     threads = (workers or default_workers()) if backend.parallel_chunks else 1
     with bar, ThreadPoolExecutor(max_workers=threads) as pool:

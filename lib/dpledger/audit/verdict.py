@@ -58,7 +58,12 @@ def point_estimate(present: np.ndarray, absent: np.ndarray, delta: float) -> flo
 
 
 def project_epsilon(
-    present: np.ndarray, absent: np.ndarray, *, delta: float, confidence: float, factors: tuple[int, ...] = PROJECTION_FACTORS
+    present: np.ndarray,
+    absent: np.ndarray,
+    *,
+    delta: float,
+    confidence: float,
+    factors: tuple[int, ...] = PROJECTION_FACTORS,
 ) -> list[tuple[int, float]]:
     """(observations N' = c·N, projected Bonferroni ε_emp at N') for each factor c."""
     games = present.shape[0]

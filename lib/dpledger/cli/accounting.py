@@ -37,13 +37,17 @@ def _matrix(mechanism: str, bands: int, mechanism_params: Optional[str]) -> dict
         except json.JSONDecodeError as error:
             raise ParamsError(f"--mechanism-params is not valid JSON: {error.msg}") from None
         if not isinstance(matrix, dict):
-            raise ParamsError("--mechanism-params is invalid: it must be a JSON object such as "
-                              "'{\"coefficients\": [1, 0.5]}' (toeplitz) or "
-                              "'{\"buffer_decays\": [0.9], \"output_scales\": [0.2]}' (blt)")
+            raise ParamsError(
+                "--mechanism-params is invalid: it must be a JSON object such as "
+                "'{\"coefficients\": [1, 0.5]}' (toeplitz) or "
+                '\'{"buffer_decays": [0.9], "output_scales": [0.2]}\' (blt)'
+            )
         return matrix
     if mechanism in ("toeplitz", "blt"):
-        raise ParamsError(f"--mechanism-params is missing: mechanism {mechanism} needs its coefficients as JSON "
-                          f"(e.g. '{{\"buffer_decays\": [0.9], \"output_scales\": [0.2]}}' for blt)")
+        raise ParamsError(
+            f"--mechanism-params is missing: mechanism {mechanism} needs its coefficients as JSON "
+            f'(e.g. \'{{"buffer_decays": [0.9], "output_scales": [0.2]}}\' for blt)'
+        )
     return banded_params(bands) if mechanism == "banded" else {}
 
 
@@ -82,8 +86,12 @@ Epochs = Annotated[Optional[int], typer.Option("--epochs", help="E")]
 Mechanism = Annotated[str, typer.Option("--mechanism", help="identity | banded | toeplitz | blt")]
 Bands = Annotated[int, typer.Option("--bands", help="w for --mechanism banded")]
 MechanismParams = Annotated[Optional[str], typer.Option("--mechanism-params", help="JSON coefficients of C")]
-FailureProbability = Annotated[Optional[float], typer.Option(
-    "--failure-probability", help="Monte Carlo failure probability (default min(δ/10, 1e-6)); sets the EVR samples")]
+FailureProbability = Annotated[
+    Optional[float],
+    typer.Option(
+        "--failure-probability", help="Monte Carlo failure probability (default min(δ/10, 1e-6)); sets the EVR samples"
+    ),
+]
 EvrDeltaRatio = Annotated[float, typer.Option("--evr-delta-ratio", help="Monte Carlo: estimate at δ' = ratio·δ")]
 Device = Annotated[str, typer.Option("--device", help="Monte Carlo: auto | cpu | cuda")]
 MonteCarloSamples = Annotated[int, typer.Option("--samples", help="Monte Carlo samples (estimate / calibrate σ)")]
@@ -132,15 +140,26 @@ class RunOptions:
         if self.sampler not in SAMPLERS:
             known = BUILT_SAMPLERS.get(self.sampler)
             reason = f" ({known.unaccounted_reason})" if known else ""
-            raise ParamsError(f"--sampler = {self.sampler!r} is invalid: allowed values are {', '.join(SAMPLERS)}"
-                              f"{reason}")
+            raise ParamsError(
+                f"--sampler = {self.sampler!r} is invalid: allowed values are {', '.join(SAMPLERS)}{reason}"
+            )
         if self.steps is None and self.epochs is None:
-            raise ParamsError("--epochs (or --steps) is missing: say how long the run is; nothing defaults to one epoch")
-        return describe(sampler=self.sampler, noise_multiplier=noise_multiplier, sample_rate=self.sample_rate,
-                        steps=self.steps, dataset_size=self.dataset_size, batch_size=self.batch_size,
-                        batches_per_epoch=self.batches_per_epoch, epochs=self.epochs, group_size=self.group_size,
-                        mechanism=self.mechanism,
-                        mechanism_params=_matrix(self.mechanism, self.bands, self.mechanism_params))
+            raise ParamsError(
+                "--epochs (or --steps) is missing: say how long the run is; nothing defaults to one epoch"
+            )
+        return describe(
+            sampler=self.sampler,
+            noise_multiplier=noise_multiplier,
+            sample_rate=self.sample_rate,
+            steps=self.steps,
+            dataset_size=self.dataset_size,
+            batch_size=self.batch_size,
+            batches_per_epoch=self.batches_per_epoch,
+            epochs=self.epochs,
+            group_size=self.group_size,
+            mechanism=self.mechanism,
+            mechanism_params=_matrix(self.mechanism, self.bands, self.mechanism_params),
+        )
 
     def chosen_accountant(self, description):
         """The accountant named by --accountant (``auto`` resolved for the description) with these settings."""
@@ -148,11 +167,20 @@ class RunOptions:
 
         if not 1e-6 <= self.discretization <= 1e-1:
             raise ParamsError(f"--discretization = {self.discretization} is invalid: it must lie in [1e-6, 0.1]")
-        name = default_accountant(description.sampler, description.mechanism) if self.accountant == "auto" \
+        name = (
+            default_accountant(description.sampler, description.mechanism)
+            if self.accountant == "auto"
             else self.accountant
-        return get_accountant(name, samples=self.samples, failure_probability=self.failure_probability,
-                              seed=self.seed, evr_delta_ratio=self.evr_delta_ratio,
-                              discretization=self.discretization, device=self.device)
+        )
+        return get_accountant(
+            name,
+            samples=self.samples,
+            failure_probability=self.failure_probability,
+            seed=self.seed,
+            evr_delta_ratio=self.evr_delta_ratio,
+            discretization=self.discretization,
+            device=self.device,
+        )
 
     def emit(self, payload: dict[str, Any], headline: str) -> None:
         """Print the payload as JSON (--json), or the warnings, the headline and the assumptions."""
@@ -166,14 +194,21 @@ class RunOptions:
             typer.echo(f"  - {sentence}")
 
 
-def _shared_command(app: typer.Typer, name: str, first: inspect.Parameter,
-                    body: Callable[[Any, RunOptions], None]) -> None:
+def _shared_command(
+    app: typer.Typer, name: str, first: inspect.Parameter, body: Callable[[Any, RunOptions], None]
+) -> None:
     """Register command ``name``: its own option ``first``, then every :class:`RunOptions` field as an option;
     ``body(first_value, options)`` runs it."""
     hints = get_type_hints(RunOptions, include_extras=True)
-    shared = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name],
-                                default=inspect.Parameter.empty if f.default is MISSING else f.default)
-              for f in fields(RunOptions)]
+    shared = [
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=hints[f.name],
+            default=inspect.Parameter.empty if f.default is MISSING else f.default,
+        )
+        for f in fields(RunOptions)
+    ]
 
     def command(**values: Any) -> None:
         body(values.pop(first.name), RunOptions(**values))
@@ -187,17 +222,31 @@ def _epsilon(noise_multiplier: float, options: RunOptions) -> None:
     """Print ε at δ for DP-SGD / DP-FTRL with the given noise, sampling and sizes."""
     warnings = options.warnings()
     if not (math.isfinite(noise_multiplier) and noise_multiplier >= MIN_NOISE):
-        raise ParamsError(f"--noise-multiplier = {noise_multiplier} is invalid: it must be a finite number >= "
-                          f"{MIN_NOISE:g} (below it ε is in the hundreds and the accountants' grids explode)")
+        raise ParamsError(
+            f"--noise-multiplier = {noise_multiplier} is invalid: it must be a finite number >= "
+            f"{MIN_NOISE:g} (below it ε is in the hundreds and the accountants' grids explode)"
+        )
     description = options.description(noise_multiplier)
     chosen = options.chosen_accountant(description)
     result = chosen.epsilon(description, options.delta)
-    payload = {"epsilon": result.epsilon, "delta": options.delta, "accountant": chosen.name,
-               "sampler": options.sampler, "noise_multiplier": noise_multiplier, "steps": description.steps,
-               "sample_rate": description.sample_rate, "group_size": options.group_size, "warnings": warnings,
-               "assumptions": result.assumptions, "details": result.details}
-    options.emit(payload, f"epsilon = {result.epsilon:.6g} at delta = {options.delta:g} ({chosen.name}, "
-                          f"{options.sampler}{_failure_text(result.details)})")
+    payload = {
+        "epsilon": result.epsilon,
+        "delta": options.delta,
+        "accountant": chosen.name,
+        "sampler": options.sampler,
+        "noise_multiplier": noise_multiplier,
+        "steps": description.steps,
+        "sample_rate": description.sample_rate,
+        "group_size": options.group_size,
+        "warnings": warnings,
+        "assumptions": result.assumptions,
+        "details": result.details,
+    }
+    options.emit(
+        payload,
+        f"epsilon = {result.epsilon:.6g} at delta = {options.delta:g} ({chosen.name}, "
+        f"{options.sampler}{_failure_text(result.details)})",
+    )
 
 
 def _noise(epsilon: float, options: RunOptions) -> None:
@@ -209,14 +258,26 @@ def _noise(epsilon: float, options: RunOptions) -> None:
     chosen = options.chosen_accountant(description)
     calibration = calibrate_noise(chosen, description, epsilon, options.delta)
     result = calibration.result
-    payload = {"noise_multiplier": calibration.noise_multiplier, "epsilon": result.epsilon, "delta": options.delta,
-               "target_epsilon": epsilon, "accountant": chosen.name, "sampler": options.sampler,
-               "steps": description.steps, "sample_rate": description.sample_rate,
-               "group_size": options.group_size, "warnings": warnings, "assumptions": result.assumptions,
-               "details": result.details}
-    options.emit(payload, f"noise_multiplier = {calibration.noise_multiplier:.6g} (epsilon = {result.epsilon:.6g} "
-                          f"at delta = {options.delta:g}; {chosen.name}, {options.sampler}"
-                          f"{_failure_text(result.details)})")
+    payload = {
+        "noise_multiplier": calibration.noise_multiplier,
+        "epsilon": result.epsilon,
+        "delta": options.delta,
+        "target_epsilon": epsilon,
+        "accountant": chosen.name,
+        "sampler": options.sampler,
+        "steps": description.steps,
+        "sample_rate": description.sample_rate,
+        "group_size": options.group_size,
+        "warnings": warnings,
+        "assumptions": result.assumptions,
+        "details": result.details,
+    }
+    options.emit(
+        payload,
+        f"noise_multiplier = {calibration.noise_multiplier:.6g} (epsilon = {result.epsilon:.6g} "
+        f"at delta = {options.delta:g}; {chosen.name}, {options.sampler}"
+        f"{_failure_text(result.details)})",
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -224,6 +285,7 @@ def register(app: typer.Typer) -> None:
     noise_multiplier = Annotated[float, typer.Option("--noise-multiplier", help="σ: noise std / clip norm")]
     target = Annotated[float, typer.Option("--epsilon", help="target ε")]
     keyword = inspect.Parameter.KEYWORD_ONLY
-    _shared_command(app, "epsilon", inspect.Parameter("noise_multiplier", keyword, annotation=noise_multiplier),
-                    _epsilon)
+    _shared_command(
+        app, "epsilon", inspect.Parameter("noise_multiplier", keyword, annotation=noise_multiplier), _epsilon
+    )
     _shared_command(app, "noise", inspect.Parameter("epsilon", keyword, annotation=target), _noise)

@@ -61,8 +61,12 @@ def bgm(
     threshold: str = typer.Option("bonferroni", help="bonferroni | split (valid) | max (uncorrected, not valid)"),
     confidence: float = typer.Option(0.95, help="confidence of the lower bound"),
     delta: float = typer.Option(1e-5, help="δ of the claim and of ε_emp"),
-    epsilon_claimed: Optional[float] = typer.Option(None, help="the claim to test (default: PLD ε for --claim-sampler)"),
-    claim_sampler: Optional[str] = typer.Option(None, help="accountant's sampler for the claim: poisson | fixed (default: the sampler's own, else poisson)"),
+    epsilon_claimed: Optional[float] = typer.Option(
+        None, help="the claim to test (default: PLD ε for --claim-sampler)"
+    ),
+    claim_sampler: Optional[str] = typer.Option(
+        None, help="accountant's sampler for the claim: poisson | fixed (default: the sampler's own, else poisson)"
+    ),
     buffer_size: Optional[int] = typer.Option(None, help="K for --sampler partial-shuffle"),
     split_fraction: float = typer.Option(0.2, help="held-out fraction for --threshold split"),
     backend: str = typer.Option("auto", help="auto (GPU if present) | numpy | torch"),
@@ -73,8 +77,10 @@ def bgm(
     from dpledger.sampling.registry import sampler_class
 
     _check_threshold(threshold)
-    _check_numbers({"--noise-multiplier": noise_multiplier},
-                   {"--delta": delta, "--confidence": confidence, "--split-fraction": split_fraction})
+    _check_numbers(
+        {"--noise-multiplier": noise_multiplier},
+        {"--delta": delta, "--confidence": confidence, "--split-fraction": split_fraction},
+    )
     if steps < 1 or batch_size < 1:
         raise ParamsError(f"--steps = {steps}, --batch-size = {batch_size}: both must be >= 1")
     if epsilon_claimed is not None and not (math.isfinite(epsilon_claimed) and epsilon_claimed > 0):
@@ -83,10 +89,22 @@ def bgm(
     claim = claim_sampler or (own if own in CLAIM_ACCOUNTANTS else "poisson")
     options = _sampler_options(sampler, buffer_size)
     result, _ = audit_bgm(
-        sampler, dataset_size=steps * batch_size, batch_size=batch_size, epochs=epochs,
-        noise_multiplier=noise_multiplier, observations=observations, delta=delta, confidence=confidence,
-        method=threshold, split_fraction=split_fraction, epsilon_claimed=epsilon_claimed, claim_sampler=claim,
-        options=options, seed=seed, backend=backend, progress=not as_json,
+        sampler,
+        dataset_size=steps * batch_size,
+        batch_size=batch_size,
+        epochs=epochs,
+        noise_multiplier=noise_multiplier,
+        observations=observations,
+        delta=delta,
+        confidence=confidence,
+        method=threshold,
+        split_fraction=split_fraction,
+        epsilon_claimed=epsilon_claimed,
+        claim_sampler=claim,
+        options=options,
+        seed=seed,
+        backend=backend,
+        progress=not as_json,
     )
     _print({**result.summary(), "claim_basis": result.claim_basis, "pair": result.setting["pair"]}, as_json)
 
@@ -109,11 +127,21 @@ def selfcheck(
     from dpledger.audit.selfcheck import run_selfcheck
 
     _check_threshold(threshold)
-    _check_numbers({"--epsilon": epsilon, "--noise-multiplier": noise_multiplier},
-                   {"--delta": delta, "--confidence": confidence})
+    _check_numbers(
+        {"--epsilon": epsilon, "--noise-multiplier": noise_multiplier}, {"--delta": delta, "--confidence": confidence}
+    )
     check = run_selfcheck(
-        mechanism, method=threshold, repeats=repeats, observations=observations, epsilon=epsilon, steps=steps,
-        noise_multiplier=noise_multiplier, delta=delta, confidence=confidence, seed=seed, progress=not as_json,
+        mechanism,
+        method=threshold,
+        repeats=repeats,
+        observations=observations,
+        epsilon=epsilon,
+        steps=steps,
+        noise_multiplier=noise_multiplier,
+        delta=delta,
+        confidence=confidence,
+        seed=seed,
+        progress=not as_json,
     )
     summary = check.to_dict()
     summary.pop("epsilon_emp")
@@ -142,14 +170,29 @@ def dpsgd(
     from dpledger.audit.dpsgd import DpsgdAudit, audit_dpsgd
 
     _check_threshold(threshold)
-    _check_numbers({"--noise-multiplier": noise_multiplier, "--clip-norm": clip_norm, "--lr": lr},
-                   {"--delta": delta, "--confidence": confidence})
-    result = audit_dpsgd(DpsgdAudit(
-        threat_model=threat_model, sampler=sampler, observations=observations, epochs=epochs,
-        batch_size=batch_size, noise_multiplier=noise_multiplier, clip_norm=clip_norm, lr=lr,
-        dataset_size=dataset_size, method=threshold, delta=delta, confidence=confidence, seed=seed,
-        progress=not as_json, sampler_options=_sampler_options(sampler, buffer_size),
-    ))
+    _check_numbers(
+        {"--noise-multiplier": noise_multiplier, "--clip-norm": clip_norm, "--lr": lr},
+        {"--delta": delta, "--confidence": confidence},
+    )
+    result = audit_dpsgd(
+        DpsgdAudit(
+            threat_model=threat_model,
+            sampler=sampler,
+            observations=observations,
+            epochs=epochs,
+            batch_size=batch_size,
+            noise_multiplier=noise_multiplier,
+            clip_norm=clip_norm,
+            lr=lr,
+            dataset_size=dataset_size,
+            method=threshold,
+            delta=delta,
+            confidence=confidence,
+            seed=seed,
+            progress=not as_json,
+            sampler_options=_sampler_options(sampler, buffer_size),
+        )
+    )
     _print({**result.summary(), "claim_basis": result.claim_basis}, as_json)
 
 

@@ -48,7 +48,7 @@ def _render(params: Path, root: Path, as_json: bool) -> None:
 
 def _print_comparison(revision: str, params: Path, root: Path, as_json: bool) -> None:
     from dpledger.params import load_params
-    from dpledger.report.compare import comparison_document, compare_headlines, revision_metrics
+    from dpledger.report.compare import compare_headlines, comparison_document, revision_metrics
     from dpledger.report.inputs import load_inputs
     from dpledger.report.markdown import render_markdown
 

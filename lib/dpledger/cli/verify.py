@@ -20,8 +20,10 @@ def register(app: typer.Typer) -> None:
     def verify(
         trainer: str = typer.Option("dpledger", help="'dpledger', 'reference', 'opacus', 'zoo:NAME' or pkg.module:fn"),
         command: Optional[str] = typer.Option(
-            None, help="external command template with {init} {data} {out} {clip_norm} {noise_multiplier} "
-                       "{batch_size} {steps} {lr} {seed}; replaces --trainer"),
+            None,
+            help="external command template with {init} {data} {out} {clip_norm} {noise_multiplier} "
+            "{batch_size} {steps} {lr} {seed}; replaces --trainer",
+        ),
         optimizer: str = typer.Option("sgd", help="sgd | adam (Adam: warm-up steps, small σ; SGD-only tests skipped)"),
         seed: int = typer.Option(0, min=0, max=2**32 - 1, help="seed of the synthetic task and of the trainer's noise"),
         significance: float = typer.Option(0.01, help="family-wise significance (Holm over the stochastic tests)"),
@@ -51,8 +53,9 @@ def register(app: typer.Typer) -> None:
             first = error.errors()[0]
             raise ParamsError(f"--{first['loc'][0]} = {first['input']!r} is invalid: {first['msg']}") from None
         function, name = trainer_from_params(settings)
-        result = run_battery(function, trainer_name=name, seed=seed, optimizer=optimizer,
-                             significance=significance, progress=progress)
+        result = run_battery(
+            function, trainer_name=name, seed=seed, optimizer=optimizer, significance=significance, progress=progress
+        )
         if plots is not None:
             from dpledger.verify.plots import write_plots
 
@@ -60,8 +63,10 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(result.to_json(), indent=2, ensure_ascii=False))
         else:
-            typer.echo(f"{'PASSED' if result.passed else 'BUG FOUND'}: {name} ({result.training_steps} training steps, "
-                       f"{result.wall_time_s:.1f} s, Holm at {significance})")
+            typer.echo(
+                f"{'PASSED' if result.passed else 'BUG FOUND'}: {name} ({result.training_steps} training steps, "
+                f"{result.wall_time_s:.1f} s, Holm at {significance})"
+            )
             for finding in result.findings:
                 typer.echo(f"  {finding}")
         if not result.passed:

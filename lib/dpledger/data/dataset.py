@@ -120,7 +120,10 @@ def load_dataset(name: str, path: str | None, test_fraction: float, seed: int) -
     if name == "npz":
         arrays = loaders.load_npz(source)
         if "x_test" in arrays:
-            x_train, x_test = _npz_inputs(arrays["x_train"], f"{path}: x_train"), _npz_inputs(arrays["x_test"], f"{path}: x_test")
+            x_train, x_test = (
+                _npz_inputs(arrays["x_train"], f"{path}: x_train"),
+                _npz_inputs(arrays["x_test"], f"{path}: x_test"),
+            )
             y_train = _class_labels(x_train, arrays["y_train"], f"{path}: x_train, y_train")
             y_test = _class_labels(x_test, arrays["y_test"], f"{path}: x_test, y_test")
             if x_train.shape[1:] != x_test.shape[1:]:

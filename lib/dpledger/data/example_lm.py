@@ -12,10 +12,22 @@ from pathlib import Path
 from dpledger import io
 
 ARCHITECTURES = {  # a tiny causal LM of each architecture: 2 layers, width 64, 4 heads, dropout off
-    "gpt2": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-             "attn_pdrop": 0.0},
-    "gpt-neox": {"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-                 "intermediate_size": 256},
+    "gpt2": {
+        "model_type": "gpt2",
+        "n_layer": 2,
+        "n_embd": 64,
+        "n_head": 4,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+    },
+    "gpt-neox": {
+        "model_type": "gpt_neox",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 256,
+    },
 }
 """GPT-2 (the example's default) ties its LM head to the token embedding, which the engine clips as one
 weight with the ghost norm's cross terms; GPT-NeoX has an untied head. Dropout is off in both: it would
@@ -54,15 +66,27 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                   unk_token="<|endoftext|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
 
 
-def write_example(folder: Path, *, architecture: str = "gpt2", max_chars: int = 120_000, vocab_size: int = 512,
-                  max_positions: int = 128, seed: int = 0) -> None:
+def write_example(
+    folder: Path,
+    *,
+    architecture: str = "gpt2",
+    max_chars: int = 120_000,
+    vocab_size: int = 512,
+    max_positions: int = 128,
+    seed: int = 0,
+) -> None:
     """Write ``folder/corpus.jsonl`` (one ``{"text": ...}`` a line) and ``folder/model/`` (tokenizer, config
     and random-init weights, all with ``save_pretrained``)."""
     import torch
@@ -70,8 +94,12 @@ def write_example(folder: Path, *, architecture: str = "gpt2", max_chars: int = 
 
     texts = corpus_texts(max_chars)
     tokenizer = train_tokenizer(texts, vocab_size)
-    spec = {**ARCHITECTURES[architecture], "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
-            "eos_token_id": tokenizer.eos_token_id}
+    spec = {
+        **ARCHITECTURES[architecture],
+        "vocab_size": len(tokenizer),
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
     spec["n_positions" if architecture == "gpt2" else "max_position_embeddings"] = max_positions
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**spec))

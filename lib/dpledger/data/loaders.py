@@ -52,7 +52,9 @@ def load_npz(path: Path) -> dict[str, np.ndarray]:
         with archive:
             arrays = {key: _npz_array(path, archive, key) for key in archive.files}
     except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
-        raise DpledgerError(f"{path}: is not a readable .npz archive (truncated or corrupt: {error})".splitlines()[0]) from None
+        raise DpledgerError(
+            f"{path}: is not a readable .npz archive (truncated or corrupt: {error})".splitlines()[0]
+        ) from None
     if {"x", "y"} <= arrays.keys() or {"x_train", "y_train", "x_test", "y_test"} <= arrays.keys():
         return arrays
     raise DpledgerError(
@@ -75,13 +77,15 @@ def _npz_array(path: Path, archive: np.lib.npyio.NpzFile, key: str) -> np.ndarra
 class _ArraysOnlyUnpickler(pickle.Unpickler):
     """Builds dicts, lists, bytes, numbers and numpy arrays; any other global (the way a pickle runs code) is refused."""
 
-    ALLOWED = frozenset({
-        ("numpy.core.multiarray", "_reconstruct"),  # pickles written by numpy 1.x (CIFAR-10's own files)
-        ("numpy._core.multiarray", "_reconstruct"),  # and by numpy 2.x
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("_codecs", "encode"),  # protocol-2 pickles spell bytes as _codecs.encode(str, "latin1")
-    })
+    ALLOWED = frozenset(
+        {
+            ("numpy.core.multiarray", "_reconstruct"),  # pickles written by numpy 1.x (CIFAR-10's own files)
+            ("numpy._core.multiarray", "_reconstruct"),  # and by numpy 2.x
+            ("numpy", "ndarray"),
+            ("numpy", "dtype"),
+            ("_codecs", "encode"),  # protocol-2 pickles spell bytes as _codecs.encode(str, "latin1")
+        }
+    )
 
     def find_class(self, module: str, name: str) -> type:
         if (module, name) not in self.ALLOWED:
@@ -105,7 +109,9 @@ def _cifar_arrays(path: Path, batch: dict) -> tuple[np.ndarray, np.ndarray]:
         data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
         labels = np.asarray(batch[b"labels"], dtype=np.int64)
     except (ValueError, TypeError) as error:
-        raise DpledgerError(f"{path}: b'data' is not N rows of 3072 uint8 pixels, or b'labels' not integers ({error})") from None
+        raise DpledgerError(
+            f"{path}: b'data' is not N rows of 3072 uint8 pixels, or b'labels' not integers ({error})"
+        ) from None
     if labels.shape != (data.shape[0],):
         raise DpledgerError(f"{path}: {data.shape[0]} images but labels of shape {labels.shape}")
     return data.astype(np.float32) / 255.0, labels

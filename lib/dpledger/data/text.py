@@ -26,9 +26,13 @@ FORMATS = (".jsonl", ".csv")
 def load_tokenizer(path: str | None, key: str = "data.tokenizer") -> Any:
     """A transformers tokenizer saved with ``save_pretrained`` in the local folder ``path`` (no hub access)."""
     if path is None:
-        raise ParamsError(f"params: {key} is missing: data.name = 'text' is tokenized by the model's own tokenizer folder")
+        raise ParamsError(
+            f"params: {key} is missing: data.name = 'text' is tokenized by the model's own tokenizer folder"
+        )
     if not Path(path).is_dir():
-        raise ParamsError(f"params: {key} = {path!r} is invalid: no such folder (a tokenizer saved with save_pretrained)")
+        raise ParamsError(
+            f"params: {key} = {path!r} is invalid: no such folder (a tokenizer saved with save_pretrained)"
+        )
     from transformers import AutoTokenizer
 
     try:
@@ -43,7 +47,9 @@ def load_tokenizer(path: str | None, key: str = "data.tokenizer") -> Any:
 def read_records(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``.jsonl`` (one JSON object a line) or ``.csv`` (a header row) file."""
     if path.suffix not in FORMATS:
-        raise ParamsError(f"params: data.path = {str(path)!r} is invalid: a text dataset is a {' or '.join(FORMATS)} file")
+        raise ParamsError(
+            f"params: data.path = {str(path)!r} is invalid: a text dataset is a {' or '.join(FORMATS)} file"
+        )
     try:
         content = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -95,7 +101,14 @@ def token_ids(tokenizer: Any, texts: list[str], max_length: int) -> np.ndarray:
 
 
 def load_text(
-    path: str, *, tokenizer: str | None, max_length: int, text_field: str, label_field: str, test_fraction: float, seed: int
+    path: str,
+    *,
+    tokenizer: str | None,
+    max_length: int,
+    text_field: str,
+    label_field: str,
+    test_fraction: float,
+    seed: int,
 ) -> Dataset:
     """The tokenized dataset of ``path``; labelled when the first record has ``label_field``."""
     source = Path(path)
@@ -107,8 +120,17 @@ def load_text(
     has_labels = label_field in records[0]
     labels = (
         _labels(_column(records, label_field, "data.label_field", source), source, label_field)
-        if has_labels else np.zeros(len(records), dtype=np.int64)
+        if has_labels
+        else np.zeros(len(records), dtype=np.int64)
     )
     split = split_dataset(token_ids(tok, texts, max_length), labels, test_fraction, seed, "text")
-    return Dataset(split.x_train, split.y_train, split.x_test, split.y_test, split.num_classes, "text",
-                   vocab_size=len(tok), has_labels=has_labels)
+    return Dataset(
+        split.x_train,
+        split.y_train,
+        split.x_test,
+        split.y_test,
+        split.num_classes,
+        "text",
+        vocab_size=len(tok),
+        has_labels=has_labels,
+    )

@@ -184,8 +184,14 @@ class BKEngine:
         self._groups = 1 + max(o.group for o in self._owners.values()) if clipping == "per-layer" else 1
         reference = self.params[0]
         self.noise = NoiseSource(
-            self.numel, seed=seed, mechanism=mechanism, mechanism_params=mechanism_params, num_steps=num_steps,
-            secure=secure_noise, device=reference.device, dtype=reference.dtype,
+            self.numel,
+            seed=seed,
+            mechanism=mechanism,
+            mechanism_params=mechanism_params,
+            num_steps=num_steps,
+            secure=secure_noise,
+            device=reference.device,
+            dtype=reference.dtype,
         )
         self.steps_taken = 0
         self.nonfinite_examples = 0
@@ -211,7 +217,8 @@ class BKEngine:
         self._handles.append(model.register_forward_pre_hook(self._note_batch, with_kwargs=True))
         self._handles += [
             module.register_forward_pre_hook(self._data_dependent_state_hook)
-            for module in model.modules() if isinstance(module, (_BatchNorm, _InstanceNorm, nn.Embedding))
+            for module in model.modules()
+            if isinstance(module, (_BatchNorm, _InstanceNorm, nn.Embedding))
         ]
         self._check: validators.OutsideUses | None = None
         self._check_passed = False
@@ -254,14 +261,19 @@ class BKEngine:
             children = generic.claimed_children(module)
             claimed.update(id(getattr(module, child)) for child in children)
             own = [(attr, p) for attr, p in module.named_parameters(recurse=False) if id(p) in trainable]
-            own += [(f"{child}.{attr}", p) for child in children
-                    for attr, p in getattr(module, child).named_parameters() if id(p) in trainable]
+            own += [
+                (f"{child}.{attr}", p)
+                for child in children
+                for attr, p in getattr(module, child).named_parameters()
+                if id(p) in trainable
+            ]
             if not own:
                 continue
             label = f"{layer_name or '<model>'} ({type(module).__name__})"
             rule = None if children else rule_for(module)
-            refusal = validators.layer_refusal(module, label, [f"{layer_name}.{attr}".lstrip(".") for attr, _ in own],
-                                               rule, [attr for attr, _ in own])
+            refusal = validators.layer_refusal(
+                module, label, [f"{layer_name}.{attr}".lstrip(".") for attr, _ in own], rule, [attr for attr, _ in own]
+            )
             if refusal:
                 raise UnsupportedLayerError(refusal)
             self._module_names[id(module)] = layer_name or "<model>"
@@ -325,7 +337,9 @@ class BKEngine:
 
     def _note_batch(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The batch size B of this forward pass: the leading size of the model's first tensor input."""
-        first = next((leaf for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, Tensor) and leaf.dim()), None)
+        first = next(
+            (leaf for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, Tensor) and leaf.dim()), None
+        )
         self._model_batch = None if first is None else first.shape[0]
 
     def _broadcast(self, tensor: Tensor, dim: int) -> Tensor:
@@ -335,7 +349,7 @@ class BKEngine:
         batch = self._model_batch
         if batch is None or batch <= 1 or tensor.dim() <= dim or tensor.shape[dim] != 1:
             return tensor
-        return tensor.expand(*tensor.shape[:dim], batch, *tensor.shape[dim + 1:]).contiguous()
+        return tensor.expand(*tensor.shape[:dim], batch, *tensor.shape[dim + 1 :]).contiguous()
 
     def _forward_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
         # The model's mode, not the layer's: a layer put in eval mode inside a training model still trains
@@ -348,7 +362,8 @@ class BKEngine:
         inputs = args[0] if args else next(iter(kwargs.values()), None)
         if not isinstance(inputs, Tensor) or not isinstance(output, Tensor):
             raise UnsupportedLayerError(
-                f"engine: layer {name} ({type(module).__name__}) was called without a tensor input or output")
+                f"engine: layer {name} ({type(module).__name__}) was called without a tensor input or output"
+            )
         if not output.requires_grad:
             output = output + self._origin(output)
         if inputs.dim() and inputs.shape[0] == 1 and output.dim() and output.shape[0] == 1:
@@ -364,8 +379,9 @@ class BKEngine:
         self._calls.append(call)
         return output
 
-    def _record_generic(self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                        output: Any) -> Any:
+    def _record_generic(
+        self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> Any:
         """Keep every input and output of a generic-rule call; hooks collect each output's gradient."""
         reason = generic.check_call(module, args, kwargs)
         if reason:
@@ -375,11 +391,19 @@ class BKEngine:
         leaves, spec = tree_flatten(output)
         layout = generic.layout_of(module, args, kwargs, output)
         call = _GenericCall(
-            name, module, self._layer_params[id(module)], *tree_unflatten(input_leaves, input_spec),
-            versions=[(t, t._version) for t in input_leaves if isinstance(t, Tensor)], layout=layout,
-            outputs=[None] * len(leaves), out_grads=[None] * len(leaves),
-            autocast=[(device, torch.get_autocast_dtype(device)) for device in ("cpu", "cuda")
-                      if torch.is_autocast_enabled(device)],
+            name,
+            module,
+            self._layer_params[id(module)],
+            *tree_unflatten(input_leaves, input_spec),
+            versions=[(t, t._version) for t in input_leaves if isinstance(t, Tensor)],
+            layout=layout,
+            outputs=[None] * len(leaves),
+            out_grads=[None] * len(leaves),
+            autocast=[
+                (device, torch.get_autocast_dtype(device))
+                for device in ("cpu", "cuda")
+                if torch.is_autocast_enabled(device)
+            ],
         )
         for k, leaf in enumerate(leaves):
             if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
@@ -404,15 +428,17 @@ class BKEngine:
             with contextlib.ExitStack() as stack:
                 for device, dtype in call.autocast:
                     stack.enter_context(torch.autocast(device, dtype=dtype))
-                return generic.per_example_grads(call.module, call.params, call.args, call.kwargs, call.layout,
-                                                 call.outputs, call.out_grads, batch)
+                return generic.per_example_grads(
+                    call.module, call.params, call.args, call.kwargs, call.layout, call.outputs, call.out_grads, batch
+                )
         except generic.GenericRuleError as error:
             raise UnsupportedLayerError(f"engine: layer {label} cannot be trained privately: {error}") from None
         except RuntimeError as error:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise UnsupportedLayerError(
                 f"engine: layer {label}: re-running its forward one example at a time (generic rule) failed: {first}"
-                " (random operations such as dropout inside it must be off)") from error
+                " (random operations such as dropout inside it must be off)"
+            ) from error
         finally:
             self._recomputing = False
 
@@ -492,8 +518,11 @@ class BKEngine:
             call = state.modified
             raise UnsupportedLayerError(validators.in_place_message(f"{call.name} ({type(call.module).__name__})"))
         for key, tied_calls in state.tied.items():
-            factors = [c.rule.tied_factors(c.module, _norm_precision(c.activations), _norm_precision(c.backprops))
-                       for c in tied_calls if c.backprops is not None]  # a use whose output got no gradient adds nothing
+            factors = [
+                c.rule.tied_factors(c.module, _norm_precision(c.activations), _norm_precision(c.backprops))
+                for c in tied_calls
+                if c.backprops is not None
+            ]  # a use whose output got no gradient adds nothing
             for first in range(len(factors)):
                 for second in range(first + 1, len(factors)):
                     state.norm_sq[key] = state.norm_sq[key] + 2 * ghost_dot(factors[first], factors[second])
@@ -529,8 +558,10 @@ class BKEngine:
             if len(group) != use_count[key] or any(c.rule.tied_factors is None for c in group):
                 continue
             steps = [c.rule.ghost_cost(c.module, c.activations)[0] for c in group]
-            if self.ghost == "always" or sum(steps) * len(group) < group[0].rule.ghost_cost(group[0].module,
-                                                                                          group[0].activations)[1]:
+            if (
+                self.ghost == "always"
+                or sum(steps) * len(group) < group[0].rule.ghost_cost(group[0].module, group[0].activations)[1]
+            ):
                 tied[key] = group
         return tied
 
@@ -562,7 +593,8 @@ class BKEngine:
             state.per_example[key] = grads.masked_fill(dropped.view(-1, *[1] * (grads.dim() - 1)), 0)
         for call in state.ghost_calls:
             call.activations, call.backprops = (
-                t.masked_fill(dropped.view(-1, *[1] * (t.dim() - 1)), 0) for t in (call.activations, call.backprops))
+                t.masked_fill(dropped.view(-1, *[1] * (t.dim() - 1)), 0) for t in (call.activations, call.backprops)
+            )
 
     def _factors(self, norm_sq: dict[int, Tensor], weights: Tensor | None, dropped: Tensor) -> dict[int, Tensor]:
         """Clipping factor of every parameter's group, per example (zero for weight-0 rows and for examples
@@ -572,15 +604,15 @@ class BKEngine:
             group = self._owners[key].group if self.clipping == "per-layer" else 0
             group_sq[group] = group_sq[group] + value if group in group_sq else value
         threshold = group_threshold(self.clipping, self.clip_norm, self._groups)
-        group_factors = {g: clip_factors(v, threshold, self.clipping, self.automatic_gamma) for g, v in group_sq.items()}
+        group_factors = {
+            g: clip_factors(v, threshold, self.clipping, self.automatic_gamma) for g, v in group_sq.items()
+        }
         keep = ~dropped if weights is None else (weights != 0) & ~dropped
         group_factors = {g: f * keep.to(f.dtype) for g, f in group_factors.items()}
-        return {
-            key: group_factors[self._owners[key].group if self.clipping == "per-layer" else 0] for key in norm_sq
-        }
+        return {key: group_factors[self._owners[key].group if self.clipping == "per-layer" else 0] for key in norm_sq}
 
     def _flat_views(self, flat: Tensor) -> list[Tensor]:
-        return [flat[o.offset:o.offset + o.numel].view_as(p) for p, o in zip(self.params, self._owner_list())]
+        return [flat[o.offset : o.offset + o.numel].view_as(p) for p, o in zip(self.params, self._owner_list())]
 
     def _owner_list(self) -> list[_Owner]:
         return [self._owners[id(p)] for p in self.params]
@@ -601,7 +633,9 @@ class BKEngine:
             self._pending = True
         return self._buffer
 
-    def _add_clipped(self, factors: dict[int, Tensor], per_example: dict[int, Tensor], ghost_calls: list[_Call]) -> None:
+    def _add_clipped(
+        self, factors: dict[int, Tensor], per_example: dict[int, Tensor], ghost_calls: list[_Call]
+    ) -> None:
         self._sum_buffer()
         factors = {key: value / self.normalizer for key, value in factors.items()}
         for key, grads in per_example.items():
@@ -640,7 +674,9 @@ class BKEngine:
         self._sum_buffer()
         if canary is not None:
             if len(canary) != len(self.params):
-                raise ParamsError(f"engine: a canary needs {len(self.params)} tensors (one per parameter), got {len(canary)}")
+                raise ParamsError(
+                    f"engine: a canary needs {len(self.params)} tensors (one per parameter), got {len(canary)}"
+                )
             for view, vector in zip(self._views, canary if self._adds_noise else ()):
                 view.add_(vector.reshape(view.shape).to(view.dtype), alpha=1 / self.normalizer)
         if self._ranks is not None:
@@ -654,7 +690,9 @@ class BKEngine:
         self._pending = False
         self.steps_taken += 1
 
-    def private_step(self, losses: Tensor, weights: Tensor | None = None, canary: Sequence[Tensor] | None = None) -> Tensor:
+    def private_step(
+        self, losses: Tensor, weights: Tensor | None = None, canary: Sequence[Tensor] | None = None
+    ) -> Tensor:
         """``backward`` then ``step``: one logical step from one physical batch; returns the norms."""
         norms = self.backward(losses, weights)
         self.step(canary)

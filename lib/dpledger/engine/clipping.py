@@ -24,7 +24,9 @@ CLIPPING_MODES: tuple[str, ...] = ("flat", "per-layer", "automatic")
 def check_clipping(mode: str, clip_norm: float, gamma: float) -> None:
     """Refuse an unknown mode or a non-positive threshold or γ, with one line."""
     if mode not in CLIPPING_MODES:
-        raise ParamsError(f"params: train.clipping = {mode!r} is invalid: allowed values are {', '.join(CLIPPING_MODES)}")
+        raise ParamsError(
+            f"params: train.clipping = {mode!r} is invalid: allowed values are {', '.join(CLIPPING_MODES)}"
+        )
     if not clip_norm > 0 or not math.isfinite(clip_norm):
         raise ParamsError(f"params: train.clip_norm = {clip_norm!r} is invalid: it must be a finite number > 0")
     if not gamma > 0:
@@ -46,8 +48,9 @@ def clip_factors(norm_sq: Tensor, threshold: float, mode: str, gamma: float = 0.
     if mode == "automatic":
         factors = threshold / (norm + gamma)
     else:
-        factors = torch.where(norm > threshold, threshold / norm.clamp_min(torch.finfo(norm.dtype).tiny),
-                              torch.ones_like(norm))
+        factors = torch.where(
+            norm > threshold, threshold / norm.clamp_min(torch.finfo(norm.dtype).tiny), torch.ones_like(norm)
+        )
     return torch.where(torch.isfinite(norm), factors, torch.zeros_like(factors))
 
 

@@ -18,7 +18,9 @@ def consecutive_indices(step: int, batch_size: int, dataset_size: int) -> np.nda
     return np.arange(step * batch_size, (step + 1) * batch_size) % dataset_size
 
 
-def consecutive_batches(inputs: Tensor, targets: Tensor, batch_size: int, steps: int) -> Iterator[tuple[Tensor, Tensor]]:
+def consecutive_batches(
+    inputs: Tensor, targets: Tensor, batch_size: int, steps: int
+) -> Iterator[tuple[Tensor, Tensor]]:
     """The protocol's batches: ``(inputs[rows], targets[rows])`` for step t = 0 … steps − 1, rows as in
     :func:`consecutive_indices` (no sampling, so runs differ only in the noise)."""
     for step in range(steps):
@@ -84,8 +86,12 @@ def train_consecutive(
     """
     model.train()
     torch_optimizer = make_optimizer(run.optimizer, [p for p in model.parameters() if p.requires_grad], run.lr)
-    settings = {"clip_norm": run.clip_norm, "noise_multiplier": run.noise_multiplier, "normalizer": run.batch_size,
-                "seed": run.seed}
+    settings = {
+        "clip_norm": run.clip_norm,
+        "noise_multiplier": run.noise_multiplier,
+        "normalizer": run.batch_size,
+        "seed": run.seed,
+    }
     batches = consecutive_batches(inputs, targets, run.batch_size, run.steps)
     if reference:
         trainer = ReferenceTrainer(model, torch_optimizer, loss_fn=loss_fn, **settings)

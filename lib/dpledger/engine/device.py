@@ -30,7 +30,9 @@ def select_device(name: str = "auto") -> torch.device:
 def autocast(device: torch.device, precision: str = "fp32") -> ContextManager:
     """torch.autocast for bf16/fp16 on CUDA; a no-op for fp32 or on CPU (where half precision is slower)."""
     if precision not in PRECISIONS:
-        raise ParamsError(f"params: train.precision = {precision!r} is invalid: allowed values are {', '.join(PRECISIONS)}")
+        raise ParamsError(
+            f"params: train.precision = {precision!r} is invalid: allowed values are {', '.join(PRECISIONS)}"
+        )
     dtype = PRECISIONS[precision]
     if dtype is None or device.type != "cuda":
         return contextlib.nullcontext()

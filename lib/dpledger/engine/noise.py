@@ -28,7 +28,6 @@ import torch
 from dpledger.engine import philox_normal
 from dpledger.errors import ParamsError
 
-
 NOISE_CHUNK = 1 << 18
 """Entries per independently seeded chunk of a step's noise (fixed: the noise must not depend on threads)."""
 
@@ -95,7 +94,9 @@ class NoiseSource:
             if self._buffer is None:
                 self._buffer = torch.empty(self.numel, device=self.device, dtype=self.dtype)
             return self.draw_into(self._buffer, step, 1.0)
-        return self._correlated(step) if not self.secure else secure_standard_normal(self.numel, self.dtype, self.device)
+        return (
+            self._correlated(step) if not self.secure else secure_standard_normal(self.numel, self.dtype, self.device)
+        )
 
     def draw_into(self, out: torch.Tensor, step: int, scale: float) -> torch.Tensor:
         """Overwrite the flat tensor ``out`` with scale·z_step (the engine's σ·R·z_t, with no extra pass)."""
@@ -121,7 +122,7 @@ class NoiseSource:
         def fill(indices: range) -> None:
             for k in indices:
                 generator = torch.Generator(device=out.device).manual_seed(seeds[k])
-                chunk = out[k * NOISE_CHUNK:(k + 1) * NOISE_CHUNK]
+                chunk = out[k * NOISE_CHUNK : (k + 1) * NOISE_CHUNK]
                 if chunk.dtype == torch.float64:
                     chunk.normal_(0.0, scale, generator=generator)
                 else:
@@ -148,8 +149,10 @@ class NoiseSource:
             return out
         bounds = [blocks * w // workers for w in range(workers + 1)]
         pool = self._thread_pool(workers)
-        futures = [pool.submit(philox_normal.fill_standard_normal, array, key, step, scale, (lo, hi))
-                   for lo, hi in zip(bounds[:-1], bounds[1:])]
+        futures = [
+            pool.submit(philox_normal.fill_standard_normal, array, key, step, scale, (lo, hi))
+            for lo, hi in zip(bounds[:-1], bounds[1:])
+        ]
         for future in futures:
             future.result()
         return out
@@ -169,13 +172,20 @@ class NoiseSource:
 
             self._stream = iter(
                 noise_stream(
-                    self.mechanism, self.mechanism_params, self.num_steps, self.numel,
-                    normals=self.independent, device=self.device, dtype=self.dtype,
+                    self.mechanism,
+                    self.mechanism_params,
+                    self.num_steps,
+                    self.numel,
+                    normals=self.independent,
+                    device=self.device,
+                    dtype=self.dtype,
                 )
             )
             self._stream_position = 0
         if step >= self.num_steps:
-            raise ParamsError(f"engine: step {step} is past the {self.num_steps} steps the correlated noise was built for")
+            raise ParamsError(
+                f"engine: step {step} is past the {self.num_steps} steps the correlated noise was built for"
+            )
         while True:
             row = next(self._stream)
             self._stream_position += 1

@@ -11,7 +11,9 @@ from dpledger.errors import ParamsError
 OPTIMIZERS: tuple[str, ...] = ("sgd", "momentum", "adam")
 
 
-def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float, momentum: float = 0.9) -> torch.optim.Optimizer:
+def make_optimizer(
+    name: str, params: Iterable[torch.nn.Parameter], lr: float, momentum: float = 0.9
+) -> torch.optim.Optimizer:
     """``sgd`` (plain), ``momentum`` (SGD with momentum) or ``adam``."""
     params = list(params)
     if name == "sgd":

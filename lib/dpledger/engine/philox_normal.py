@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 import os
 
-import numpy as np
 import numba
+import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
@@ -46,8 +46,12 @@ def _round(c0, c1, c2, c3, k0, k1):
     """One Philox4x32 round (two 32×32→64 multiplications, the key xored in)."""
     p0 = np.uint64(c0) * _M0
     p1 = np.uint64(c2) * _M1
-    return (np.uint32((p1 >> _SHIFT) ^ np.uint64(c1) ^ np.uint64(k0)), np.uint32(p1 & _LOW),
-            np.uint32((p0 >> _SHIFT) ^ np.uint64(c3) ^ np.uint64(k1)), np.uint32(p0 & _LOW))
+    return (
+        np.uint32((p1 >> _SHIFT) ^ np.uint64(c1) ^ np.uint64(k0)),
+        np.uint32(p1 & _LOW),
+        np.uint32((p0 >> _SHIFT) ^ np.uint64(c3) ^ np.uint64(k1)),
+        np.uint32(p0 & _LOW),
+    )
 
 
 @njit(inline="always")
@@ -87,16 +91,20 @@ def philox4x32(c0, c1, c2, c3, k0, k1):
 @intrinsic
 def _as_int32(typingctx, value):
     """The bits of a float32 as an int32 (an LLVM bitcast, which vectorizes)."""
+
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], context.get_value_type(types.int32))
+
     return types.int32(types.float32), codegen
 
 
 @intrinsic
 def _as_float32(typingctx, value):
     """The float32 whose bits are an int32."""
+
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], context.get_value_type(types.float32))
+
     return types.float32(types.int32), codegen
 
 
@@ -131,8 +139,10 @@ def _minus_two_log(word, refined):
     exponent = 0 if near else exponent
     s = f / (_F32(2.0) + f)
     z = s * s
-    series = _ATANH[0] + z * (_ATANH[1] + z * (_ATANH[2] + z * (_ATANH[3] + z * (_ATANH[4] + z * (
-        _ATANH[5] + z * (_ATANH[6] + z * _ATANH[7]))))))
+    series = _ATANH[0] + z * (
+        _ATANH[1]
+        + z * (_ATANH[2] + z * (_ATANH[3] + z * (_ATANH[4] + z * (_ATANH[5] + z * (_ATANH[6] + z * _ATANH[7])))))
+    )
     return _F32(-2.0) * (_F32(exponent) * _LN2 + _F32(2.0) * s * series)
 
 
@@ -194,11 +204,11 @@ def _fill_blocks(out, first_block, last_block, step_lo, step_hi, scale, k0, k1):
         start = block * 4 * LANES
         lanes = min(LANES, (n - start + 3) // 4)
         whole = n - start >= 4 * lanes
-        target = out[start:start + 4 * lanes] if whole else spare
+        target = out[start : start + 4 * lanes] if whole else spare
         if _draw_block(target, block * LANES, lanes, step_lo, step_hi, keys0, keys1, scale32):
             _refine_block(target, block * LANES, lanes, step_lo, step_hi, keys0, keys1, scale32)  # p ≈ 2⁻²¹
         if not whole:
-            out[start:n] = spare[:n - start]
+            out[start:n] = spare[: n - start]
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -206,8 +216,16 @@ def _fill_parts(out, first_block, last_block, parts, step_lo, step_hi, scale, k0
     """``_fill_blocks`` split into ``parts`` equal block ranges run by numba's thread pool."""
     count = last_block - first_block
     for part in prange(parts):
-        _fill_blocks(out, first_block + count * part // parts, first_block + count * (part + 1) // parts,
-                     step_lo, step_hi, scale, k0, k1)
+        _fill_blocks(
+            out,
+            first_block + count * part // parts,
+            first_block + count * (part + 1) // parts,
+            step_lo,
+            step_hi,
+            scale,
+            k0,
+            k1,
+        )
 
 
 def blocks(numel: int) -> int:
@@ -215,8 +233,14 @@ def blocks(numel: int) -> int:
     return -(-numel // (4 * LANES))
 
 
-def fill_standard_normal(out: np.ndarray, key: tuple[int, int], step: int, scale: float = 1.0,
-                         block_range: tuple[int, int] | None = None, threads: int = 1) -> None:
+def fill_standard_normal(
+    out: np.ndarray,
+    key: tuple[int, int],
+    step: int,
+    scale: float = 1.0,
+    block_range: tuple[int, int] | None = None,
+    threads: int = 1,
+) -> None:
     """Overwrite float32 ``out`` (1-D, contiguous) with scale·N(0, 1) draws of (key, step).
 
     ``block_range`` = (first, last) fills only those blocks, so threads can share one vector;
@@ -253,7 +277,8 @@ def pool_is_usable() -> bool:
     if _forked:
         return False
     if _layer is None:
-        _fill_parts(np.empty(8 * LANES, np.float32), 0, 2, 2, np.uint32(0), np.uint32(0), 1.0, np.uint32(0),
-                    np.uint32(0))
+        _fill_parts(
+            np.empty(8 * LANES, np.float32), 0, 2, 2, np.uint32(0), np.uint32(0), 1.0, np.uint32(0), np.uint32(0)
+        )
         _layer = numba.threading_layer()
     return _layer in ("omp", "tbb")

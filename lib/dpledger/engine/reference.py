@@ -58,24 +58,45 @@ def clipped_sum(
 class ReferenceTrainer:
     """DP-SGD step by step with the per-example reference; the same protocol as the BK engine."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, loss_fn: LossFn, clip_norm: float,
-                 noise_multiplier: float, normalizer: float, seed: int = 0, clipping: str = "flat") -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        loss_fn: LossFn,
+        clip_norm: float,
+        noise_multiplier: float,
+        normalizer: float,
+        seed: int = 0,
+        clipping: str = "flat",
+    ) -> None:
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
-        self.clip_norm, self.noise_multiplier, self.normalizer, self.clipping = clip_norm, noise_multiplier, normalizer, clipping
+        self.clip_norm, self.noise_multiplier, self.normalizer, self.clipping = (
+            clip_norm,
+            noise_multiplier,
+            normalizer,
+            clipping,
+        )
         self.params = [p for p in model.parameters() if p.requires_grad]
         reference = self.params[0]
-        self.noise = NoiseSource(sum(p.numel() for p in self.params), seed=seed, device=reference.device, dtype=reference.dtype)
+        self.noise = NoiseSource(
+            sum(p.numel() for p in self.params), seed=seed, device=reference.device, dtype=reference.dtype
+        )
         self.steps_taken = 0
 
     def step(self, inputs: Tensor, targets: Tensor, weights: Tensor | None = None) -> None:
-        sums = clipped_sum(per_example_gradients(self.model, self.loss_fn, inputs, targets), self.clip_norm,
-                           weights=weights, clipping=self.clipping)
+        sums = clipped_sum(
+            per_example_gradients(self.model, self.loss_fn, inputs, targets),
+            self.clip_norm,
+            weights=weights,
+            clipping=self.clipping,
+        )
         flat = torch.cat([sums[name].reshape(-1) for name, p in self.model.named_parameters() if p.requires_grad])
         if self.noise_multiplier > 0:
             flat = flat + self.noise_multiplier * self.clip_norm * self.noise.draw(self.steps_taken)
         offset = 0
         for p in self.params:
-            p.grad = (flat[offset:offset + p.numel()] / self.normalizer).view_as(p)
+            p.grad = (flat[offset : offset + p.numel()] / self.normalizer).view_as(p)
             offset += p.numel()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -32,8 +32,9 @@ BATCHNORM_FIX = (
 )
 
 
-def check_options(clipping: str, clip_norm: float, automatic_gamma: float, noise_multiplier: float,
-                  normalizer: float, ghost: str) -> None:
+def check_options(
+    clipping: str, clip_norm: float, automatic_gamma: float, noise_multiplier: float, normalizer: float, ghost: str
+) -> None:
     """The engine's numeric and mode options, each refused with one line naming it."""
     check_clipping(clipping, clip_norm, automatic_gamma)
     if not noise_multiplier >= 0:
@@ -44,14 +45,17 @@ def check_options(clipping: str, clip_norm: float, automatic_gamma: float, noise
         raise ParamsError(f"engine: ghost = {ghost!r} is invalid: allowed values are {', '.join(GHOST_MODES)}")
 
 
-def layer_refusal(module: nn.Module, label: str, names: list[str], rule: LayerRule | None,
-                  attrs: list[str]) -> str | None:
+def layer_refusal(
+    module: nn.Module, label: str, names: list[str], rule: LayerRule | None, attrs: list[str]
+) -> str | None:
     """Why a layer owning the trainable parameters ``names`` (attributes ``attrs``) cannot be trained, or None:
     a BatchNorm (it mixes examples; the fix is :func:`replace_batchnorm`), or a rule that refuses this layer's
     configuration or does not know one of its parameters. Layers without a rule get the generic rule."""
     if isinstance(module, _BatchNorm):
-        return (f"engine: trainable parameter {', '.join(names)} is in layer {label}, a BatchNorm: it mixes examples, "
-                f"so no per-example gradient exists; {BATCHNORM_FIX}")
+        return (
+            f"engine: trainable parameter {', '.join(names)} is in layer {label}, a BatchNorm: it mixes examples, "
+            f"so no per-example gradient exists; {BATCHNORM_FIX}"
+        )
     if rule is None:
         return None
     reason = rule.validate(module) if rule.validate else None
@@ -73,28 +77,42 @@ def data_dependent_state(module: nn.Module) -> str | None:
       stats in the released model are computed from the data without noise);
     - an Embedding with ``max_norm``, which renormalises the looked-up rows in place."""
     if isinstance(module, _BatchNorm):
-        return None if not module.training and module.running_mean is not None else (
-            "normalises with batch statistics, which mix examples (and padding rows) into every per-example "
-            f"gradient; {BATCHNORM_FIX}")
+        return (
+            None
+            if not module.training and module.running_mean is not None
+            else (
+                "normalises with batch statistics, which mix examples (and padding rows) into every per-example "
+                f"gradient; {BATCHNORM_FIX}"
+            )
+        )
     if isinstance(module, _InstanceNorm):
-        return None if not (module.training and module.track_running_stats) else (
-            "updates its running statistics from the private batch without noise; use "
-            "track_running_stats=False or put it in eval mode")
+        return (
+            None
+            if not (module.training and module.track_running_stats)
+            else (
+                "updates its running statistics from the private batch without noise; use "
+                "track_running_stats=False or put it in eval mode"
+            )
+        )
     return None if module.max_norm is None else f"{MAX_NORM_REASON}; use max_norm=None"
 
 
 def outside_use_message(name: str) -> str:
-    return (f"engine: trainable parameter {name} is used outside the forward of its layer (e.g. a head "
-            "tied by F.linear(h, embed.weight)), where it would get no gradient; tie modules instead "
-            "(head.weight = embed.weight), or use it under torch.no_grad() or detached")
+    return (
+        f"engine: trainable parameter {name} is used outside the forward of its layer (e.g. a head "
+        "tied by F.linear(h, embed.weight)), where it would get no gradient; tie modules instead "
+        "(head.weight = embed.weight), or use it under torch.no_grad() or detached"
+    )
 
 
 def in_place_message(label: str) -> str:
     """The saved input was changed in place after the layer used it (e.g. ``h += layer(h)``). With the parameters
     not requiring gradients torch's own backward of a Linear never reads that input, so only the engine's version
     check stops the per-example gradients being formed from the changed values."""
-    return (f"engine: layer {label}: its input was changed in place after the layer used it (e.g. h += layer(h)), "
-            "so its per-example gradients cannot be formed; use an out-of-place operation (h = h + layer(h))")
+    return (
+        f"engine: layer {label}: its input was changed in place after the layer used it (e.g. h += layer(h)), "
+        "so its per-example gradients cannot be formed; use an out-of-place operation (h = h + layer(h))"
+    )
 
 
 _GRADIENT_FREE = {Tensor.detach, Tensor.detach_, Tensor.data.__get__, Tensor.grad.__get__}
@@ -115,8 +133,13 @@ class OutsideUses(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
-        if self.found is None and torch.is_grad_enabled() and func not in _GRADIENT_FREE and any(
-            isinstance(r, Tensor) and (r.is_floating_point() or r.is_complex()) for r in tree_flatten(result)[0]
+        if (
+            self.found is None
+            and torch.is_grad_enabled()
+            and func not in _GRADIENT_FREE
+            and any(
+                isinstance(r, Tensor) and (r.is_floating_point() or r.is_complex()) for r in tree_flatten(result)[0]
+            )
         ):
             allowed = self.running[-1] if self.running else frozenset()
             for value in tree_flatten((args, kwargs))[0]:
@@ -143,7 +166,9 @@ def replace_batchnorm(model: nn.Module) -> nn.Module:
     Fresh weights (ones, zeros): a pretrained BatchNorm's statistics do not carry over; fine-tune afterwards."""
     for name, child in list(model.named_children()):
         if isinstance(child, _BatchNorm):
-            norm = nn.GroupNorm(_group_count(child.num_features), child.num_features, eps=child.eps, affine=child.affine)
+            norm = nn.GroupNorm(
+                _group_count(child.num_features), child.num_features, eps=child.eps, affine=child.affine
+            )
             reference = child.weight if child.affine else next(iter(child.buffers()), None)
             if reference is not None:
                 norm = norm.to(device=reference.device, dtype=reference.dtype)

@@ -70,7 +70,9 @@ def _toeplitz_stream(values, num_steps, numel, draw, device, dtype) -> Iterator[
         if known:
             weights = torch.zeros(memory, device=device, dtype=dtype)
             slots = (step - lags[:known]) % memory
-            weights[torch.as_tensor(slots, device=device)] = torch.as_tensor(values[1 : known + 1], device=device, dtype=dtype)
+            weights[torch.as_tensor(slots, device=device)] = torch.as_tensor(
+                values[1 : known + 1], device=device, dtype=dtype
+            )
             z = z - weights @ history
         y = z / lead
         history[step % memory] = y

@@ -51,8 +51,16 @@ class AmplifiedRmse:
 
 
 @mc.single_threaded
-def amplified_rmse(mechanism: str, mechanism_params: dict[str, Any], epsilon: float, delta: float, bins: int,
-                   epochs: int, samples: int, seed: int = 0) -> AmplifiedRmse:
+def amplified_rmse(
+    mechanism: str,
+    mechanism_params: dict[str, Any],
+    epsilon: float,
+    delta: float,
+    bins: int,
+    epochs: int,
+    samples: int,
+    seed: int = 0,
+) -> AmplifiedRmse:
     """σ and RMSE of C under balls-in-bins (Monte Carlo estimate, no EVR: a utility figure) and unamplified.
 
     Unamplified: every example sits in a fixed slot of every epoch in arbitrary order, so the Gaussian
@@ -63,12 +71,14 @@ def amplified_rmse(mechanism: str, mechanism_params: dict[str, Any], epsilon: fl
     pair = mc.fixed_bins_pair(values, bins, steps)
     upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, delta)
     sigma = mc.calibrate_sigma(pair, epsilon, delta, samples, seed, upper).noise_multiplier
-    return AmplifiedRmse(mechanism, mechanism_params, epsilon, sigma, prefix_rmse(values, sigma),
-                         upper, prefix_rmse(values, upper))
+    return AmplifiedRmse(
+        mechanism, mechanism_params, epsilon, sigma, prefix_rmse(values, sigma), upper, prefix_rmse(values, upper)
+    )
 
 
-def unamplified_rmse(mechanism: str, mechanism_params: dict[str, Any], epsilon: float, delta: float, bins: int,
-                     epochs: int) -> float:
+def unamplified_rmse(
+    mechanism: str, mechanism_params: dict[str, Any], epsilon: float, delta: float, bins: int, epochs: int
+) -> float:
     """The RMSE of C without amplification, as in :func:`amplified_rmse` (no Monte Carlo)."""
     steps = bins * epochs
     values = coefficients(mechanism, mechanism_params, steps)
@@ -76,16 +86,26 @@ def unamplified_rmse(mechanism: str, mechanism_params: dict[str, Any], epsilon: 
     return prefix_rmse(values, gaussian_noise_for(sensitivity, epsilon, delta))
 
 
-def best_bands(epsilon: float, delta: float, bins: int, epochs: int, samples: int, seed: int = 0,
-               candidates: list[int] | None = None) -> AmplifiedRmse:
+def best_bands(
+    epsilon: float,
+    delta: float,
+    bins: int,
+    epochs: int,
+    samples: int,
+    seed: int = 0,
+    candidates: list[int] | None = None,
+) -> AmplifiedRmse:
     """The w-banded C (w a power of two up to n) with the smallest amplified RMSE, over both banded
     families: the square root of the prefix-sum matrix and :func:`optimize_banded`'s C (004 §5.1's
     banded matrices, optimized without amplification). Neither family wins everywhere: at n = 2048,
     b = 128 the square root is better at ε <= 8, the optimized C at ε = 16 (``benchmarks/RESULTS.md``)."""
     steps = bins * epochs
     widths = candidates or [2**i for i in range(int(math.log2(steps)) + 1)]
-    results = [amplified_rmse("banded", params, epsilon, delta, bins, epochs, samples, seed)
-               for w in widths for params in (banded_params(w), optimize_banded(w, bins, epochs))]
+    results = [
+        amplified_rmse("banded", params, epsilon, delta, bins, epochs, samples, seed)
+        for w in widths
+        for params in (banded_params(w), optimize_banded(w, bins, epochs))
+    ]
     return min(results, key=lambda r: r.rmse)
 
 
@@ -106,15 +126,21 @@ def optimize_banded(bands: int, bins: int, epochs: int, iterations: int = 100) -
     raw = torch.as_tensor(np.log(np.expm1(start)), dtype=torch.float64).requires_grad_(True)
 
     def values() -> torch.Tensor:
-        return torch.cat([torch.ones(1, dtype=torch.float64), torch.nn.functional.softplus(raw),
-                          torch.zeros(n - width, dtype=torch.float64)])
+        return torch.cat(
+            [
+                torch.ones(1, dtype=torch.float64),
+                torch.nn.functional.softplus(raw),
+                torch.zeros(n - width, dtype=torch.float64),
+            ]
+        )
 
     _minimize_unamplified(raw, values, bins, n, iterations)
     return {"coefficients": values().detach()[:width].tolist()}
 
 
-def optimize_blt_unamplified(buffers: int, bins: int, epochs: int, init_bands: int,
-                             iterations: int = 500) -> dict[str, Any]:
+def optimize_blt_unamplified(
+    buffers: int, bins: int, epochs: int, init_bands: int, iterations: int = 500
+) -> dict[str, Any]:
     """mechanism_params of the ``buffers``-buffer BLT minimizing the same unamplified objective as
     :func:`optimize_banded`, by L-BFGS from a fit to the ``init_bands``-banded square root: the best a
     BLT does without amplification, against which a banded C shows what a BLT's geometric tail costs."""
@@ -127,8 +153,9 @@ def optimize_blt_unamplified(buffers: int, bins: int, epochs: int, init_bands: i
     return to_params(raw.detach())
 
 
-def _minimize_unamplified(raw: torch.Tensor, values: Callable[[], torch.Tensor], bins: int, n: int,
-                          iterations: int) -> None:
+def _minimize_unamplified(
+    raw: torch.Tensor, values: Callable[[], torch.Tensor], bins: int, n: int, iterations: int
+) -> None:
     """L-BFGS on log(max_i ‖m_i‖ · ‖A C⁻¹‖_F) over ``raw``, in place (``values()``: raw -> c_0..c_{n-1})."""
     optimizer = torch.optim.LBFGS([raw], max_iter=iterations, line_search_fn="strong_wolfe", tolerance_grad=1e-10)
 
@@ -172,8 +199,9 @@ def _blt(buffers: int, steps: int, init_bands: int) -> tuple[torch.Tensor, Calla
     target[: min(steps, init_bands)] = banded_sqrt_coefficients(init_bands)[:steps]
     decays, scales = blt_fit(target, buffers)
     scales = np.maximum(scales, 1e-2)
-    start = torch.cat([torch.logit(torch.as_tensor(np.clip(decays, 1e-4, 1 - 1e-4))),
-                       torch.as_tensor(np.log(np.expm1(scales)))])
+    start = torch.cat(
+        [torch.logit(torch.as_tensor(np.clip(decays, 1e-4, 1 - 1e-4))), torch.as_tensor(np.log(np.expm1(scales)))]
+    )
 
     def to_coefficients(raw: torch.Tensor, steps: int) -> torch.Tensor:
         decays, scales = torch.sigmoid(raw[:buffers]), torch.nn.functional.softplus(raw[buffers:])
@@ -181,8 +209,10 @@ def _blt(buffers: int, steps: int, init_bands: int) -> tuple[torch.Tensor, Calla
         return torch.cat([torch.ones(1, dtype=torch.float64), powers @ scales])
 
     def to_params(raw: torch.Tensor) -> dict[str, Any]:
-        return {"buffer_decays": torch.sigmoid(raw[:buffers]).tolist(),
-                "output_scales": torch.nn.functional.softplus(raw[buffers:]).tolist()}
+        return {
+            "buffer_decays": torch.sigmoid(raw[:buffers]).tolist(),
+            "output_scales": torch.nn.functional.softplus(raw[buffers:]).tolist(),
+        }
 
     return start, to_coefficients, to_params
 
@@ -201,9 +231,21 @@ def _toeplitz(steps: int, init_bands: int) -> tuple[torch.Tensor, Callable, Call
 
 
 @mc.single_threaded
-def optimize_matrix(mechanism: str, epsilon: float, delta: float, bins: int, epochs: int, *, steps: int = 300,
-                    samples: int = 1 << 14, seed: int = 0, learning_rate: float = 0.05, buffers: int = 3,
-                    init_bands: int = 4, progress: bool = False) -> OptimizedMatrix:
+def optimize_matrix(
+    mechanism: str,
+    epsilon: float,
+    delta: float,
+    bins: int,
+    epochs: int,
+    *,
+    steps: int = 300,
+    samples: int = 1 << 14,
+    seed: int = 0,
+    learning_rate: float = 0.05,
+    buffers: int = 3,
+    init_bands: int = 4,
+    progress: bool = False,
+) -> OptimizedMatrix:
     """Optimize a BLT (``buffers`` buffers) or Toeplitz C for the balls-in-bins RMSE at (ε, δ) (004 §4.2)."""
     n = bins * epochs
     if mechanism == "blt":
@@ -237,8 +279,9 @@ def optimize_matrix(mechanism: str, epsilon: float, delta: float, bins: int, epo
     return OptimizedMatrix(mechanism, to_params(raw.detach()), sigma, rmse, history)
 
 
-def _implicit_gradient(raw: torch.Tensor, gram: torch.Tensor, norm: torch.Tensor, search: mc.SigmaSearch,
-                       epsilon: float, sigma: float) -> torch.Tensor:
+def _implicit_gradient(
+    raw: torch.Tensor, gram: torch.Tensor, norm: torch.Tensor, search: mc.SigmaSearch, epsilon: float, sigma: float
+) -> torch.Tensor:
     """∇ log RMSE = ∇σ/σ + ∇‖·‖/‖·‖, with ∇σ = −(∂δ̂/∂raw)/(∂δ̂/∂σ) (implicit function theorem)."""
     grad_norm = torch.autograd.grad(norm, raw, retain_graph=True)[0]
     if not search.kept:

@@ -9,4 +9,15 @@ from dpledger.models.tasks import TASKS, Task
 from dpledger.models.transformer import Transformer
 from dpledger.models.zoo import MODELS, build_model, check_model
 
-__all__ = ["MODELS", "TASKS", "Task", "build_model", "build_task_model", "check_model", "task_for", "MLP", "CNN", "Transformer"]
+__all__ = [
+    "MODELS",
+    "TASKS",
+    "Task",
+    "build_model",
+    "build_task_model",
+    "check_model",
+    "task_for",
+    "MLP",
+    "CNN",
+    "Transformer",
+]

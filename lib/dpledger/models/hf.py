@@ -52,16 +52,22 @@ def _config(options: dict[str, Any], num_labels: int | None) -> Any:
             raise ParamsError(f"params: train.model_options.config is invalid: {_first_line(error)}") from None
     path = options["path"]
     if not Path(path).is_dir():
-        raise ParamsError(f"params: train.model_options.path = {path!r} is invalid: no such folder "
-                          "(a transformers checkpoint saved with save_pretrained)")
+        raise ParamsError(
+            f"params: train.model_options.path = {path!r} is invalid: no such folder "
+            "(a transformers checkpoint saved with save_pretrained)"
+        )
     if not (Path(path) / "config.json").is_file():
-        raise ParamsError(f"params: train.model_options.path = {path!r} is invalid: not a transformers checkpoint "
-                          "(no config.json; save the model with save_pretrained)")
+        raise ParamsError(
+            f"params: train.model_options.path = {path!r} is invalid: not a transformers checkpoint "
+            "(no config.json; save the model with save_pretrained)"
+        )
     try:
         return AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError) as error:
-        raise ParamsError(f"params: train.model_options.path = {path!r} is invalid: not a transformers checkpoint "
-                          f"({_first_line(error)})") from None
+        raise ParamsError(
+            f"params: train.model_options.path = {path!r} is invalid: not a transformers checkpoint "
+            f"({_first_line(error)})"
+        ) from None
 
 
 def _supported_tasks(config: Any) -> list[str]:
@@ -74,14 +80,16 @@ def load_hf_model(options: dict[str, Any], task: str, *, text: bool, num_labels:
     """The model for ``task`` in float32 and train mode; every bad option is one line naming its key."""
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise ParamsError(f"params: train.model_options {unknown} are invalid for model 'hf': allowed keys are "
-                          f"{', '.join(OPTIONS)}")
+        raise ParamsError(
+            f"params: train.model_options {unknown} are invalid for model 'hf': allowed keys are {', '.join(OPTIONS)}"
+        )
     if ("path" in options) == ("config" in options):
         raise ParamsError("params: train.model_options is invalid for model 'hf': give path (a local folder) or config")
     init = options.get("init", "pretrained")
     if init not in ("pretrained", "random") or (init == "pretrained" and "config" in options):
-        raise ParamsError(f"params: train.model_options.init = {init!r} is invalid: allowed values are pretrained "
-                          "(with path), random")
+        raise ParamsError(
+            f"params: train.model_options.init = {init!r} is invalid: allowed values are pretrained (with path), random"
+        )
     config = _config(options, num_labels)
     head = head_for(task, text)
     supported = _supported_tasks(config)
@@ -100,6 +108,8 @@ def load_hf_model(options: dict[str, Any], task: str, *, text: bool, num_labels:
         else:
             model = auto_class.from_pretrained(options["path"], local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError) as error:
-        raise ParamsError(f"params: train.model_options.path = {options.get('path')!r} is invalid: not a transformers "
-                          f"checkpoint ({_first_line(error)})") from None
+        raise ParamsError(
+            f"params: train.model_options.path = {options.get('path')!r} is invalid: not a transformers "
+            f"checkpoint ({_first_line(error)})"
+        ) from None
     return model.train()

@@ -10,8 +10,13 @@ from torch import Tensor, nn
 class MLP(nn.Module):
     """Flatten → [Linear → activation] × len(hidden) → Linear."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] | list[int] = (256,),
-                 activation: str = "tanh") -> None:
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        hidden: tuple[int, ...] | list[int] = (256,),
+        activation: str = "tanh",
+    ) -> None:
         super().__init__()
         acts = {"relu": nn.ReLU, "tanh": nn.Tanh}
         layers: list[nn.Module] = [nn.Flatten()]

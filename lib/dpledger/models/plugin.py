@@ -22,7 +22,9 @@ def load_plugin_model(name: str, input_shape: tuple[int, ...], num_classes: int,
     try:
         inspect.signature(factory).bind(input_shape, num_classes, **options)
     except TypeError as error:
-        raise ParamsError(f"params: train.model_options {sorted(options)} are invalid for model {name!r}: {error}") from None
+        raise ParamsError(
+            f"params: train.model_options {sorted(options)} are invalid for model {name!r}: {error}"
+        ) from None
     except ValueError:
         pass  # no introspectable signature (a builtin): let the call decide
     model = factory(input_shape, num_classes, **options)

@@ -22,13 +22,19 @@ def task_for(model: str, task: str, data: Dataset) -> Task:
     """The task, refused where the data cannot feed it (text tasks need text, zoo models take images)."""
     text = data.name == "text"
     if task in TEXT_TASKS and not text:
-        raise ParamsError(f"params: train.task = {task!r} is invalid with data.name = {data.name!r}: it needs data.name: text")
+        raise ParamsError(
+            f"params: train.task = {task!r} is invalid with data.name = {data.name!r}: it needs data.name: text"
+        )
     if model in MODELS and text:
-        raise ParamsError(f"params: train.model = {model!r} is invalid with data.name = 'text': zoo models take images; "
-                          "use hf or a plugin module:callable")
+        raise ParamsError(
+            f"params: train.model = {model!r} is invalid with data.name = 'text': zoo models take images; "
+            "use hf or a plugin module:callable"
+        )
     if task != "causal-lm" and text and not data.has_labels:
-        raise ParamsError(f"params: data.label_field is invalid: train.task = {task!r} needs class labels, and "
-                          f"{data.name} file has no such field")
+        raise ParamsError(
+            f"params: data.label_field is invalid: train.task = {task!r} needs class labels, and "
+            f"{data.name} file has no such field"
+        )
     return Task(task, keyword_images=model == "hf" and not text)
 
 
@@ -54,18 +60,24 @@ def check_outputs(model: nn.Module, task: Task, data: Dataset, name: str) -> Non
     try:
         logits = task.logits(model, x)
     except (TypeError, IndexError, RuntimeError) as error:
-        raise ParamsError(f"params: train.model = {name!r} is invalid for this data: calling it on a batch of shape "
-                          f"{tuple(x.shape)} failed ({str(error).strip().splitlines()[0]})") from None
+        raise ParamsError(
+            f"params: train.model = {name!r} is invalid for this data: calling it on a batch of shape "
+            f"{tuple(x.shape)} failed ({str(error).strip().splitlines()[0]})"
+        ) from None
     if not isinstance(logits, torch.Tensor):
         raise ParamsError(f"params: train.model = {name!r} is invalid: it returned {type(logits).__name__}, not logits")
     if task.name == "causal-lm":
         if logits.ndim != 3 or logits.shape[-1] < int(data.vocab_size or 0):
-            raise ParamsError(f"params: train.model = {name!r} is invalid for data.tokenizer: it scores "
-                              f"{logits.shape[-1]} tokens (logits of shape {tuple(logits.shape)}) but the tokenizer "
-                              f"has {data.vocab_size}")
+            raise ParamsError(
+                f"params: train.model = {name!r} is invalid for data.tokenizer: it scores "
+                f"{logits.shape[-1]} tokens (logits of shape {tuple(logits.shape)}) but the tokenizer "
+                f"has {data.vocab_size}"
+            )
         return
     top = int(max(data.y_train.max(), data.y_test.max()))
     if logits.ndim != 2 or logits.shape[1] <= top:
-        raise ParamsError(f"params: data.path labels reach {top} but train.model = {name!r} has "
-                          f"{logits.shape[-1]} classes (logits of shape {tuple(logits.shape)}): labels must be "
-                          f"0..{logits.shape[-1] - 1}")
+        raise ParamsError(
+            f"params: data.path labels reach {top} but train.model = {name!r} has "
+            f"{logits.shape[-1]} classes (logits of shape {tuple(logits.shape)}): labels must be "
+            f"0..{logits.shape[-1] - 1}"
+        )

@@ -44,8 +44,16 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """Token embedding + positions → ``depth`` blocks → LayerNorm → mean over tokens → Linear."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, dim: int = 64, depth: int = 2, heads: int = 4,
-                 mlp_ratio: int = 4, vocab_size: int | None = None) -> None:
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        dim: int = 64,
+        depth: int = 2,
+        heads: int = 4,
+        mlp_ratio: int = 4,
+        vocab_size: int | None = None,
+    ) -> None:
         super().__init__()
         if vocab_size is None:
             steps, features = input_shape[-2], math.prod(input_shape) // input_shape[-2]

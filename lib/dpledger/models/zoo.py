@@ -35,7 +35,9 @@ def _check_option(key: str, value: Any) -> None:
         for item in value:
             _check_option(key, item)
     elif isinstance(value, bool) or (isinstance(value, int) and not 1 <= value <= MAX_WIDTH):
-        raise ParamsError(f"params: train.model_options.{key} = {value!r} is invalid: sizes are integers in [1, {MAX_WIDTH:,}]")
+        raise ParamsError(
+            f"params: train.model_options.{key} = {value!r} is invalid: sizes are integers in [1, {MAX_WIDTH:,}]"
+        )
 
 
 def check_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opts: Any) -> int:
@@ -55,10 +57,18 @@ def check_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
         message = f"{type(error).__name__}: {error}".splitlines()[0]
         raise ParamsError(f"params: train.model_options {opts} are invalid for model {name!r}: {message}") from None
     parameters = sum(p.numel() for p in shape_only.parameters())
-    refuse_beyond(f"train.model_options {opts} (model {name!r})", parameters, MAX_MODEL_PARAMETERS, "parameters",
-                  "use smaller widths")
-    refuse_beyond_memory(f"train.model_options {opts} (model {name!r}, {parameters:,} parameters)",
-                         parameters * BYTES_PER_MODEL_PARAMETER, "use smaller widths")
+    refuse_beyond(
+        f"train.model_options {opts} (model {name!r})",
+        parameters,
+        MAX_MODEL_PARAMETERS,
+        "parameters",
+        "use smaller widths",
+    )
+    refuse_beyond_memory(
+        f"train.model_options {opts} (model {name!r}, {parameters:,} parameters)",
+        parameters * BYTES_PER_MODEL_PARAMETER,
+        "use smaller widths",
+    )
     return parameters
 
 

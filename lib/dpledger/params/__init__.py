@@ -115,7 +115,15 @@ def check_dataset_size(params: Params, dataset_size: int) -> None:
             f"it must be at most the training-set size, {dataset_size}"
         )
     steps = batching.epochs * -(-dataset_size // batching.batch_size)
-    refuse_beyond(f"batching.epochs = {batching.epochs} with {dataset_size} examples in batches of {batching.batch_size}",
-                  steps, MAX_TRAIN_STEPS, "training steps", "lower batching.epochs or raise batching.batch_size")
-    refuse_beyond_memory(f"the schedule of batching.epochs = {batching.epochs} over {dataset_size} examples",
-                         SCHEDULE_BYTES_PER_ROW * batching.epochs * dataset_size, "lower batching.epochs")
+    refuse_beyond(
+        f"batching.epochs = {batching.epochs} with {dataset_size} examples in batches of {batching.batch_size}",
+        steps,
+        MAX_TRAIN_STEPS,
+        "training steps",
+        "lower batching.epochs or raise batching.batch_size",
+    )
+    refuse_beyond_memory(
+        f"the schedule of batching.epochs = {batching.epochs} over {dataset_size} examples",
+        SCHEDULE_BYTES_PER_ROW * batching.epochs * dataset_size,
+        "lower batching.epochs",
+    )

@@ -37,7 +37,9 @@ def machine_memory() -> int:
 def refuse_beyond(what: str, amount: int, limit: int, unit: str, hint: str) -> None:
     """Raise one line when ``amount`` (the up-front estimate of ``what``) exceeds ``limit``."""
     if amount > limit:
-        raise ParamsError(f"params: {what} is too large: {amount:,} {unit} exceeds the limit of {limit:,} {unit}; {hint}")
+        raise ParamsError(
+            f"params: {what} is too large: {amount:,} {unit} exceeds the limit of {limit:,} {unit}; {hint}"
+        )
 
 
 def refuse_beyond_memory(what: str, nbytes: int, hint: str) -> None:

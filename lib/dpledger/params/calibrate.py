@@ -41,16 +41,24 @@ class CalibrateParams(Section):
     mechanism: Literal["identity", "banded", "toeplitz", "blt"] = "identity"
     bands: int = Field(default=1, ge=1, le=4096, description="w for a w-banded correlation matrix")
     group_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1, max_length=MAX_LIST_LENGTH)
-    mc_samples: int = Field(default=1 << 18, ge=1000, le=1 << 26, description="Monte Carlo samples to estimate/calibrate")
+    mc_samples: int = Field(
+        default=1 << 18, ge=1000, le=1 << 26, description="Monte Carlo samples to estimate/calibrate"
+    )
     mc_failure_probability: float | None = Field(
-        default=None, gt=0.0, lt=1.0, allow_inf_nan=False,
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        allow_inf_nan=False,
         description="Monte Carlo claim's failure probability; null: min(delta/10, 1e-6); sets the EVR sample count",
     )
     mc_device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Monte Carlo sampling device")
     evr_delta_ratio: float = Field(default=0.5, gt=0.0, lt=1.0, description="calibrate at delta' = ratio * delta")
     pld_discretization: float = Field(default=1e-4, ge=1e-6, le=1e-2, description="PLD value discretization interval")
     table_discretization: float = Field(
-        default=1e-3, ge=1e-6, le=1e-1, description="PLD interval of the group table and the epsilon curve (pessimistic)"
+        default=1e-3,
+        ge=1e-6,
+        le=1e-1,
+        description="PLD interval of the group table and the epsilon curve (pessimistic)",
     )
     curve_points: int = Field(default=20, ge=2, le=200, description="points of the epsilon-vs-step curve")
     blt_buffers: int = Field(default=3, ge=1, le=8, description="buffers of an optimized BLT")
@@ -67,7 +75,9 @@ class CalibrateParams(Section):
         if value not in ACCOUNTED_SAMPLERS:
             reason = f"; {SAMPLERS[value].unaccounted_reason}" if value in SAMPLERS else ""
             raise PydanticCustomError(
-                "sampler", "allowed values are {allowed}{reason}", {"allowed": ", ".join(ACCOUNTED_SAMPLERS), "reason": reason}
+                "sampler",
+                "allowed values are {allowed}{reason}",
+                {"allowed": ", ".join(ACCOUNTED_SAMPLERS), "reason": reason},
             )
         accountant = info.data.get("accountant")
         if accountant not in (None, "auto") and coverage_refusal(accountant, value) is not None:

@@ -52,7 +52,9 @@ class DataParams(Section):
         default=None, min_length=1, validate_default=True, description="file or folder for npz / cifar10 / mnist / text"
     )
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
-    tokenizer: str | None = Field(default=None, description="text: folder of the model's own tokenizer (local files only)")
+    tokenizer: str | None = Field(
+        default=None, description="text: folder of the model's own tokenizer (local files only)"
+    )
     max_length: int = Field(default=128, gt=0, description="text: tokens kept per example (longer texts are truncated)")
     text_field: str = Field(default="text", min_length=1, description="text: the column/key holding the text")
     label_field: str = Field(default="label", min_length=1, description="text: the column/key holding class labels")
@@ -64,7 +66,9 @@ class DataParams(Section):
         if name == "digits" and value is not None:
             raise PydanticCustomError("path", "data.name = digits is embedded and reads no file (set data.path: null)")
         if name not in (None, "digits") and value is None:
-            raise PydanticCustomError("path", "data.name = {name} reads its arrays from a file or folder", {"name": name})
+            raise PydanticCustomError(
+                "path", "data.name = {name} reads its arrays from a file or folder", {"name": name}
+            )
         return value
 
 

@@ -38,7 +38,9 @@ class ScheduleParams(Section):
     def _known_sampler(cls, value: str) -> str:
         if value not in BUILT_SAMPLERS and not PLUGIN_PATTERN.match(value):
             raise PydanticCustomError(
-                "sampler", "allowed values are {allowed} or a plugin module:callable", {"allowed": ", ".join(BUILT_SAMPLERS)}
+                "sampler",
+                "allowed values are {allowed} or a plugin module:callable",
+                {"allowed": ", ".join(BUILT_SAMPLERS)},
             )
         return value
 
@@ -48,7 +50,8 @@ class ScheduleParams(Section):
         sampler = info.data.get("sampler")
         if value and sampler is not None and sampler not in taking("pad_truncate"):
             raise PydanticCustomError(
-                "pad_truncate", "pad/truncate applies to schedule.sampler {samplers} only",
+                "pad_truncate",
+                "pad/truncate applies to schedule.sampler {samplers} only",
                 {"samplers": " or ".join(taking("pad_truncate"))},
             )
         return value
@@ -58,9 +61,13 @@ class ScheduleParams(Section):
     def _buffer_size_for_partial_shuffle(cls, value: int | None, info: ValidationInfo) -> int | None:
         sampler, buffered = info.data.get("sampler"), taking("buffer_size")
         if sampler in buffered and value is None:
-            raise PydanticCustomError("buffer_size", "schedule.sampler {sampler} needs the buffer K (an integer >= 1)",
-                                      {"sampler": sampler})
+            raise PydanticCustomError(
+                "buffer_size", "schedule.sampler {sampler} needs the buffer K (an integer >= 1)", {"sampler": sampler}
+            )
         if sampler is not None and sampler not in buffered and value is not None:
-            raise PydanticCustomError("buffer_size", "only schedule.sampler {samplers} takes a buffer size (set null)",
-                                      {"samplers": " or ".join(buffered)})
+            raise PydanticCustomError(
+                "buffer_size",
+                "only schedule.sampler {samplers} takes a buffer size (set null)",
+                {"samplers": " or ".join(buffered)},
+            )
         return value

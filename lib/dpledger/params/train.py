@@ -16,7 +16,9 @@ ZOO_MODELS = ("mlp", "cnn", "transformer")
 class TrainParams(Section):
     """DP-SGD training settings; the noise multiplier and correlated-noise mechanism come from calibrate."""
 
-    model: str = Field(default="mlp", description="a zoo model (mlp, cnn, transformer), hf, or a plugin module:callable")
+    model: str = Field(
+        default="mlp", description="a zoo model (mlp, cnn, transformer), hf, or a plugin module:callable"
+    )
     model_options: dict[str, Any] = Field(
         default_factory=dict, description="keyword arguments of the model (hf: path, init, config, dtype)"
     )
@@ -34,14 +36,21 @@ class TrainParams(Section):
     physical_batch_size: int | None = Field(
         default=None, ge=1, description="split each logical batch into physical batches of at most this size"
     )
-    ghost: Literal["auto", "always", "never"] = Field(default="auto", description="per-layer norm method (auto: 2T² < p·d)")
+    ghost: Literal["auto", "always", "never"] = Field(
+        default="auto", description="per-layer norm method (auto: 2T² < p·d)"
+    )
     secure_noise: bool = Field(default=False, description="draw noise from the OS CSPRNG (not replayable)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", description="CUDA autocast dtype; norms stay fp32")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        default="fp32", description="CUDA autocast dtype; norms stay fp32"
+    )
     checkpoint_every: int = Field(default=20, ge=1, description="steps between checkpoints (and at each epoch end)")
     allow_sampler_mismatch: bool = False
     processes: int = Field(
-        default=1, ge=1, le=256, description="data-parallel training processes on this machine (torch.distributed; gloo/nccl)"
+        default=1,
+        ge=1,
+        le=256,
+        description="data-parallel training processes on this machine (torch.distributed; gloo/nccl)",
     )
 
     @field_validator("model")
@@ -49,6 +58,8 @@ class TrainParams(Section):
     def _known_model(cls, value: str) -> str:
         if value not in (*ZOO_MODELS, "hf") and not PLUGIN_PATTERN.match(value):
             raise PydanticCustomError(
-                "model", "allowed values are {allowed}, hf or a plugin module:callable", {"allowed": ", ".join(ZOO_MODELS)}
+                "model",
+                "allowed values are {allowed}, hf or a plugin module:callable",
+                {"allowed": ", ".join(ZOO_MODELS)},
             )
         return value

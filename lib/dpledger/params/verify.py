@@ -18,9 +18,12 @@ class VerifyParams(Section):
     raise two or more false alarms in 20 runs about a quarter of the time.
     """
 
-    trainer: str = Field(default="dpledger", min_length=1,
-                         description="'dpledger' (the engine), 'distributed' (the engine on 2 gloo ranks), "
-                                     "'reference', 'opacus', 'zoo:NAME' or module:callable")
+    trainer: str = Field(
+        default="dpledger",
+        min_length=1,
+        description="'dpledger' (the engine), 'distributed' (the engine on 2 gloo ranks), "
+        "'reference', 'opacus', 'zoo:NAME' or module:callable",
+    )
     command: str | None = Field(default=None, description="external command template; replaces trainer when set")
     model: Literal["synthetic", "train"] = Field(
         default="synthetic",
@@ -53,6 +56,7 @@ class VerifyParams(Section):
         # The command's data file describes the synthetic MLP and its loss only: it cannot train another model.
         if value == "train" and info.data.get("command"):
             raise PydanticCustomError(
-                "model", "an external verify.command trains the synthetic MLP only; use verify.trainer with model: train"
+                "model",
+                "an external verify.command trains the synthetic MLP only; use verify.trainer with model: train",
             )
         return value

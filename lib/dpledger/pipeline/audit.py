@@ -34,21 +34,41 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     check = check_schedule(record.description, schedule, allow_mismatch=True)
     options = options_for(schedule.sampler, **schedule.sampler_params)
     sizes = {"dataset_size": schedule.dataset_size, "batch_size": record.batch_size, "epochs": record.epochs}
-    audited = audited_sampler(schedule.sampler, noise_multiplier=record.noise_multiplier, options=options, seed=params.seed, **sizes)
+    audited = audited_sampler(
+        schedule.sampler, noise_multiplier=record.noise_multiplier, options=options, seed=params.seed, **sizes
+    )
     observations = audit.pattern_observations if audited.simulated_by_sampler else audit.observations
     ledger_basis = f"ledger: {record.accountant} accountant assuming '{record.sampler}' sampling"
     result, scores = audit_bgm(
-        schedule.sampler, **sizes, noise_multiplier=record.noise_multiplier, observations=observations - observations % 2,
-        delta=record.delta, confidence=audit.confidence, method=audit.threshold, split_fraction=audit.split_fraction,
-        epsilon_claimed=record.epsilon, claim_basis=ledger_basis,
-        options=options, seed=params.seed, backend=audit.backend, progress=True,
+        schedule.sampler,
+        **sizes,
+        noise_multiplier=record.noise_multiplier,
+        observations=observations - observations % 2,
+        delta=record.delta,
+        confidence=audit.confidence,
+        method=audit.threshold,
+        split_fraction=audit.split_fraction,
+        epsilon_claimed=record.epsilon,
+        claim_basis=ledger_basis,
+        options=options,
+        seed=params.seed,
+        backend=audit.backend,
+        progress=True,
     )
-    correlated = [] if record.mechanism == "identity" else [
-        f"The ledger's mechanism is '{record.mechanism}' (correlated noise); this audit models independent noise per step."
-    ]
+    correlated = (
+        []
+        if record.mechanism == "identity"
+        else [
+            f"The ledger's mechanism is '{record.mechanism}' (correlated noise); this audit models independent noise per step."
+        ]
+    )
     assumptions = list(result.assumptions) + correlated
     measured = epsilon_versus_observations(
-        scores, delta=record.delta, confidence=audit.confidence, method=audit.threshold, split_fraction=audit.split_fraction
+        scores,
+        delta=record.delta,
+        confidence=audit.confidence,
+        method=audit.threshold,
+        split_fraction=audit.split_fraction,
     )
     details: dict[str, Any] = {
         **result.to_dict(),
@@ -66,27 +86,44 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     with io.atomic_dir(root / paths.plots("audit")) as folder:
         title = f"BGM audit, sampler '{schedule.sampler}', N = {result.observations:,}"
         plots.write_tradeoff(
-            folder, tradeoff_points(scores, audit.confidence), epsilon_claimed=record.epsilon,
-            epsilon_emp=result.epsilon_emp, delta=record.delta, title=title,
+            folder,
+            tradeoff_points(scores, audit.confidence),
+            epsilon_claimed=record.epsilon,
+            epsilon_emp=result.epsilon_emp,
+            delta=record.delta,
+            title=title,
         )
-        plots.write_epsilon_vs_observations(folder, measured, result.judgement.projection, epsilon_claimed=record.epsilon)
+        plots.write_epsilon_vs_observations(
+            folder, measured, result.judgement.projection, epsilon_claimed=record.epsilon
+        )
     io.write_json(root / paths.AUDIT, details)
     io.write_json(root / paths.metrics("audit"), metrics)
     return metrics
 
 
-def _audit_dpsgd(params: Params, record: CalibrationRecord, schedule: Schedule, options: dict[str, Any],
-                 ledger_basis: str) -> Any:
+def _audit_dpsgd(
+    params: Params, record: CalibrationRecord, schedule: Schedule, options: dict[str, Any], ledger_basis: str
+) -> Any:
     """The DP-SGD canary audit at the ledger's σ, sizes and sampler, on the MLP and digits (``audit.dpsgd_model:
     digits``) or on the train stage's model, loss and data (``train``: its clip norm and learning rate, SGD)."""
     from dpledger.audit.dpsgd import DpsgdAudit, audit_dpsgd, train_workload
 
     audit = params.audit
     config = DpsgdAudit(
-        threat_model=audit.dpsgd_threat_model, sampler=schedule.sampler, observations=audit.dpsgd_observations,
-        epochs=record.epochs, batch_size=record.batch_size, noise_multiplier=record.noise_multiplier,
-        dataset_size=schedule.dataset_size, method=audit.threshold, delta=record.delta, confidence=audit.confidence,
-        seed=params.seed, sampler_options=options, epsilon_claimed=record.epsilon, claim_basis=ledger_basis,
+        threat_model=audit.dpsgd_threat_model,
+        sampler=schedule.sampler,
+        observations=audit.dpsgd_observations,
+        epochs=record.epochs,
+        batch_size=record.batch_size,
+        noise_multiplier=record.noise_multiplier,
+        dataset_size=schedule.dataset_size,
+        method=audit.threshold,
+        delta=record.delta,
+        confidence=audit.confidence,
+        seed=params.seed,
+        sampler_options=options,
+        epsilon_claimed=record.epsilon,
+        claim_basis=ledger_basis,
     )
     if audit.dpsgd_model == "digits":
         return audit_dpsgd(config)

@@ -56,9 +56,14 @@ def describe_run(params: Params, dataset_size: int) -> MechanismDescription:
 
 def accountant_settings(params: Params) -> dict[str, Any]:
     cal = params.calibrate
-    return {"samples": cal.mc_samples, "failure_probability": cal.mc_failure_probability, "seed": params.seed,
-            "evr_delta_ratio": cal.evr_delta_ratio, "discretization": cal.pld_discretization,
-            "device": cal.mc_device}
+    return {
+        "samples": cal.mc_samples,
+        "failure_probability": cal.mc_failure_probability,
+        "seed": params.seed,
+        "evr_delta_ratio": cal.evr_delta_ratio,
+        "discretization": cal.pld_discretization,
+        "device": cal.mc_device,
+    }
 
 
 def accountant_name(cal: CalibrateParams) -> str:
@@ -75,9 +80,17 @@ def choose_matrix(cal: CalibrateParams, description: MechanismDescription, seed:
     if cal.optimize_steps == 0 and cal.mechanism == "toeplitz":
         return {"coefficients": coefficients("banded", banded_params(cal.bands), description.steps).tolist()}
     optimized = optimize_matrix(
-        cal.mechanism, cal.epsilon, cal.evr_delta_ratio * cal.delta, description.batches_per_epoch, description.epochs,
-        steps=cal.optimize_steps, samples=cal.optimize_samples, seed=seed, buffers=cal.blt_buffers,
-        init_bands=min(cal.bands, description.steps), progress=sys.stderr.isatty(),
+        cal.mechanism,
+        cal.epsilon,
+        cal.evr_delta_ratio * cal.delta,
+        description.batches_per_epoch,
+        description.epochs,
+        steps=cal.optimize_steps,
+        samples=cal.optimize_samples,
+        seed=seed,
+        buffers=cal.blt_buffers,
+        init_bands=min(cal.bands, description.steps),
+        progress=sys.stderr.isatty(),
     )
     return optimized.mechanism_params
 
@@ -157,8 +170,14 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     curve = epsilon_curve(params, described, result.epsilon)
     rows = rmse_rows(params, described, matrix) if cal.sampler == "balls-in-bins" else []
     record = CalibrationRecord(
-        description=described, epsilon=result.epsilon, delta=cal.delta, accountant=name, assumptions=assumptions,
-        accountants=[result] + others, group=[g.to_dict() for g in groups], epsilon_curve=curve,
+        description=described,
+        epsilon=result.epsilon,
+        delta=cal.delta,
+        accountant=name,
+        assumptions=assumptions,
+        accountants=[result] + others,
+        group=[g.to_dict() for g in groups],
+        epsilon_curve=curve,
     )
     metrics = _metrics(record, described, result, others, groups, poisson_same_noise)
     metrics["delta_at_least_one_over_n"] = warning is not None
@@ -169,8 +188,14 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     return metrics
 
 
-def _metrics(record: CalibrationRecord, description: MechanismDescription, result: AccountantResult,
-             others: list[AccountantResult], groups: list[GroupEpsilon], poisson_same_noise: float | None) -> dict:
+def _metrics(
+    record: CalibrationRecord,
+    description: MechanismDescription,
+    result: AccountantResult,
+    others: list[AccountantResult],
+    groups: list[GroupEpsilon],
+    poisson_same_noise: float | None,
+) -> dict:
     metrics: dict[str, Any] = {
         "noise_multiplier": record.noise_multiplier,
         "epsilon": record.epsilon,
@@ -184,8 +209,9 @@ def _metrics(record: CalibrationRecord, description: MechanismDescription, resul
         "epochs": description.epochs,
         "dataset_size": record.dataset_size,
         "batch_size": record.batch_size,
-        "rmse": prefix_rmse(coefficients(record.mechanism, record.mechanism_params, record.steps),
-                            record.noise_multiplier),
+        "rmse": prefix_rmse(
+            coefficients(record.mechanism, record.mechanism_params, record.steps), record.noise_multiplier
+        ),
     }
     if "mc_failure_probability" in result.details:
         metrics["mc_failure_probability"] = result.details["mc_failure_probability"]
@@ -226,10 +252,14 @@ def _write_plots(folder: Path, record: CalibrationRecord, groups: list[GroupEpsi
     io.write_csv(folder / "epsilon_vs_group.csv", ["group_size", "mog", "conversion", "linear"], table)
     figure = Figure(figsize=(6, 3.5))
     axes = figure.add_subplot()
-    for index, (label, style) in enumerate((("mixture of Gaussians", "o-"), ("group conversion", "s--"),
-                                            ("linear k·ε₁", ":"))):
-        points = [(row[0], row[index + 1]) for row in table if isinstance(row[index + 1], float)
-                  and math.isfinite(row[index + 1])]
+    for index, (label, style) in enumerate(
+        (("mixture of Gaussians", "o-"), ("group conversion", "s--"), ("linear k·ε₁", ":"))
+    ):
+        points = [
+            (row[0], row[index + 1])
+            for row in table
+            if isinstance(row[index + 1], float) and math.isfinite(row[index + 1])
+        ]
         if points:
             axes.plot(*zip(*points), style, label=label)
     axes.set_xlabel("group size k")
@@ -239,8 +269,11 @@ def _write_plots(folder: Path, record: CalibrationRecord, groups: list[GroupEpsi
         axes.legend()
     _save_png(figure, folder / "epsilon_vs_group.png")
 
-    io.write_csv(folder / "rmse_vs_epsilon.csv",
-                 ["mechanism", "epsilon", "rmse_balls_in_bins", "rmse_unamplified", "noise_multiplier"], rows)
+    io.write_csv(
+        folder / "rmse_vs_epsilon.csv",
+        ["mechanism", "epsilon", "rmse_balls_in_bins", "rmse_unamplified", "noise_multiplier"],
+        rows,
+    )
     figure = Figure(figsize=(6, 3.5))
     axes = figure.add_subplot()
     for label in dict.fromkeys(row[0] for row in rows):

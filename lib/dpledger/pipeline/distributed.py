@@ -129,8 +129,9 @@ def run_ranks(train: TrainFunction, params: Any, root: Path, processes: int, dev
 
 def join_group(rank: int, world_size: int, local_rank: int, init_method: str, device: torch.device) -> Ranks:
     """Initialise the default process group (backend from ``device``, collective timeout set) and describe it."""
-    dist.init_process_group(backend_for(device), init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group(
+        backend_for(device), init_method=init_method, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT
+    )
     return Ranks(rank, world_size, local_rank, dist.group.WORLD)
 
 
@@ -149,8 +150,11 @@ def spawn_ranks(function: Callable[..., Any], args: tuple, processes: int, devic
         init_method = Path(folder, "store").as_uri()
         threads = max(1, torch.get_num_threads() // processes) if device.type == "cpu" else torch.get_num_threads()
         spawned = mp.start_processes(
-            _rank_main, args=(function, args, processes, init_method, device, threads, results),
-            nprocs=processes, join=False, start_method="spawn",
+            _rank_main,
+            args=(function, args, processes, init_method, device, threads, results),
+            nprocs=processes,
+            join=False,
+            start_method="spawn",
         )
         try:
             while not spawned.join():
@@ -158,8 +162,11 @@ def spawn_ranks(function: Callable[..., Any], args: tuple, processes: int, devic
         except ProcessException as error:
             raise _failure(error, spawned.processes, results) from None
     outcome = _drain(results)
-    return next(torch.load(io.BytesIO(value), weights_only=False) for kind, rank, value in outcome
-                if kind == "result" and rank == 0)
+    return next(
+        torch.load(io.BytesIO(value), weights_only=False)
+        for kind, rank, value in outcome
+        if kind == "result" and rank == 0
+    )
 
 
 def _failure(error: ProcessException, processes: list, results: Any) -> DpledgerError:
@@ -173,14 +180,19 @@ def _failure(error: ProcessException, processes: list, results: Any) -> Dpledger
         return DpledgerError(user_errors[0])
     world = len(processes)
     suspects = [error.error_index] if isinstance(error, ProcessExitedException) else []
-    suspects += [rank for rank, process in enumerate(processes)
-                 if process.exitcode not in (None, 0, 1, -signal.SIGTERM) and rank not in suspects]
+    suspects += [
+        rank
+        for rank, process in enumerate(processes)
+        if process.exitcode not in (None, 0, 1, -signal.SIGTERM) and rank not in suspects
+    ]
     if suspects:
         rank = suspects[0]
         code = processes[rank].exitcode
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        return DpledgerError(f"train: rank {rank} of {world} died ({how}); the other ranks were stopped; "
-                             "rerun to resume from the last checkpoint")
+        return DpledgerError(
+            f"train: rank {rank} of {world} died ({how}); the other ranks were stopped; "
+            "rerun to resume from the last checkpoint"
+        )
     last = (str(error).strip().splitlines() or ["?"])[-1]
     return DpledgerError(f"train: rank {error.error_index} of {world} failed: {last}")
 
@@ -192,8 +204,16 @@ def _drain(results: Any) -> list[tuple[str, int, Any]]:
     return items
 
 
-def _rank_main(rank: int, function: Callable[..., Any], args: tuple, world_size: int, init_method: str,
-               device: torch.device, threads: int, results: Any) -> None:
+def _rank_main(
+    rank: int,
+    function: Callable[..., Any],
+    args: tuple,
+    world_size: int,
+    init_method: str,
+    device: torch.device,
+    threads: int,
+    results: Any,
+) -> None:
     """One spawned rank: join the group, run, report (rank 0's result, or a user error's one line) and leave."""
     torch.set_num_threads(threads)
     ranks = join_group(rank, world_size, rank, init_method, device)
@@ -207,4 +227,3 @@ def _rank_main(rank: int, function: Callable[..., Any], args: tuple, world_size:
     payload = io.BytesIO()
     torch.save(value if rank == 0 else None, payload)  # bytes: a tensor shared by handle would die with this process
     results.put(("result", rank, payload.getvalue()))
-

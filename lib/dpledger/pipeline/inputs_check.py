@@ -64,11 +64,15 @@ def check_seal(seal: Path, record: CalibrationRecord, stage: str) -> None:
     try:
         expected = io.read_json(seal)["record_sha256"]
     except (OSError, ValueError, TypeError, KeyError):
-        raise DpledgerError(f"{stage}: {seal} is missing or unreadable, so the calibration record cannot be "
-                            "checked; re-run the calibrate stage") from None
+        raise DpledgerError(
+            f"{stage}: {seal} is missing or unreadable, so the calibration record cannot be "
+            "checked; re-run the calibrate stage"
+        ) from None
     if expected != record_digest(record):
-        raise DpledgerError(f"{stage}: {seal.parent / 'calibration.json'} differs from the record calibrate "
-                            "verified (edited σ, mechanism or claim?); re-run the calibrate stage")
+        raise DpledgerError(
+            f"{stage}: {seal.parent / 'calibration.json'} differs from the record calibrate "
+            "verified (edited σ, mechanism or claim?); re-run the calibrate stage"
+        )
 
 
 def reproduce_claim(record: CalibrationRecord, stage: str) -> float | None:
@@ -81,8 +85,9 @@ def reproduce_claim(record: CalibrationRecord, stage: str) -> float | None:
     try:
         epsilon = accountant.epsilon(record.description, record.delta).epsilon
     except DpledgerError as error:
-        raise DpledgerError(f"{stage}: the calibration record cannot be re-accounted ({error}); "
-                            "re-run the calibrate stage") from None
+        raise DpledgerError(
+            f"{stage}: the calibration record cannot be re-accounted ({error}); re-run the calibrate stage"
+        ) from None
     if not math.isclose(epsilon, record.epsilon, rel_tol=RELATIVE_TOLERANCE):
         raise DpledgerError(
             f"{stage}: calibration.json claims ε = {record.epsilon:.6g} at σ = {record.noise_multiplier:.6g}, but the "

@@ -42,8 +42,8 @@ from dpledger.errors import DpledgerError
 from dpledger.models import Task, build_task_model, task_for
 from dpledger.params import Params
 from dpledger.pipeline import paths
-from dpledger.pipeline.inputs_check import verified_record, verified_schedule
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
+from dpledger.pipeline.inputs_check import verified_record, verified_schedule
 from dpledger.sampling.guard import SamplerCheck, check_schedule
 from dpledger.sampling.schedule import Schedule
 
@@ -85,8 +85,11 @@ def _training_code() -> list[Path]:
     package = Path(__file__).resolve().parents[1]
     folders = ("engine", "models", "mechanisms", "sampling", "data")
     here = Path(__file__).resolve()
-    return [here, here.with_name("distributed.py"),
-            *sorted(f for name in folders for f in (package / name).rglob("*.py"))]
+    return [
+        here,
+        here.with_name("distributed.py"),
+        *sorted(f for name in folders for f in (package / name).rglob("*.py")),
+    ]
 
 
 def _user_files(params: Params) -> list[Path]:
@@ -101,17 +104,29 @@ def _user_files(params: Params) -> list[Path]:
 def _input_fingerprint(params: Params, root: Path, data: Dataset) -> str:
     """Everything a step depends on, the training data's content included (a changed file restarts at 0)."""
     train = params.train.model_dump(exclude={"checkpoint_every", "processes"})
-    return fingerprint(params.seed, params.data.model_dump(), train, root / CALIBRATION,
-                       root / SCHEDULE / "schedule.json", root / SCHEDULE / "schedule.npz",
-                       data.x_train, data.y_train, data.x_test, data.y_test, *_training_code(), *_user_files(params))
+    return fingerprint(
+        params.seed,
+        params.data.model_dump(),
+        train,
+        root / CALIBRATION,
+        root / SCHEDULE / "schedule.json",
+        root / SCHEDULE / "schedule.npz",
+        data.x_train,
+        data.y_train,
+        data.x_test,
+        data.y_test,
+        *_training_code(),
+        *_user_files(params),
+    )
 
 
 def _noise_seed(seed: int) -> int:
     return int(np.random.SeedSequence([seed, 1]).generate_state(1)[0])
 
 
-def _build(params: Params, record: CalibrationRecord, schedule: Schedule, data: Dataset, device: torch.device,
-           ranks: Ranks) -> tuple[torch.nn.Module, Task, torch.optim.Optimizer, BKEngine]:
+def _build(
+    params: Params, record: CalibrationRecord, schedule: Schedule, data: Dataset, device: torch.device, ranks: Ranks
+) -> tuple[torch.nn.Module, Task, torch.optim.Optimizer, BKEngine]:
     """Model (seeded), its task, optimizer and engine."""
     tp = params.train
     task = task_for(tp.model, tp.task, data)
@@ -119,39 +134,73 @@ def _build(params: Params, record: CalibrationRecord, schedule: Schedule, data: 
     model = build_task_model(tp.model, tp.model_options, task, data).to(device)
     optimizer = make_optimizer(tp.optimizer, [p for p in model.parameters() if p.requires_grad], tp.lr, tp.momentum)
     engine = BKEngine(
-        model, optimizer, clip_norm=tp.clip_norm, noise_multiplier=record.noise_multiplier,
-        normalizer=schedule.normalizer or record.batch_size, seed=_noise_seed(params.seed), clipping=tp.clipping,
-        automatic_gamma=tp.automatic_gamma, ghost=tp.ghost, mechanism=record.mechanism,
-        mechanism_params=record.mechanism_params, num_steps=schedule.num_steps, secure_noise=tp.secure_noise,
+        model,
+        optimizer,
+        clip_norm=tp.clip_norm,
+        noise_multiplier=record.noise_multiplier,
+        normalizer=schedule.normalizer or record.batch_size,
+        seed=_noise_seed(params.seed),
+        clipping=tp.clipping,
+        automatic_gamma=tp.automatic_gamma,
+        ghost=tp.ghost,
+        mechanism=record.mechanism,
+        mechanism_params=record.mechanism_params,
+        num_steps=schedule.num_steps,
+        secure_noise=tp.secure_noise,
         process_group=ranks.group,
     )
     return model, task, optimizer, engine
 
 
-def _resume(key: str, path: Path, record: CalibrationRecord, schedule: Schedule, task: Task,
-            model: torch.nn.Module, optimizer: torch.optim.Optimizer, engine: BKEngine) -> Ledger:
+def _resume(
+    key: str,
+    path: Path,
+    record: CalibrationRecord,
+    schedule: Schedule,
+    task: Task,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    engine: BKEngine,
+) -> Ledger:
     """The saved ledger (model, optimizer and engine restored) when a checkpoint of the same inputs exists,
     else a fresh one."""
-    history: dict[str, list[float]] = {"loss": [], "epsilon": [], "eval_step": [], f"train_{task.metric}": [],
-                                       f"test_{task.metric}": [], "elapsed_s": [0.0], "examples": [0.0]}
+    history: dict[str, list[float]] = {
+        "loss": [],
+        "epsilon": [],
+        "eval_step": [],
+        f"train_{task.metric}": [],
+        f"test_{task.metric}": [],
+        "elapsed_s": [0.0],
+        "examples": [0.0],
+    }
     saved = load_checkpoint(path, key)
     if saved is None:
         return Ledger(0, schedule.num_steps, 0.0, record.delta, record.noise_multiplier, key, history=history)
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
-    engine.load_state_dict({"steps_taken": saved["ledger"].steps_done,
-                            "nonfinite_examples": saved["ledger"].nonfinite_examples})
+    engine.load_state_dict(
+        {"steps_taken": saved["ledger"].steps_done, "nonfinite_examples": saved["ledger"].nonfinite_examples}
+    )
     return saved["ledger"]
 
 
-def _private_step(engine: BKEngine, task: Task, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                  rows: torch.Tensor, weights: torch.Tensor, physical: int | None, device: torch.device,
-                  precision: str) -> float:
+def _private_step(
+    engine: BKEngine,
+    task: Task,
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    rows: torch.Tensor,
+    weights: torch.Tensor,
+    physical: int | None,
+    device: torch.device,
+    precision: str,
+) -> float:
     """One DP-SGD step over the batch ``rows`` (in physical chunks); returns the batch's summed loss."""
     loss_sum = 0.0
     chunk = physical or max(len(rows), 1)
     for lo in range(0, len(rows), chunk):
-        part, part_weights = rows[lo:lo + chunk], weights[lo:lo + chunk]
+        part, part_weights = rows[lo : lo + chunk], weights[lo : lo + chunk]
         with autocast(device, precision):
             losses = task.losses(model, x[part], y[part])
         engine.backward(losses, part_weights)
@@ -186,15 +235,21 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     history = {k: list(v) for k, v in ledger.history.items()}
     started = time.perf_counter()
     examples = 0
-    bar = tqdm(total=schedule.num_steps, initial=ledger.steps_done, desc="train", unit="step",
-               disable=not sys.stderr.isatty() or not ranks.writes)
+    bar = tqdm(
+        total=schedule.num_steps,
+        initial=ledger.steps_done,
+        desc="train",
+        unit="step",
+        disable=not sys.stderr.isatty() or not ranks.writes,
+    )
     for step in range(ledger.steps_done, schedule.num_steps):
         indices, padding = ranks.share(*schedule.batch(step))
         rows = torch.from_numpy(indices.astype(np.int64)).to(device)
         weights = torch.from_numpy(~padding).to(device=device, dtype=torch.float32)
         real = float(weights.sum())
-        loss_sum = _private_step(engine, task, model, x_train, y_train, rows, weights, tp.physical_batch_size,
-                                 device, tp.precision)
+        loss_sum = _private_step(
+            engine, task, model, x_train, y_train, rows, weights, tp.physical_batch_size, device, tp.precision
+        )
         loss_sum, real = ranks.total([loss_sum, real], device)
         examples += int(real)
         history["loss"].append(loss_sum / real if real else float("nan"))
@@ -209,15 +264,21 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
             history["elapsed_s"] = [history["elapsed_s"][0] + time.perf_counter() - started]
             history["examples"] = [history["examples"][0] + examples]
             started, examples = time.perf_counter(), 0
-            ledger = replace(ledger, steps_done=done, epsilon_spent=epsilon_spent(record, done), history=history,
-                             nonfinite_examples=engine.nonfinite_examples)
+            ledger = replace(
+                ledger,
+                steps_done=done,
+                epsilon_spent=epsilon_spent(record, done),
+                history=history,
+                nonfinite_examples=engine.nonfinite_examples,
+            )
             save_checkpoint(checkpoint_path, ledger, model, optimizer)
         bar.update(1)
     bar.close()
     if not ranks.writes:
         return {}
-    return _write_outputs(root, Finished(ledger, record, check, model, task, engine, resumed_from),
-                          (x_train, y_train, x_test, y_test))
+    return _write_outputs(
+        root, Finished(ledger, record, check, model, task, engine, resumed_from), (x_train, y_train, x_test, y_test)
+    )
 
 
 @dataclass(frozen=True)
@@ -264,8 +325,16 @@ def _write_outputs(root: Path, run: Finished, tensors: tuple[torch.Tensor, ...])
         torch.save(model.state_dict(), tmp)
     summary = {k: v for k, v in asdict(ledger).items() if k != "history"}
     assumptions = [s for s in (check.warning(), check.assumption()) if s]
-    io.write_json(out / "ledger.json", {**summary, "schedule_position": ledger.schedule_position, "task": task.name,
-                                         "layer_methods": engine.layer_methods, "assumptions": assumptions})
+    io.write_json(
+        out / "ledger.json",
+        {
+            **summary,
+            "schedule_position": ledger.schedule_position,
+            "task": task.name,
+            "layer_methods": engine.layer_methods,
+            "assumptions": assumptions,
+        },
+    )
     with io.atomic_dir(root / paths.plots("train")) as folder:  # replaced whole: no other task's stale curves
         _write_plots(folder, history, task.metric)
     io.write_json(root / paths.metrics("train"), metrics)
@@ -279,14 +348,21 @@ def _write_plots(folder: Path, history: dict[str, list[float]], metric: str) -> 
     import matplotlib.pyplot as plt
 
     steps = list(range(1, len(history["loss"]) + 1))
-    io.write_csv(folder / "loss.csv", ["step", "loss", "epsilon_spent"],
-                 [[s, l, e] for s, l, e in zip(steps, history["loss"], history["epsilon"])])
+    io.write_csv(
+        folder / "loss.csv",
+        ["step", "loss", "epsilon_spent"],
+        [[s, loss, e] for s, loss, e in zip(steps, history["loss"], history["epsilon"])],
+    )
     train, test = history[f"train_{metric}"], history[f"test_{metric}"]
-    io.write_csv(folder / f"{metric}.csv", ["step", f"train_{metric}", f"test_{metric}"],
-                 [list(r) for r in zip(history["eval_step"], train, test)])
-    for name, series, label in (("loss", [("loss", history["loss"], steps)], "training loss (mean per batch)"),
-                                (metric, [("train", train, history["eval_step"]),
-                                          ("test", test, history["eval_step"])], metric)):
+    io.write_csv(
+        folder / f"{metric}.csv",
+        ["step", f"train_{metric}", f"test_{metric}"],
+        [list(r) for r in zip(history["eval_step"], train, test)],
+    )
+    for name, series, label in (
+        ("loss", [("loss", history["loss"], steps)], "training loss (mean per batch)"),
+        (metric, [("train", train, history["eval_step"]), ("test", test, history["eval_step"])], metric),
+    ):
         figure, axis = plt.subplots(figsize=(5, 3.2))
         for legend, values, xs in series:
             axis.plot(xs, values, label=legend)

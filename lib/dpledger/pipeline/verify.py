@@ -67,8 +67,14 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     """Run the battery, write its outputs, and fail if it found a bug (unless told to go on)."""
     settings = params.verify
     trainer, name = trainer_from_params(settings)
-    result = run_battery(trainer, trainer_name=name, seed=params.seed, optimizer=settings.optimizer,
-                         significance=settings.significance, task=battery_task(params))
+    result = run_battery(
+        trainer,
+        trainer_name=name,
+        seed=params.seed,
+        optimizer=settings.optimizer,
+        significance=settings.significance,
+        task=battery_task(params),
+    )
     metrics = write_outputs(result, root)
     if not result.passed and settings.fail_pipeline:
         raise BugFoundError(

@@ -125,8 +125,9 @@ def _sampler_mismatch(metrics: dict[str, dict[str, Any]], details: dict[str, Any
     )
 
 
-def sigma_sources(metrics: dict[str, dict[str, Any]], details: dict[str, Any],
-                  train_files: dict[str, Any]) -> dict[str, float]:
+def sigma_sources(
+    metrics: dict[str, dict[str, Any]], details: dict[str, Any], train_files: dict[str, Any]
+) -> dict[str, float]:
     """The noise multiplier as each output states it: the σ training used (its ledger and metrics), the
     calibration record's and calibrate's metrics'."""
     record = details.get("calibrate") if isinstance(details.get("calibrate"), dict) else {}
@@ -140,8 +141,9 @@ def sigma_sources(metrics: dict[str, dict[str, Any]], details: dict[str, Any],
     return {source: float(value) for source, value in found.items() if _real(value) is not None}
 
 
-def _sigma_disagrees(metrics: dict[str, dict[str, Any]], details: dict[str, Any],
-                     train_files: dict[str, Any]) -> Finding | None:
+def _sigma_disagrees(
+    metrics: dict[str, dict[str, Any]], details: dict[str, Any], train_files: dict[str, Any]
+) -> Finding | None:
     sources = sigma_sources(metrics, details, train_files)
     if len(set(sources.values())) <= 1:
         return None
@@ -150,8 +152,10 @@ def _sigma_disagrees(metrics: dict[str, dict[str, Any]], details: dict[str, Any]
         kind="sigma-mismatch",
         severity="warning",
         title="σ used ≠ σ claimed",
-        message=(f"The outputs disagree on the noise multiplier ({stated}): the claimed ε was proven for one σ and "
-                 "training may have used another. Re-run the pipeline from calibrate."),
+        message=(
+            f"The outputs disagree on the noise multiplier ({stated}): the claimed ε was proven for one σ and "
+            "training may have used another. Re-run the pipeline from calibrate."
+        ),
     )
 
 
@@ -164,22 +168,28 @@ def _nonfinite_examples(metrics: dict[str, dict[str, Any]], train_files: dict[st
         kind="nonfinite-examples",
         severity="warning",
         title="Examples dropped for a non-finite gradient",
-        message=(f"{format_value(int(count))} example-step(s) had a NaN or infinite gradient norm and contributed "
-                 "nothing (clip factor 0; the privacy claim still holds). Check the data for NaN/inf values."),
+        message=(
+            f"{format_value(int(count))} example-step(s) had a NaN or infinite gradient norm and contributed "
+            "nothing (clip factor 0; the privacy claim still holds). Check the data for NaN/inf values."
+        ),
     )
 
 
 def _loss_diverged(metrics: dict[str, dict[str, Any]]) -> Finding | None:
     train = metrics.get("train", {})
     losses = [train.get(key) for key in ("final_train_loss", "test_loss")]
-    if train.get("loss_diverged") is not True and all(v is None or _real(v) is None or math.isfinite(v) for v in losses):
+    if train.get("loss_diverged") is not True and all(
+        v is None or _real(v) is None or math.isfinite(v) for v in losses
+    ):
         return None
     return Finding(
         kind="loss-diverged",
         severity="warning",
         title="Training loss is not finite",
-        message=("A training or test loss is NaN or infinite: the model diverged or the data holds non-finite "
-                 "values. Its accuracy numbers mean little."),
+        message=(
+            "A training or test loss is NaN or infinite: the model diverged or the data holds non-finite "
+            "values. Its accuracy numbers mean little."
+        ),
     )
 
 
@@ -187,8 +197,12 @@ def _sampler_declared(metrics: dict[str, dict[str, Any]], details: dict[str, Any
     check = sampler_check(metrics, details)
     if check is None or not check.matches or check.assumption() is None:
         return None
-    return Finding(kind="sampler-declared", severity="notice", title="Sampler equivalence declared, not proven",
-                   message=str(check.assumption()))
+    return Finding(
+        kind="sampler-declared",
+        severity="notice",
+        title="Sampler equivalence declared, not proven",
+        message=str(check.assumption()),
+    )
 
 
 def _budget_exceeded(metrics: dict[str, dict[str, Any]]) -> Finding | None:
@@ -200,9 +214,7 @@ def _budget_exceeded(metrics: dict[str, dict[str, Any]]) -> Finding | None:
             f"ε = {format_upper(calibrate['epsilon'])}"
         )
     if _exceeds(train.get("steps_done"), calibrate.get("steps")):
-        problems.append(
-            f"took {train['steps_done']} steps but the accountant covered {calibrate['steps']}"
-        )
+        problems.append(f"took {train['steps_done']} steps but the accountant covered {calibrate['steps']}")
     if not problems:
         return None
     return Finding(
@@ -301,8 +313,12 @@ def _audit_inconclusive(metrics: dict[str, dict[str, Any]]) -> Finding | None:
 
 
 def _metrics_not_flat(metrics: dict[str, dict[str, Any]]) -> Finding | None:
-    nested = [f"{stage}.{key}" for stage, values in metrics.items() for key, value in values.items()
-              if isinstance(value, (dict, list))]
+    nested = [
+        f"{stage}.{key}"
+        for stage, values in metrics.items()
+        for key, value in values.items()
+        if isinstance(value, (dict, list))
+    ]
     if not nested:
         return None
     return Finding(

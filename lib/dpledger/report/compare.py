@@ -130,6 +130,15 @@ def comparison_document(rows: list[ComparedRow], old_label: str, new_label: str)
         tuple((text(row.label), text(row.old), text(row.new), text(row.change)) for row in rows),
         headline=True,
     )
-    intro = Paragraph(text("Headline metrics of ", Code(old_label), " and ", Code(new_label), ", read from ",
-                           Code("metrics/*.json"), "."))
+    intro = Paragraph(
+        text(
+            "Headline metrics of ",
+            Code(old_label),
+            " and ",
+            Code(new_label),
+            ", read from ",
+            Code("metrics/*.json"),
+            ".",
+        )
+    )
     return Document(title="dpledger: headline comparison", blocks=(Heading(2, "Headline"), intro, table))

@@ -24,8 +24,10 @@ def privacy_claim(inputs: ReportInputs) -> list[Block]:
     record = inputs.details.get("calibrate")
     if isinstance(record, dict):
         assumptions = tuple(text(str(a)) for a in record.get("assumptions") or [])
-        blocks += [Paragraph(text("The claimed ε rests on these assumptions:")),
-                   BulletList(assumptions or (text("none stated"),))]
+        blocks += [
+            Paragraph(text("The claimed ε rests on these assumptions:")),
+            BulletList(assumptions or (text("none stated"),)),
+        ]
         blocks += _accountants(record)
     else:
         blocks.append(Paragraph(text(NOT_RUN, " artifacts/calibration/calibration.json is missing.")))

@@ -136,8 +136,11 @@ def _accuracy_row(inputs: ReportInputs) -> tuple[Text, ...]:
     if not inputs.ran("train"):
         return label, text(MISSING), text(), text(NOT_RUN)
     if perplexity:
-        details = _joined(("test loss", m.get("test_loss")), ("train perplexity", m.get("train_perplexity")),
-                          ("final train loss", m.get("final_train_loss")))
+        details = _joined(
+            ("test loss", m.get("test_loss")),
+            ("train perplexity", m.get("train_perplexity")),
+            ("final train loss", m.get("final_train_loss")),
+        )
         return label, text(Strong(format_value(m.get("test_perplexity")))), text(details), text()
     details = _joined(("final train loss", m.get("final_train_loss")))
     return label, text(Strong(format_percent(m.get("test_accuracy")))), text(details), text()

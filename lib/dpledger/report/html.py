@@ -85,7 +85,7 @@ def render_html(document: Document) -> str:
     """The HTML page of ``document``; figures are read from their ``source`` and embedded."""
     body = [f"<h1>{escape(document.title)}</h1>"] + _blocks(document.blocks)
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>{escape(document.title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<main>\n"

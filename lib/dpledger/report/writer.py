@@ -53,9 +53,7 @@ def render_report(params: Params, root: str | Path) -> RenderedReport:
         status=inputs.status,
         train_files=inputs.train_files,
     )
-    provenance = Provenance(
-        params=params.model_dump(mode="json"), versions=package_versions(), commit=git_commit(root)
-    )
+    provenance = Provenance(params=params.model_dump(mode="json"), versions=package_versions(), commit=git_commit(root))
     document = build_document(params.report.title, inputs, findings, provenance)
     return RenderedReport(inputs, findings, document, render_markdown(document), render_html(document))
 

@@ -19,8 +19,16 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from dpledger.sampling.base import INDEX_DTYPE, Batch, BatchSampler, Membership, permutation, random_stream
-from dpledger.sampling.base import real_batch, require_int
+from dpledger.sampling.base import (
+    INDEX_DTYPE,
+    Batch,
+    BatchSampler,
+    Membership,
+    permutation,
+    random_stream,
+    real_batch,
+    require_int,
+)
 
 PADDING_INDEX = 0
 
@@ -72,8 +80,9 @@ class BallsInBinsSampler(BatchSampler):
         """One uniform bin; pad/truncate has no closed form (a truncated record sits out its epoch)."""
         if self.pad_truncate:
             return None
-        return Membership(self.placement, False, slot_weights=(1.0,) * self.bins,
-                          same_slot_every_epoch=self.same_bins_every_epoch)
+        return Membership(
+            self.placement, False, slot_weights=(1.0,) * self.bins, same_slot_every_epoch=self.same_bins_every_epoch
+        )
 
     def epoch_bins(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         return self.fixed_bins

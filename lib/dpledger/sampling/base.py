@@ -107,8 +107,10 @@ class BatchSampler(ABC):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.accounted_as is not None and cls.accounted_as not in ACCOUNTED_SAMPLINGS:
-            raise TypeError(f"{cls.__name__}.accounted_as = {cls.accounted_as!r} is not an accounted sampler "
-                            f"({', '.join(ACCOUNTED_SAMPLINGS)})")
+            raise TypeError(
+                f"{cls.__name__}.accounted_as = {cls.accounted_as!r} is not an accounted sampler "
+                f"({', '.join(ACCOUNTED_SAMPLINGS)})"
+            )
 
     def __init__(self, *, dataset_size: int, batch_size: int, epochs: int, seed: int) -> None:
         self.dataset_size = require_int("dataset_size", dataset_size, 1)

@@ -93,9 +93,14 @@ def schedule_description(schedule: "Schedule") -> MechanismDescription:
     batch_size = params.get("batch_size")
     rate = batch_size / schedule.dataset_size if isinstance(batch_size, int) else None
     return MechanismDescription(
-        sampler=law or schedule.sampler, noise_multiplier=0.0, steps=schedule.num_steps,
-        sample_rate=params.get("sample_rate", rate), batches_per_epoch=schedule.steps_per_epoch,
-        epochs=params.get("epochs"), dataset_size=schedule.dataset_size, batch_size=batch_size,
+        sampler=law or schedule.sampler,
+        noise_multiplier=0.0,
+        steps=schedule.num_steps,
+        sample_rate=params.get("sample_rate", rate),
+        batches_per_epoch=schedule.steps_per_epoch,
+        epochs=params.get("epochs"),
+        dataset_size=schedule.dataset_size,
+        batch_size=batch_size,
     )
 
 
@@ -108,16 +113,23 @@ def check_schedule(accounted: MechanismDescription, schedule: "Schedule", *, all
     size that differs is never allowed: no report could say what ε such a run has.
     """
     used = schedule_description(schedule)
-    check = SamplerCheck(accounted=accounted.sampler, used=schedule.sampler, allowed_mismatch=allow_mismatch,
-                         used_as=declared_equivalent(schedule.sampler, schedule.sampler_params))
+    check = SamplerCheck(
+        accounted=accounted.sampler,
+        used=schedule.sampler,
+        allowed_mismatch=allow_mismatch,
+        used_as=declared_equivalent(schedule.sampler, schedule.sampler_params),
+    )
     differences = accounted.sampling_differences(used)
     sizes_differ = len(differences) > (0 if check.matches else 1)
     if sizes_differ or not (check.matches or allow_mismatch):
         if not check.matches:
             differences[0] = f"sampler {check.describe_used()} (accounted '{accounted.sampler}')"
-        hint = ("re-run the schedule and calibrate stages with the same data and batching" if sizes_differ else
-                "make calibrate.sampler and schedule.sampler equal, or set train.allow_sampler_mismatch: true to "
-                "train anyway and have the report flag the mismatch")
+        hint = (
+            "re-run the schedule and calibrate stages with the same data and batching"
+            if sizes_differ
+            else "make calibrate.sampler and schedule.sampler equal, or set train.allow_sampler_mismatch: true to "
+            "train anyway and have the report flag the mismatch"
+        )
         raise SamplerMismatchError(
             f"the schedule was built with {', '.join(differences)}: the claimed epsilon does not describe it; {hint}"
         )

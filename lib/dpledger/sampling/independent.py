@@ -58,8 +58,9 @@ class FixedSizeSampler(PerStepSampler):
     description = "B distinct examples drawn uniformly, fresh every step"
 
     def membership(self) -> Membership:
-        return Membership("each step independently with probability B/n", True,
-                          step_probability=self.batch_size / self.dataset_size)
+        return Membership(
+            "each step independently with probability B/n", True, step_probability=self.batch_size / self.dataset_size
+        )
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
         return uniform_subset(rng, self.dataset_size, self.batch_size)

@@ -55,9 +55,7 @@ def checked_batch(name: str, step: int, raw: Any, dataset_size: int) -> Batch:
             f"each step must be a 1-D integer array"
         )
     if indices.min() < 0 or indices.max() >= dataset_size:
-        raise ParamsError(
-            f"sampler = {name!r} is invalid: step {step} yielded an index outside [0, {dataset_size})"
-        )
+        raise ParamsError(f"sampler = {name!r} is invalid: step {step} yielded an index outside [0, {dataset_size})")
     if np.unique(indices).size != indices.size:
         raise ParamsError(f"sampler = {name!r} is invalid: step {step} yielded the same example twice")
     return real_batch(indices)
@@ -97,4 +95,3 @@ class PluginSampler(BatchSampler):
 
     def epoch_batches(self, epoch: int) -> Iterator[Batch]:
         raise TypeError(f"plugin sampler {self.name!r} has no epochs of known length")
-

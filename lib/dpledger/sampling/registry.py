@@ -52,7 +52,9 @@ def options_for(name: str, **candidates: Any) -> dict[str, Any]:
     return {key: value for key, value in candidates.items() if key in taken and value is not None}
 
 
-def build_sampler(name: str, *, dataset_size: int, batch_size: int, epochs: int, seed: int, **options: Any) -> BatchSampler:
+def build_sampler(
+    name: str, *, dataset_size: int, batch_size: int, epochs: int, seed: int, **options: Any
+) -> BatchSampler:
     """Sampler ``name`` over ``dataset_size`` examples; an option it does not take is refused."""
     cls = sampler_class(name)
     unknown = sorted(set(options) - set(cls.OPTIONS))
@@ -88,7 +90,9 @@ def materialize(sampler: BatchSampler, *, progress: bool = False) -> Schedule:
     """Draw every batch of ``sampler`` into a :class:`Schedule` (memory: the schedule plus the sampler's own)."""
     plugin = isinstance(sampler, PluginSampler)
     total = None if plugin else sampler.num_steps
-    expected_rows = (total or sampler.epochs * math.ceil(sampler.dataset_size / sampler.batch_size)) * sampler.batch_size
+    expected_rows = (
+        total or sampler.epochs * math.ceil(sampler.dataset_size / sampler.batch_size)
+    ) * sampler.batch_size
     rows = _RowBuffer(expected_rows + 6 * math.isqrt(expected_rows) + sampler.batch_size)
     offsets = [0]
     bar = tqdm(

@@ -108,8 +108,11 @@ class ShuffleSampler(OrderedSampler):
 
     def membership(self) -> Membership | None:
         weights = self.slot_weights(self.dataset_size)
-        return None if weights is None else Membership("one slot per epoch, probability ∝ batch size", True,
-                                                       slot_weights=weights)
+        return (
+            None
+            if weights is None
+            else Membership("one slot per epoch, probability ∝ batch size", True, slot_weights=weights)
+        )
 
     def epoch_order(self, epoch: int) -> Iterable[np.ndarray]:
         return [permutation(random_stream(self.seed, epoch), self.dataset_size)]
@@ -167,8 +170,12 @@ class BatchThenShuffleSampler(OrderedSampler):
         sizes = self.epoch_sizes()
         if len(set(sizes)) != 1:
             return None
-        return Membership("the first batch, at a uniform slot every epoch (002 §7.2)", True,
-                          slot_weights=(1.0,) * len(sizes), moves_with_batch=sizes[0])
+        return Membership(
+            "the first batch, at a uniform slot every epoch (002 §7.2)",
+            True,
+            slot_weights=(1.0,) * len(sizes),
+            moves_with_batch=sizes[0],
+        )
 
     def epoch_batches(self, epoch: int) -> Iterator[Batch]:
         order = random_stream(self.seed, epoch).permutation(self.steps_per_epoch)

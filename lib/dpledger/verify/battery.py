@@ -78,8 +78,14 @@ def _single_thread() -> Iterator[None]:
 
 
 def _run(
-    trainer: Trainer, trainer_name: str, seed: int, optimizer: str, significance: float, config: BatteryConfig,
-    progress: bool, task: SyntheticTask,
+    trainer: Trainer,
+    trainer_name: str,
+    seed: int,
+    optimizer: str,
+    significance: float,
+    config: BatteryConfig,
+    progress: bool,
+    task: SyntheticTask,
 ) -> BatteryResult:
     started = time.perf_counter()
     runner = Runner(trainer, task, optimizer, config)
@@ -155,14 +161,23 @@ def _noise_family(
         rejected = first_rejected[stage_one.name]
         failed = rejected and confirmed[stage_one.name]
         finished = (stage_one if failed or not rejected else stage_two).finish(passed=not failed)
-        note = (f" (a first sample gave p = {stage_one.p_value:.3g}; an independent replicate did not confirm it)"
-                if rejected and not failed else "")
-        results.append(dataclasses.replace(
-            finished,
-            p_value=max(stage_one.p_value, stage_two.p_value) if rejected else stage_one.p_value,
-            diagnosis=finished.diagnosis + note,
-            steps=stage_one.steps + stage_two.steps,
-            details={**finished.details, "first_stage_p_value": stage_one.p_value,
-                     "replicate_p_value": stage_two.p_value, "replicate_steps_of_family": replicate_steps},
-        ))
+        note = (
+            f" (a first sample gave p = {stage_one.p_value:.3g}; an independent replicate did not confirm it)"
+            if rejected and not failed
+            else ""
+        )
+        results.append(
+            dataclasses.replace(
+                finished,
+                p_value=max(stage_one.p_value, stage_two.p_value) if rejected else stage_one.p_value,
+                diagnosis=finished.diagnosis + note,
+                steps=stage_one.steps + stage_two.steps,
+                details={
+                    **finished.details,
+                    "first_stage_p_value": stage_one.p_value,
+                    "replicate_p_value": stage_two.p_value,
+                    "replicate_steps_of_family": replicate_steps,
+                },
+            )
+        )
     return results

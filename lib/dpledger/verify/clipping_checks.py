@@ -28,11 +28,22 @@ def run_t1(runner: Runner, config: BatteryConfig, seed: int, significance: float
     grid = task.probe_norm * np.logspace(low, high, config.t1_grid_size)
     lr = _probe_lr(runner, task.probe_norm**2, config)
     steps_before = runner.steps_used
-    changes = np.array([
-        runner.loss_change(task.probe_input, task.probe_target, task.probe_input, task.probe_target,
-                           clip_norm=c, noise_multiplier=0.0, batch_size=1, lr=lr, seed=seed)
-        for c in grid
-    ])
+    changes = np.array(
+        [
+            runner.loss_change(
+                task.probe_input,
+                task.probe_target,
+                task.probe_input,
+                task.probe_target,
+                clip_norm=c,
+                noise_multiplier=0.0,
+                batch_size=1,
+                lr=lr,
+                seed=seed,
+            )
+            for c in grid
+        ]
+    )
     plateau = plateau_start(changes)
     clipped = slice(0, plateau)
     test = slope_test(grid[clipped], changes[clipped]) if plateau >= 3 else None
@@ -40,17 +51,27 @@ def run_t1(runner: Runner, config: BatteryConfig, seed: int, significance: float
     passed = varies and (runner.optimizer == "adam" or test.p_value < significance)
     c_star = float(grid[plateau])
     if passed:
-        diagnosis = (f"the loss change depends on C below C* = {c_star:.3g} (probe gradient norm {task.probe_norm:.3g}) "
-                     "and is constant above: gradients are clipped")
+        diagnosis = (
+            f"the loss change depends on C below C* = {c_star:.3g} (probe gradient norm {task.probe_norm:.3g}) "
+            "and is constant above: gradients are clipped"
+        )
     elif varies:
-        diagnosis = "the loss change varies with C but not as clipping predicts (ΔL not monotone in C below the plateau)"
+        diagnosis = (
+            "the loss change varies with C but not as clipping predicts (ΔL not monotone in C below the plateau)"
+        )
     else:
-        diagnosis = ("the loss change is the same for every C (σ = 0, B = 1): gradients are not clipped, so one "
-                     "example's influence is unbounded and no ε holds")
+        diagnosis = (
+            "the loss change is the same for every C (σ = 0, B = 1): gradients are not clipped, so one "
+            "example's influence is unbounded and no ε holds"
+        )
     figure = Figure(
-        title="T1: loss change vs clip norm (σ = 0, B = 1)", xlabel="clip norm C", ylabel="ΔL on the probe",
-        curves=(Curve("trainer under test", tuple(grid), tuple(changes)),
-                Curve("C* (plateau start)", (c_star, c_star), (float(changes.min()), float(changes.max())))),
+        title="T1: loss change vs clip norm (σ = 0, B = 1)",
+        xlabel="clip norm C",
+        ylabel="ΔL on the probe",
+        curves=(
+            Curve("trainer under test", tuple(grid), tuple(changes)),
+            Curve("C* (plateau start)", (c_star, c_star), (float(changes.min()), float(changes.max()))),
+        ),
         log_x=True,
     )
     result = TestResult(
@@ -62,8 +83,12 @@ def run_t1(runner: Runner, config: BatteryConfig, seed: int, significance: float
         passed=passed,
         diagnosis=diagnosis,
         steps=runner.steps_used - steps_before,
-        details={"clip_norms": grid.tolist(), "loss_changes": changes.tolist(), "c_star": c_star,
-                 "decision": "pass iff ΔL is not flat below the plateau (SGD: and the slope's p < the significance)"},
+        details={
+            "clip_norms": grid.tolist(),
+            "loss_changes": changes.tolist(),
+            "c_star": c_star,
+            "decision": "pass iff ΔL is not flat below the plateau (SGD: and the slope's p < the significance)",
+        },
         figure=figure,
     )
     return result, c_star
@@ -81,20 +106,34 @@ def run_t2(runner: Runner, config: BatteryConfig, seed: int, significance: float
         zero_inputs, zero_targets = task.zero_rows(int(batch_size) - 1)
         inputs = torch.cat([zero_inputs, task.probe_input])
         targets = torch.cat([zero_targets, task.probe_target])
-        changes.append(runner.loss_change(inputs, targets, task.probe_input, task.probe_target,
-                                          clip_norm=clip_norm, noise_multiplier=0.0, batch_size=int(batch_size),
-                                          lr=lr, seed=seed))
+        changes.append(
+            runner.loss_change(
+                inputs,
+                targets,
+                task.probe_input,
+                task.probe_target,
+                clip_norm=clip_norm,
+                noise_multiplier=0.0,
+                batch_size=int(batch_size),
+                lr=lr,
+                seed=seed,
+            )
+        )
     changes = np.array(changes)
     test = slope_test(1.0 / batch_sizes, changes)
     passed = not test.flat and (runner.optimizer == "adam" or test.p_value < significance)
     if passed:
         diagnosis = "the loss change shrinks with B as per-example clipping predicts (update ∝ C/B, 000 Eq. 6)"
     elif test.flat:
-        diagnosis = ("the loss change does not depend on B: clipping happens after averaging (mini-batch "
-                     "clipping), so the guarantee is weaker by up to a factor of B")
+        diagnosis = (
+            "the loss change does not depend on B: clipping happens after averaging (mini-batch "
+            "clipping), so the guarantee is weaker by up to a factor of B"
+        )
     else:
-        diagnosis = (f"the loss change varies with B but not like 1/B (slope p = {test.p_value:.3g}): "
-                     "clipping or averaging is wrong")
+        diagnosis = (
+            f"the loss change varies with B but not like 1/B (slope p = {test.p_value:.3g}): "
+            "clipping or averaging is wrong"
+        )
     return TestResult(
         name="t2_minibatch_clipping",
         description="000 T2: with B − 1 zero-gradient rows and one large-gradient row, ΔL must shrink like 1/B",
@@ -104,10 +143,18 @@ def run_t2(runner: Runner, config: BatteryConfig, seed: int, significance: float
         passed=passed,
         diagnosis=diagnosis,
         steps=runner.steps_used - steps_before,
-        details={"batch_sizes": batch_sizes.tolist(), "loss_changes": changes.tolist(), "clip_norm": clip_norm,
-                 "regressor": "1/B (000 Eq. 6 predicts ΔL linear in 1/B)"},
-        figure=Figure(title="T2: loss change vs batch size (σ = 0)", xlabel="batch size B", ylabel="ΔL on the probe",
-                      curves=(Curve("trainer under test", tuple(float(b) for b in batch_sizes), tuple(changes)),)),
+        details={
+            "batch_sizes": batch_sizes.tolist(),
+            "loss_changes": changes.tolist(),
+            "clip_norm": clip_norm,
+            "regressor": "1/B (000 Eq. 6 predicts ΔL linear in 1/B)",
+        },
+        figure=Figure(
+            title="T2: loss change vs batch size (σ = 0)",
+            xlabel="batch size B",
+            ylabel="ΔL on the probe",
+            curves=(Curve("trainer under test", tuple(float(b) for b in batch_sizes), tuple(changes)),),
+        ),
     )
 
 
@@ -154,15 +201,21 @@ def run_sensitivity(runner: Runner, config: BatteryConfig, seed: int) -> TestRes
     ratio = ratios[worst]
     passed = ratio <= 1.0 + SENSITIVITY_TOLERANCE
     if passed:
-        diagnosis = f"one example moves the model by at most {ratio:.4g}× η·C/B: per-example sensitivity is bounded by C"
+        diagnosis = (
+            f"one example moves the model by at most {ratio:.4g}× η·C/B: per-example sensitivity is bounded by C"
+        )
         if ratio < 1.0 - SENSITIVITY_TOLERANCE:
             diagnosis += " (less than the bound: clipped to less than C or over-normalised, so accuracy is lost)"
     else:
-        cause = ("the update is not divided by B, or clipping happens after averaging"
-                 if abs(ratio - config.sensitivity_batch_size) < 0.05 * config.sensitivity_batch_size
-                 else "clipping does not bound each example's gradient norm by C")
-        diagnosis = (f"one example moves the model by {ratio:.4g}× the bound η·C/B ({labels[worst]}): {cause}; "
-                     f"the true sensitivity is {ratio:.3g}× the one the accountant assumes")
+        cause = (
+            "the update is not divided by B, or clipping happens after averaging"
+            if abs(ratio - config.sensitivity_batch_size) < 0.05 * config.sensitivity_batch_size
+            else "clipping does not bound each example's gradient norm by C"
+        )
+        diagnosis = (
+            f"one example moves the model by {ratio:.4g}× the bound η·C/B ({labels[worst]}): {cause}; "
+            f"the true sensitivity is {ratio:.3g}× the one the accountant assumes"
+        )
     return TestResult(
         name="sensitivity",
         description="beyond 000: σ = 0, one large-gradient example may move an SGD model by at most η·C/B",
@@ -172,9 +225,21 @@ def run_sensitivity(runner: Runner, config: BatteryConfig, seed: int) -> TestRes
         passed=passed,
         diagnosis=diagnosis,
         steps=runner.steps_used - steps_before,
-        details={"contexts": labels, "ratios": ratios, "clip_norm": clip_norm, "tolerance": SENSITIVITY_TOLERANCE,
-                 "p_value_note": "deterministic check (σ = 0): p is 1 within the tolerance, else 0"},
-        figure=Figure(title="Sensitivity: influence of one example / (η·C/B)", xlabel="context", ylabel="ratio",
-                      curves=(Curve("trainer under test", tuple(float(i) for i in range(len(ratios))), tuple(ratios)),
-                              Curve("bound", (0.0, float(len(ratios) - 1)), (1.0, 1.0))), kind="scatter"),
+        details={
+            "contexts": labels,
+            "ratios": ratios,
+            "clip_norm": clip_norm,
+            "tolerance": SENSITIVITY_TOLERANCE,
+            "p_value_note": "deterministic check (σ = 0): p is 1 within the tolerance, else 0",
+        },
+        figure=Figure(
+            title="Sensitivity: influence of one example / (η·C/B)",
+            xlabel="context",
+            ylabel="ratio",
+            curves=(
+                Curve("trainer under test", tuple(float(i) for i in range(len(ratios))), tuple(ratios)),
+                Curve("bound", (0.0, float(len(ratios) - 1)), (1.0, 1.0)),
+            ),
+            kind="scatter",
+        ),
     )

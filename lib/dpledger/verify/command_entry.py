@@ -35,17 +35,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trainer", required=True)
     for name in ("init", "data", "out"):
         parser.add_argument(f"--{name}", required=True)
-    for name, kind in (("clip-norm", float), ("noise-multiplier", float), ("batch-size", int), ("steps", int),
-                       ("lr", float), ("seed", int)):
+    for name, kind in (
+        ("clip-norm", float),
+        ("noise-multiplier", float),
+        ("batch-size", int),
+        ("steps", int),
+        ("lr", float),
+        ("seed", int),
+    ):
         parser.add_argument(f"--{name}", type=kind, required=True)
     parser.add_argument("--optimizer", default="sgd")
     args = parser.parse_args(argv)
     model = mlp_from_state(torch.load(args.init, weights_only=True))
     data = torch.load(args.data, weights_only=True)
     load_trainer(args.trainer)(
-        model, data["inputs"], data["targets"], loss_fn=LOSSES[data["loss"]], clip_norm=args.clip_norm,
-        noise_multiplier=args.noise_multiplier, batch_size=args.batch_size, steps=args.steps, lr=args.lr,
-        seed=args.seed, optimizer=args.optimizer,
+        model,
+        data["inputs"],
+        data["targets"],
+        loss_fn=LOSSES[data["loss"]],
+        clip_norm=args.clip_norm,
+        noise_multiplier=args.noise_multiplier,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        lr=args.lr,
+        seed=args.seed,
+        optimizer=args.optimizer,
     )
     torch.save(model.state_dict(), args.out)
 

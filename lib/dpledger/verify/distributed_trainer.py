@@ -56,7 +56,12 @@ class _ClipAfterAllReduce(GroupSum):
 
     def __init__(self, clip_norm: float, noise_multiplier: float, normalizer: float, noise: NoiseSource) -> None:
         super().__init__(dist.group.WORLD)
-        self.clip_norm, self.noise_multiplier, self.normalizer, self.noise = clip_norm, noise_multiplier, normalizer, noise
+        self.clip_norm, self.noise_multiplier, self.normalizer, self.noise = (
+            clip_norm,
+            noise_multiplier,
+            normalizer,
+            noise,
+        )
         self.step = 0
 
     def all_reduce(self, buffer: Tensor) -> None:
@@ -71,12 +76,22 @@ class _UnclippedEngine(BKEngine):
     """Per-example factors 1 (0 for weight-0 rows): the clipping is left to :class:`_ClipAfterAllReduce`."""
 
     def _factors(self, norm_sq: dict[int, Tensor], weights: Tensor | None, dropped: Tensor) -> dict[int, Tensor]:
-        return {key: torch.ones_like(value) if weights is None else (weights != 0).to(value.dtype)
-                for key, value in norm_sq.items()}
+        return {
+            key: torch.ones_like(value) if weights is None else (weights != 0).to(value.dtype)
+            for key, value in norm_sq.items()
+        }
 
 
-def _engine(flaw: str, model: nn.Module, optimizer: torch.optim.Optimizer, *, clip_norm: float,
-            noise_multiplier: float, batch_size: int, seed: int) -> BKEngine:
+def _engine(
+    flaw: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    clip_norm: float,
+    noise_multiplier: float,
+    batch_size: int,
+    seed: int,
+) -> BKEngine:
     settings = dict(clip_norm=clip_norm, normalizer=batch_size, seed=seed)
     if flaw == "clipping_after_all_reduce":
         numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -86,14 +101,35 @@ def _engine(flaw: str, model: nn.Module, optimizer: torch.optim.Optimizer, *, cl
     return BKEngine(model, optimizer, noise_multiplier=noise_multiplier, process_group=group, **settings)
 
 
-def _train_share(rank: int, world_size: int, *, model: nn.Module, inputs: Tensor, targets: Tensor,
-                 loss_fn: Callable[[Tensor, Tensor], Tensor], clip_norm: float, noise_multiplier: float,
-                 batch_size: int, steps: int, lr: float, seed: int, optimizer: str, flaw: str) -> nn.Module:
+def _train_share(
+    rank: int,
+    world_size: int,
+    *,
+    model: nn.Module,
+    inputs: Tensor,
+    targets: Tensor,
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    clip_norm: float,
+    noise_multiplier: float,
+    batch_size: int,
+    steps: int,
+    lr: float,
+    seed: int,
+    optimizer: str,
+    flaw: str,
+) -> nn.Module:
     """One rank's part of the protocol run: its share of every consecutive batch, the engine all-reducing."""
     model.train()
     torch_optimizer = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
-    engine = _engine(flaw, model, torch_optimizer, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                     batch_size=batch_size, seed=seed)
+    engine = _engine(
+        flaw,
+        model,
+        torch_optimizer,
+        clip_norm=clip_norm,
+        noise_multiplier=noise_multiplier,
+        batch_size=batch_size,
+        seed=seed,
+    )
     lo, hi = share_bounds(batch_size, rank, world_size)
     try:
         for step in range(steps):
@@ -119,8 +155,9 @@ def _from_bytes(payload: bytes) -> Any:
 def _serve(rank: int, world_size: int, init_method: str, jobs: Any, results: Any) -> None:
     """A pool rank: join the gloo group, then train every job it is sent until it gets None."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=CALL_TIMEOUT_S))
+    dist.init_process_group(
+        "gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=CALL_TIMEOUT_S)
+    )
     try:
         while (payload := jobs.get()) is not None:
             try:
@@ -143,8 +180,9 @@ class RankPool:
         self.jobs = [context.Queue() for _ in range(world_size)]
         self.results = context.Queue()
         self.processes = [
-            context.Process(target=_serve, args=(rank, world_size, init_method, self.jobs[rank], self.results),
-                            daemon=True)
+            context.Process(
+                target=_serve, args=(rank, world_size, init_method, self.jobs[rank], self.results), daemon=True
+            )
             for rank in range(world_size)
         ]
         for process in self.processes:
@@ -161,7 +199,9 @@ class RankPool:
                 rank, error, state = self.results.get(timeout=CALL_TIMEOUT_S)
             except queue.Empty:
                 dead = [rank for rank, p in enumerate(self.processes) if not p.is_alive()]
-                raise TrainerError(f"distributed trainer: no answer within {CALL_TIMEOUT_S:.0f} s (dead ranks: {dead})") from None
+                raise TrainerError(
+                    f"distributed trainer: no answer within {CALL_TIMEOUT_S:.0f} s (dead ranks: {dead})"
+                ) from None
             if error is not None:
                 raise TrainerError(f"distributed trainer: rank {rank} failed: {error}")
             states[rank] = _from_bytes(state)
@@ -200,15 +240,38 @@ def _close_pool() -> None:
         pool.close()
 
 
-def train(model: nn.Module, inputs: Tensor, targets: Tensor, *, loss_fn: Callable[[Tensor, Tensor], Tensor],
-          clip_norm: float, noise_multiplier: float, batch_size: int, steps: int, lr: float, seed: int,
-          optimizer: str = "sgd", flaw: str = "none") -> None:
+def train(
+    model: nn.Module,
+    inputs: Tensor,
+    targets: Tensor,
+    *,
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    clip_norm: float,
+    noise_multiplier: float,
+    batch_size: int,
+    steps: int,
+    lr: float,
+    seed: int,
+    optimizer: str = "sgd",
+    flaw: str = "none",
+) -> None:
     """The protocol trainer on :data:`WORLD_SIZE` gloo ranks (see the module docstring); trains ``model`` in place."""
     if flaw not in FLAWS:
         raise ValueError(f"flaw {flaw!r} is unknown; use one of {FLAWS}")
-    job = dict(model=model, inputs=inputs, targets=targets, loss_fn=loss_fn, clip_norm=clip_norm,
-               noise_multiplier=noise_multiplier, batch_size=batch_size, steps=steps, lr=lr, seed=seed,
-               optimizer=optimizer, flaw=flaw)
+    job = dict(
+        model=model,
+        inputs=inputs,
+        targets=targets,
+        loss_fn=loss_fn,
+        clip_norm=clip_norm,
+        noise_multiplier=noise_multiplier,
+        batch_size=batch_size,
+        steps=steps,
+        lr=lr,
+        seed=seed,
+        optimizer=optimizer,
+        flaw=flaw,
+    )
     try:
         state = _shared_pool().run(job)
     except TrainerError:

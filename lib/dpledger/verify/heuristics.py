@@ -33,7 +33,10 @@ def plateau_start(values: np.ndarray, relative_tolerance: float = FLAT_RELATIVE_
 
 
 def noise_onset(
-    sigmas: tuple[float, ...], values: np.ndarray, noiseless: float, scale: float | None = None,
+    sigmas: tuple[float, ...],
+    values: np.ndarray,
+    noiseless: float,
+    scale: float | None = None,
     relative_tolerance: float = FLAT_RELATIVE_TOLERANCE,
 ) -> float | None:
     """Smallest σ_i such that the value differs from the σ = 0 one for it and every larger σ (App. B, σ step 3).

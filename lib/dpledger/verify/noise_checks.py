@@ -28,7 +28,9 @@ CONTROL_TOLERANCE = 1e-3
 """T3 control: σ = 0 models at different C may differ by this fraction of their update (rounding only)."""
 
 
-def noise_lr(runner: Runner, config: BatteryConfig, clip_norm: float, noise_multiplier: float, batch_size: int) -> float:
+def noise_lr(
+    runner: Runner, config: BatteryConfig, clip_norm: float, noise_multiplier: float, batch_size: int
+) -> float:
     """SGD: the learning rate giving one step's noise std ``config.noise_step_std`` per coordinate (η·σC/B)."""
     if runner.optimizer == "adam":
         return config.adam_lr
@@ -85,9 +87,18 @@ def run_t3(
     steps_before = runner.steps_used
     pair_c, pair_distance = [], []
     for clip_norm in clip_values:
-        finals = [runner.parameters_after(inputs, targets, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                                          batch_size=batch_size, lr=lr, seed=seed + r)
-                  for r in range(config.t3_seeds)]
+        finals = [
+            runner.parameters_after(
+                inputs,
+                targets,
+                clip_norm=clip_norm,
+                noise_multiplier=noise_multiplier,
+                batch_size=batch_size,
+                lr=lr,
+                seed=seed + r,
+            )
+            for r in range(config.t3_seeds)
+        ]
         for a, b in itertools.combinations(finals, 2):
             pair_c.append(float(clip_norm))
             pair_distance.append(float(torch.linalg.vector_norm(a - b)))
@@ -98,15 +109,21 @@ def run_t3(
     no_noise = float(pair_distance.max()) <= 1e-9 * scale
     passed = not no_noise and not test.flat and test.slope > 0 and test.p_value < significance
     if passed:
-        diagnosis = (f"the distance between noisy runs grows with C (slope p = {test.p_value:.2g}): the noise "
-                     "scales with the clip norm")
+        diagnosis = (
+            f"the distance between noisy runs grows with C (slope p = {test.p_value:.2g}): the noise "
+            "scales with the clip norm"
+        )
     elif no_noise:
-        diagnosis = ("runs with different seeds end at the same model: there is no noise, or it ignores the seed "
-                     "(a fixed noise seed is no noise to anyone who knows it)")
+        diagnosis = (
+            "runs with different seeds end at the same model: there is no noise, or it ignores the seed "
+            "(a fixed noise seed is no noise to anyone who knows it)"
+        )
     else:
-        diagnosis = (f"the distance between noisy runs does not grow with C (slope p = {test.p_value:.2g}): the noise "
-                     "is not multiplied by C (uncalibrated), so the accountant's ε, which assumes std σ·C, is wrong "
-                     "whenever C ≠ 1")
+        diagnosis = (
+            f"the distance between noisy runs does not grow with C (slope p = {test.p_value:.2g}): the noise "
+            "is not multiplied by C (uncalibrated), so the accountant's ε, which assumes std σ·C, is wrong "
+            "whenever C ≠ 1"
+        )
     means = [float(pair_distance[pair_c == c].mean()) for c in clip_values]
     t3 = TestResult(
         name="t3_noise_calibration",
@@ -117,12 +134,24 @@ def run_t3(
         passed=passed,
         diagnosis=diagnosis,
         steps=t3_steps,
-        details={"clip_norms": clip_values.tolist(), "mean_pairwise_distance": means, "noise_multiplier": noise_multiplier,
-                 "slope": test.slope, "runs_per_clip_norm": config.t3_seeds, "steps_per_run": config.t3_steps},
-        figure=Figure(title="T3: pairwise parameter distance vs clip norm", xlabel="clip norm C",
-                      ylabel="‖θ_i − θ_j‖", kind="scatter",
-                      curves=(Curve(f"pairs (σ = {noise_multiplier:.3g})", tuple(pair_c), tuple(pair_distance)),
-                              Curve("mean", tuple(clip_values), tuple(means)))),
+        details={
+            "clip_norms": clip_values.tolist(),
+            "mean_pairwise_distance": means,
+            "noise_multiplier": noise_multiplier,
+            "slope": test.slope,
+            "runs_per_clip_norm": config.t3_seeds,
+            "steps_per_run": config.t3_steps,
+        },
+        figure=Figure(
+            title="T3: pairwise parameter distance vs clip norm",
+            xlabel="clip norm C",
+            ylabel="‖θ_i − θ_j‖",
+            kind="scatter",
+            curves=(
+                Curve(f"pairs (σ = {noise_multiplier:.3g})", tuple(pair_c), tuple(pair_distance)),
+                Curve("mean", tuple(clip_values), tuple(means)),
+            ),
+        ),
     )
     return t3, _run_t3_control(runner, inputs, targets, clip_values, batch_size, lr, seed)
 
@@ -131,15 +160,22 @@ def _run_t3_control(runner: Runner, inputs, targets, clip_values, batch_size: in
     """000 §3.2 step 7: with σ = 0 the C range must not change training, else T3's slope could come from clipping."""
     steps_before = runner.steps_used
     initial = flat_parameters(runner.task.model)
-    finals = [runner.parameters_after(inputs, targets, clip_norm=c, noise_multiplier=0.0, batch_size=batch_size,
-                                      lr=lr, seed=seed) for c in clip_values]
+    finals = [
+        runner.parameters_after(
+            inputs, targets, clip_norm=c, noise_multiplier=0.0, batch_size=batch_size, lr=lr, seed=seed
+        )
+        for c in clip_values
+    ]
     update = max(float(torch.linalg.vector_norm(finals[0] - initial)), 1e-30)
     deviations = np.array([float(torch.linalg.vector_norm(f - finals[0])) / update for f in finals])
     passed = bool(deviations.max() <= CONTROL_TOLERANCE)
-    diagnosis = ("with σ = 0 the models at every C in [C*, 10C*] coincide: this C range disables clipping, so T3's "
-                 "slope comes from the noise" if passed else
-                 f"with σ = 0 the model still changes with C ≥ C* (relative deviation {deviations.max():.3g}): clipping "
-                 "acts beyond the largest gradient norm, so the clip threshold is not C")
+    diagnosis = (
+        "with σ = 0 the models at every C in [C*, 10C*] coincide: this C range disables clipping, so T3's "
+        "slope comes from the noise"
+        if passed
+        else f"with σ = 0 the model still changes with C ≥ C* (relative deviation {deviations.max():.3g}): clipping "
+        "acts beyond the largest gradient norm, so the clip threshold is not C"
+    )
     return TestResult(
         name="t3_control",
         description="000 T3 control: with σ = 0 the models trained at every C of T3 must coincide",
@@ -149,11 +185,18 @@ def _run_t3_control(runner: Runner, inputs, targets, clip_values, batch_size: in
         passed=passed,
         diagnosis=diagnosis,
         steps=runner.steps_used - steps_before,
-        details={"clip_norms": list(map(float, clip_values)), "relative_deviation": deviations.tolist(),
-                 "tolerance": CONTROL_TOLERANCE, "p_value_note": "deterministic check: p is 1 within the tolerance, else 0"},
-        figure=Figure(title="T3 control (σ = 0): deviation from the model at C*", xlabel="clip norm C",
-                      ylabel="relative deviation",
-                      curves=(Curve("σ = 0", tuple(map(float, clip_values)), tuple(deviations)),)),
+        details={
+            "clip_norms": list(map(float, clip_values)),
+            "relative_deviation": deviations.tolist(),
+            "tolerance": CONTROL_TOLERANCE,
+            "p_value_note": "deterministic check: p is 1 within the tolerance, else 0",
+        },
+        figure=Figure(
+            title="T3 control (σ = 0): deviation from the model at C*",
+            xlabel="clip norm C",
+            ylabel="relative deviation",
+            curves=(Curve("σ = 0", tuple(map(float, clip_values)), tuple(deviations)),),
+        ),
     )
 
 
@@ -168,8 +211,12 @@ def run_noise_distribution(
     steps_before = runner.steps_used
     base = runner.parameters_after(inputs, targets, noise_multiplier=0.0, seed=seed, **settings)
     unit = lr * c_star / batch_size
-    z = torch.cat([(runner.parameters_after(inputs, targets, noise_multiplier=1.0, seed=seed + r, **settings) - base) / unit
-                   for r in range(config.ks_seeds)]).numpy()
+    z = torch.cat(
+        [
+            (runner.parameters_after(inputs, targets, noise_multiplier=1.0, seed=seed + r, **settings) - base) / unit
+            for r in range(config.ks_seeds)
+        ]
+    ).numpy()
     steps = runner.steps_used - steps_before
     d_statistic, ks_p = ks_standard_normal(z)
     ratio, lower_p = variance_ratio_lower_p(z)
@@ -180,31 +227,49 @@ def run_noise_distribution(
         if passed:
             return f"the update noise standardized by η·σ·C/B is consistent with N(0, 1) (KS D = {d_statistic:.3g})"
         shape = "its scale is off" if abs(std_ratio - 1) > 0.1 else "its shape is not Gaussian"
-        return (f"the update noise standardized by η·σ·C/B is not N(0, 1) (KS D = {d_statistic:.3g}; std ratio "
-                f"{std_ratio:.3g}): {shape}, so the Gaussian mechanism the accountant assumes is not what runs")
+        return (
+            f"the update noise standardized by η·σ·C/B is not N(0, 1) (KS D = {d_statistic:.3g}; std ratio "
+            f"{std_ratio:.3g}): {shape}, so the Gaussian mechanism the accountant assumes is not what runs"
+        )
 
     def explain_scale(passed: bool) -> str:
         if not passed:
-            return (f"the update noise is {std_ratio:.3g}× the std σ·C/B the accountant assumes: the real noise "
-                    f"multiplier is about {std_ratio:.3g}·σ, so the reported ε is too small")
+            return (
+                f"the update noise is {std_ratio:.3g}× the std σ·C/B the accountant assumes: the real noise "
+                f"multiplier is about {std_ratio:.3g}·σ, so the reported ε is too small"
+            )
         if upper_p < 1e-6:
-            return (f"the update noise is {std_ratio:.3g}× σ·C/B, more than claimed: the guarantee holds, but accuracy "
-                    "is lost (or the noise is not what the code intends)")
+            return (
+                f"the update noise is {std_ratio:.3g}× σ·C/B, more than claimed: the guarantee holds, but accuracy "
+                "is lost (or the noise is not what the code intends)"
+            )
         return f"the update noise has std {std_ratio:.4g}× σ·C/B, as the accountant assumes"
 
     sample = np.sort(z)
     ks = PendingResult(
         name="ks_update_distribution",
         description="000 App. C: one-step update noise (θ_σ − θ_0)·B/(η·C·σ) must be N(0, 1) (KS test, SGD)",
-        statistic=d_statistic, statistic_name="KS D", p_value=ks_p, steps=steps, explain=explain_ks,
+        statistic=d_statistic,
+        statistic_name="KS D",
+        p_value=ks_p,
+        steps=steps,
+        explain=explain_ks,
         details={"samples": int(z.size), "std_ratio": std_ratio, "clip_norm": c_star, "noise_multiplier": 1.0},
-        figure=Figure(title="KS: standardized update noise vs N(0, 1)", xlabel="z", ylabel="empirical CDF", kind="cdf",
-                      curves=(Curve("trainer under test", tuple(sample), tuple((np.arange(z.size) + 0.5) / z.size)),)),
+        figure=Figure(
+            title="KS: standardized update noise vs N(0, 1)",
+            xlabel="z",
+            ylabel="empirical CDF",
+            kind="cdf",
+            curves=(Curve("trainer under test", tuple(sample), tuple((np.arange(z.size) + 0.5) / z.size)),),
+        ),
     )
     scale = PendingResult(
         name="noise_scale",
         description="beyond 000: the update noise must have std σ·C/B (χ² test, one-sided: less noise than claimed)",
-        statistic=std_ratio, statistic_name="std of the update noise / (η·σ·C/B)", p_value=lower_p, steps=0,
+        statistic=std_ratio,
+        statistic_name="std of the update noise / (η·σ·C/B)",
+        p_value=lower_p,
+        steps=0,
         explain=explain_scale,
         details={"samples": int(z.size), "p_value_more_noise": upper_p, "steps_note": "shares the KS test's runs"},
         figure=_std_ratio_figure("Noise scale: std per seed / (η·σ·C/B)", z, config.ks_seeds, "claimed"),
@@ -226,37 +291,64 @@ def run_noise_independence(
     steps_before = runner.steps_used
     initial = flat_parameters(runner.task.model)
     unit = lr * c_star / batch_size * np.sqrt(steps)
-    z = torch.cat([(runner.parameters_after(inputs, targets, clip_norm=c_star, noise_multiplier=1.0,
-                                            batch_size=batch_size, lr=lr, seed=seed + r) - initial) / unit
-                   for r in range(config.independence_seeds)]).numpy()
+    z = torch.cat(
+        [
+            (
+                runner.parameters_after(
+                    inputs, targets, clip_norm=c_star, noise_multiplier=1.0, batch_size=batch_size, lr=lr, seed=seed + r
+                )
+                - initial
+            )
+            / unit
+            for r in range(config.independence_seeds)
+        ]
+    ).numpy()
     ratio, p_value = f_test_two_sided(z, one_step_noise)
 
     def explain(passed: bool) -> str:
         if passed:
             return f"noise accumulated over {steps} steps has {ratio:.3g}× the variance of {steps} independent steps"
         if ratio > 1:
-            return (f"after {steps} steps the noise variance is {ratio * steps:.3g}× one step's instead of {steps}×: "
-                    "the same noise is reused across steps, so the difference of consecutive iterates carries no noise")
-        return (f"after {steps} steps the noise variance is {ratio * steps:.3g}× one step's instead of {steps}×: "
-                "noise is added on fewer steps than trained, so later steps are unprotected")
+            return (
+                f"after {steps} steps the noise variance is {ratio * steps:.3g}× one step's instead of {steps}×: "
+                "the same noise is reused across steps, so the difference of consecutive iterates carries no noise"
+            )
+        return (
+            f"after {steps} steps the noise variance is {ratio * steps:.3g}× one step's instead of {steps}×: "
+            "noise is added on fewer steps than trained, so later steps are unprotected"
+        )
 
     return PendingResult(
         name="noise_independence",
         description=f"beyond 000: pure-noise runs of {steps} steps must carry {steps}× one step's noise variance (F-test)",
-        statistic=ratio, statistic_name=f"variance after {steps} steps / ({steps} × one step's)", p_value=p_value,
-        steps=runner.steps_used - steps_before, explain=explain,
+        statistic=ratio,
+        statistic_name=f"variance after {steps} steps / ({steps} × one step's)",
+        p_value=p_value,
+        steps=runner.steps_used - steps_before,
+        explain=explain,
         details={"steps_per_run": steps, "runs": config.independence_seeds},
-        figure=_std_ratio_figure(f"Noise independence: std of {steps}-step noise / (√{steps}·η·σ·C/B)", z,
-                                 config.independence_seeds, "independent steps"),
+        figure=_std_ratio_figure(
+            f"Noise independence: std of {steps}-step noise / (√{steps}·η·σ·C/B)",
+            z,
+            config.independence_seeds,
+            "independent steps",
+        ),
     )
 
 
 def _std_ratio_figure(title: str, z: np.ndarray, runs: int, reference: str) -> Figure:
     """Standardized noise's std per run, against the expected 1."""
     stds = tuple(float(np.sqrt(np.mean(part**2))) for part in np.split(z, runs))
-    return Figure(title=title, xlabel="run (seed)", ylabel="std ratio", kind="scatter",
-                  curves=(Curve("trainer under test", tuple(float(r) for r in range(runs)), stds),
-                          Curve(reference, (0.0, float(runs - 1)), (1.0, 1.0))))
+    return Figure(
+        title=title,
+        xlabel="run (seed)",
+        ylabel="std ratio",
+        kind="scatter",
+        curves=(
+            Curve("trainer under test", tuple(float(r) for r in range(runs)), stds),
+            Curve(reference, (0.0, float(runs - 1)), (1.0, 1.0)),
+        ),
+    )
 
 
 def skipped_noise_tests() -> list[TestResult]:

@@ -18,9 +18,13 @@ def heuristic_figure(result: BatteryResult) -> Figure:
     sigmas = tuple(heuristics["sigma_grid"])
     return Figure(
         title=f"σ heuristic at C* = {heuristics['c_star']:.3g} (σ* = {heuristics['sigma_star']})",
-        xlabel="noise multiplier σ", ylabel="ΔL on the batch", log_x=True,
-        curves=(Curve("σ > 0", sigmas, tuple(heuristics["sigma_loss_changes"])),
-                Curve("σ = 0", (sigmas[0], sigmas[-1]), (heuristics["sigma_zero_loss_change"],) * 2)),
+        xlabel="noise multiplier σ",
+        ylabel="ΔL on the batch",
+        log_x=True,
+        curves=(
+            Curve("σ > 0", sigmas, tuple(heuristics["sigma_loss_changes"])),
+            Curve("σ = 0", (sigmas[0], sigmas[-1]), (heuristics["sigma_zero_loss_change"],) * 2),
+        ),
     )
 
 

@@ -110,7 +110,9 @@ def parse_command_template(template: str) -> list[str]:
     if unknown:
         raise ParamsError(f"params: verify.command uses unknown placeholders {unknown}; allowed: {list(PLACEHOLDERS)}")
     if missing:
-        raise ParamsError(f"params: verify.command lacks the placeholders {missing}; all of {list(PLACEHOLDERS)} are needed")
+        raise ParamsError(
+            f"params: verify.command lacks the placeholders {missing}; all of {list(PLACEHOLDERS)} are needed"
+        )
     return arguments
 
 
@@ -137,8 +139,9 @@ class CommandTrainer:
     def __repr__(self) -> str:
         return f"command: {self.template}"
 
-    def __call__(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *, loss_fn: LossFn,
-                 **settings: Any) -> None:
+    def __call__(
+        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *, loss_fn: LossFn, **settings: Any
+    ) -> None:
         """Train ``model`` through the command; ``settings`` are the fields of a :class:`ConsecutiveRun`."""
         run = ConsecutiveRun(**settings)
         if loss_fn is not weighted_half_mse:

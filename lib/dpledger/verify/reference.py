@@ -99,7 +99,9 @@ def train_with_flaws(
     noise_seed = 0 if flaws.noise_seed == "fixed" else run.seed
     generator = torch.Generator().manual_seed(noise_seed)
     std = _noise_std(flaws, run.clip_norm, run.noise_multiplier, run.batch_size)
-    for step, (batch_inputs, batch_targets) in enumerate(consecutive_batches(inputs, targets, run.batch_size, run.steps)):
+    for step, (batch_inputs, batch_targets) in enumerate(
+        consecutive_batches(inputs, targets, run.batch_size, run.steps)
+    ):
         params = {name: p.detach() for name, p in model.named_parameters()}
         summed = _clipped_sum(per_example_grads(params, batch_inputs, batch_targets), run.clip_norm, flaws.clipping)
         if flaws.noise_steps == "reused":

@@ -85,8 +85,10 @@ class BatteryResult:
     def findings(self) -> list[str]:
         """One plain-language line per test, failures first."""
         ordered = sorted(self.tests, key=lambda test: test.passed)
-        return [f"{test.name}: {'skipped' if test.skipped else 'passed' if test.passed else 'FAILED'} — {test.diagnosis}"
-                for test in ordered]
+        return [
+            f"{test.name}: {'skipped' if test.skipped else 'passed' if test.passed else 'FAILED'} — {test.diagnosis}"
+            for test in ordered
+        ]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -150,5 +152,14 @@ class PendingResult:
 
 def skipped_result(name: str, reason: str) -> TestResult:
     """A test that does not apply to this trainer's optimizer; it counts as passed and says why it was skipped."""
-    return TestResult(name=name, description=reason, statistic=0.0, statistic_name="", p_value=1.0, passed=True,
-                      diagnosis=f"skipped: {reason}", steps=0, skipped=True)
+    return TestResult(
+        name=name,
+        description=reason,
+        statistic=0.0,
+        statistic_name="",
+        p_value=1.0,
+        passed=True,
+        diagnosis=f"skipped: {reason}",
+        steps=0,
+        skipped=True,
+    )

@@ -93,7 +93,9 @@ class Runner:
         except TrainerError:
             raise
         except Exception as error:  # the trainer under test is foreign code: report its failure in one line
-            raise TrainerError(f"the trainer under test raised {type(error).__name__}: {error}".splitlines()[0]) from None
+            raise TrainerError(
+                f"the trainer under test raised {type(error).__name__}: {error}".splitlines()[0]
+            ) from None
         self.steps_used += steps
         return model
 

@@ -60,17 +60,31 @@ def self_check(
     rows = []
     for trainer in trainers:
         function = load_trainer(trainer)
-        results = [run_battery(function, trainer_name=trainer, seed=seed, optimizer=optimizer,
-                               significance=significance, progress=False) for seed in seeds]
-        expected = ("pass" if not trainer.startswith("zoo:")
-                    else "fail " + ", ".join(zoo_member(trainer.removeprefix("zoo:")).caught_by))
-        rows.append(SelfCheckRow(
-            trainer=trainer,
-            expected=expected,
-            seeds=len(results),
-            correct=sum(classified_correctly(trainer, result) for result in results),
-            failed_tests_by_seed=tuple(tuple(result.failed_tests) for result in results),
-            max_steps=max(result.training_steps for result in results),
-            max_wall_time_s=max(result.wall_time_s for result in results),
-        ))
+        results = [
+            run_battery(
+                function,
+                trainer_name=trainer,
+                seed=seed,
+                optimizer=optimizer,
+                significance=significance,
+                progress=False,
+            )
+            for seed in seeds
+        ]
+        expected = (
+            "pass"
+            if not trainer.startswith("zoo:")
+            else "fail " + ", ".join(zoo_member(trainer.removeprefix("zoo:")).caught_by)
+        )
+        rows.append(
+            SelfCheckRow(
+                trainer=trainer,
+                expected=expected,
+                seeds=len(results),
+                correct=sum(classified_correctly(trainer, result) for result in results),
+                failed_tests_by_seed=tuple(tuple(result.failed_tests) for result in results),
+                max_steps=max(result.training_steps for result in results),
+                max_wall_time_s=max(result.wall_time_s for result in results),
+            )
+        )
     return rows

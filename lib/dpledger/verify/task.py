@@ -76,15 +76,17 @@ def flat_parameters(model: nn.Module) -> torch.Tensor:
     return torch.cat([value.detach().reshape(-1).to(torch.float64) for value in model.parameters()])
 
 
-def per_example_losses(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
-                       loss_fn: LossFn = weighted_half_mse) -> torch.Tensor:
+def per_example_losses(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn = weighted_half_mse
+) -> torch.Tensor:
     """The loss of each row under ``model`` (float64, no gradient)."""
     with torch.no_grad():
         return loss_fn(model(inputs).double(), targets.double())
 
 
-def per_example_gradient_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
-                               loss_fn: LossFn = weighted_half_mse) -> torch.Tensor:
+def per_example_gradient_norms(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn = weighted_half_mse
+) -> torch.Tensor:
     """‖∇_θ loss_i‖ for each row, computed by an explicit loop (the harness's own reference, not the trainer's)."""
     norms = []
     for row in range(inputs.shape[0]):
@@ -145,8 +147,9 @@ def make_task(seed: int, rows: int = 64) -> SyntheticTask:
     return with_probe(model, inputs, targets, probe_input, probe_label, weighted_half_mse, "synthetic MLP")
 
 
-def model_task(model: nn.Module, task: Task, x: torch.Tensor, y: torch.Tensor, description: str,
-               rows: int = 64) -> SyntheticTask:
+def model_task(
+    model: nn.Module, task: Task, x: torch.Tensor, y: torch.Tensor, description: str, rows: int = 64
+) -> SyntheticTask:
     """The battery's task on the train stage's model: ``rows`` training examples (weight 1) and the next one
     as the probe (its weight scaled up as in :func:`make_task`). The model runs in float32 with its dropout
     off (p = 0; the σ = 0 tests need a deterministic model); the loss is ``task``'s per-example loss."""
@@ -158,12 +161,26 @@ def model_task(model: nn.Module, task: Task, x: torch.Tensor, y: torch.Tensor, d
     wrapped = TaskLogits(model.float().train(), task)
     labels = x[: rows + 1].double() if task.name == "causal-lm" else y[: rows + 1, None].double()
     targets = torch.cat([labels, torch.ones(rows + 1, 1, dtype=torch.float64)], dim=1).float()
-    return with_probe(wrapped, x[:rows], targets[:rows], x[rows : rows + 1], targets[rows : rows + 1, :-1],
-                      WeightedTaskLoss(task), description)
+    return with_probe(
+        wrapped,
+        x[:rows],
+        targets[:rows],
+        x[rows : rows + 1],
+        targets[rows : rows + 1, :-1],
+        WeightedTaskLoss(task),
+        description,
+    )
 
 
-def with_probe(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, probe_input: torch.Tensor,
-               probe_label: torch.Tensor, loss_fn: LossFn, description: str) -> SyntheticTask:
+def with_probe(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    probe_input: torch.Tensor,
+    probe_label: torch.Tensor,
+    loss_fn: LossFn,
+    description: str,
+) -> SyntheticTask:
     """The task with the probe's weight chosen so that its gradient norm is at least ``PROBE_NORM_FACTOR`` ×
     every ordinary row's and at least 10 (a weight scales the gradient exactly)."""
     ordinary_norms = per_example_gradient_norms(model, inputs, targets, loss_fn)

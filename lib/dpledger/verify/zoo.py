@@ -26,22 +26,51 @@ class ZooMember:
 
 
 ZOO = (
-    ZooMember("no_clipping", Flaws(clipping="none"), "per-example gradients are never clipped",
-              ("t1_no_clipping", "sensitivity")),
-    ZooMember("mini_batch_clipping", Flaws(clipping="mini_batch"), "the averaged gradient is clipped, not each example's",
-              ("t2_minibatch_clipping", "sensitivity")),
-    ZooMember("per_tensor_clipping", Flaws(clipping="per_tensor"),
-              "each parameter tensor is clipped to C separately (total norm up to C·√tensors)", ("sensitivity",)),
-    ZooMember("uncalibrated_noise", Flaws(noise_std="uncalibrated"), "noise std σ instead of σ·C",
-              ("t3_noise_calibration", "noise_scale")),
-    ZooMember("noise_divided_twice", Flaws(noise_std="divided_twice"), "noise std σ·C/B on the sum, then divided by B again",
-              ("noise_scale", "ks_update_distribution")),
-    ZooMember("fixed_noise_seed", Flaws(noise_seed="fixed"), "the noise generator ignores the seed",
-              ("t3_noise_calibration",)),
-    ZooMember("noise_reused_every_step", Flaws(noise_steps="reused"), "the same noise vector is added at every step",
-              ("noise_independence",)),
-    ZooMember("noise_first_step_only", Flaws(noise_steps="first_step_only"), "noise is added at the first step only",
-              ("noise_independence",)),
+    ZooMember(
+        "no_clipping",
+        Flaws(clipping="none"),
+        "per-example gradients are never clipped",
+        ("t1_no_clipping", "sensitivity"),
+    ),
+    ZooMember(
+        "mini_batch_clipping",
+        Flaws(clipping="mini_batch"),
+        "the averaged gradient is clipped, not each example's",
+        ("t2_minibatch_clipping", "sensitivity"),
+    ),
+    ZooMember(
+        "per_tensor_clipping",
+        Flaws(clipping="per_tensor"),
+        "each parameter tensor is clipped to C separately (total norm up to C·√tensors)",
+        ("sensitivity",),
+    ),
+    ZooMember(
+        "uncalibrated_noise",
+        Flaws(noise_std="uncalibrated"),
+        "noise std σ instead of σ·C",
+        ("t3_noise_calibration", "noise_scale"),
+    ),
+    ZooMember(
+        "noise_divided_twice",
+        Flaws(noise_std="divided_twice"),
+        "noise std σ·C/B on the sum, then divided by B again",
+        ("noise_scale", "ks_update_distribution"),
+    ),
+    ZooMember(
+        "fixed_noise_seed", Flaws(noise_seed="fixed"), "the noise generator ignores the seed", ("t3_noise_calibration",)
+    ),
+    ZooMember(
+        "noise_reused_every_step",
+        Flaws(noise_steps="reused"),
+        "the same noise vector is added at every step",
+        ("noise_independence",),
+    ),
+    ZooMember(
+        "noise_first_step_only",
+        Flaws(noise_steps="first_step_only"),
+        "noise is added at the first step only",
+        ("noise_independence",),
+    ),
 )
 
 

@@ -135,5 +135,14 @@ def add_scaled_product(out: Tensor, factors: Tensor, b: Tensor, a: Tensor) -> No
 
 from dpledger.engine.layers import conv, embedding, hf_conv1d, linear, normalization  # noqa: E402,F401  (registers rules)
 
-__all__ = ["LayerRule", "RULES", "RULES_BY_NAME", "add_scaled_product", "add_weighted_sum", "register",
-           "register_by_name", "registered_base", "rule_for"]
+__all__ = [
+    "LayerRule",
+    "RULES",
+    "RULES_BY_NAME",
+    "add_scaled_product",
+    "add_weighted_sum",
+    "register",
+    "register_by_name",
+    "registered_base",
+    "rule_for",
+]

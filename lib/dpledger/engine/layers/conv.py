@@ -71,8 +71,10 @@ def ghost_cost(layer: nn.Module, a: Tensor) -> tuple[int, int]:
 
 def _padding_total(layer: nn.Module) -> tuple[int, ...]:
     if isinstance(layer.padding, str):
-        return tuple(layer._reversed_padding_repeated_twice[2 * i] + layer._reversed_padding_repeated_twice[2 * i + 1]
-                     for i in reversed(range(len(layer.kernel_size))))
+        return tuple(
+            layer._reversed_padding_repeated_twice[2 * i] + layer._reversed_padding_repeated_twice[2 * i + 1]
+            for i in reversed(range(len(layer.kernel_size)))
+        )
     return tuple(2 * p for p in layer.padding)
 
 

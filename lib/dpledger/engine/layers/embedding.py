@@ -38,8 +38,9 @@ def ghost_norm(layer: nn.Embedding, a: Tensor, b: Tensor) -> Tensor:
     batch = tokens.shape[0]
     owner = torch.arange(batch, device=tokens.device).unsqueeze(1)
     keys, rows = torch.unique(owner * layer.num_embeddings + tokens, return_inverse=True)
-    row_sums = grads.new_zeros(keys.numel(), layer.embedding_dim).index_add_(0, rows.reshape(-1),
-                                                                            grads.reshape(-1, layer.embedding_dim))
+    row_sums = grads.new_zeros(keys.numel(), layer.embedding_dim).index_add_(
+        0, rows.reshape(-1), grads.reshape(-1, layer.embedding_dim)
+    )
     return grads.new_zeros(batch).index_add_(0, keys // layer.num_embeddings, row_sums.square().sum(1))
 
 
@@ -78,7 +79,11 @@ def validate(layer: nn.Embedding) -> str | None:
 RULE = register(
     nn.Embedding,
     rule=LayerRule(
-        per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost, validate=validate,
+        per_example_grads,
+        ghost_norm=ghost_norm,
+        clipped_sum=clipped_sum,
+        ghost_cost=ghost_cost,
+        validate=validate,
         tied_factors=tied_factors,
     ),
 )

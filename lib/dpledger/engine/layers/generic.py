@@ -30,7 +30,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 CLAIMED_CHILDREN: dict[str, Callable[[nn.Module], tuple[str, ...]]] = {
     "torch.nn.modules.activation.MultiheadAttention": lambda m: ("out_proj",),
     "transformers.models.t5.modeling_t5.T5Attention": (
-        lambda m: ("relative_attention_bias",) if m.has_relative_attention_bias else ()),
+        lambda m: ("relative_attention_bias",) if m.has_relative_attention_bias else ()
+    ),
 }
 """Children whose parameters a module uses functionally, not by calling them (MultiheadAttention passes
 ``out_proj.weight`` to ``F.multi_head_attention_forward``), or on inputs without a batch dimension (T5's
@@ -136,7 +137,8 @@ def per_example_grads(
     for k, dim in zip(used, out_dims):
         if outputs[k].dim() <= dim or outputs[k].shape[dim] != batch:
             raise GenericRuleError(
-                f"output {k} has shape {tuple(outputs[k].shape)}, with no batch dimension of size {batch} at {dim}")
+                f"output {k} has shape {tuple(outputs[k].shape)}, with no batch dimension of size {batch} at {dim}"
+            )
     tensor_slots = [i for i, d in enumerate(in_dims) if d is not None]
     primals = {name: p.detach() for name, p in params.items()}
     if not used:  # called, but none of its outputs reached the loss: every example's gradient is zero
@@ -158,13 +160,20 @@ def per_example_grads(
     batched_inputs = [input_leaves[i] for i in tensor_slots]
     cotangents = [out_grads[k] for k in used]
     if isinstance(module, nn.RNNBase):  # torch's fused RNN kernels have no batching rule: one example at a time
-        results = [example([x.select(in_dims[s], i) for s, x in zip(tensor_slots, batched_inputs)],
-                           [g.select(d, i) for g, d in zip(cotangents, out_dims)]) for i in range(batch)]
+        results = [
+            example(
+                [x.select(in_dims[s], i) for s, x in zip(tensor_slots, batched_inputs)],
+                [g.select(d, i) for g, d in zip(cotangents, out_dims)],
+            )
+            for i in range(batch)
+        ]
         grads = {name: torch.stack([r[0][name] for r in results]) for name in primals}
         recomputed = [torch.stack([r[1][j] for r in results], dim=d) for j, d in enumerate(out_dims)]
     else:
         grads, recomputed = vmap(
-            example, in_dims=([in_dims[i] for i in tensor_slots], out_dims), out_dims=(0, out_dims),
+            example,
+            in_dims=([in_dims[i] for i in tensor_slots], out_dims),
+            out_dims=(0, out_dims),
             randomness="error",
         )(batched_inputs, cotangents)
     for k, value in zip(used, recomputed):

@@ -84,8 +84,13 @@ def sequence_rule(transposed: bool) -> LayerRule:
         steps = a[0].numel() // a.shape[-1]
         return 2 * steps * steps, layer.weight.numel()
 
-    return LayerRule(per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost,
-                     tied_factors=tied_factors)
+    return LayerRule(
+        per_example_grads,
+        ghost_norm=ghost_norm,
+        clipped_sum=clipped_sum,
+        ghost_cost=ghost_cost,
+        tied_factors=tied_factors,
+    )
 
 
 RULE = register(nn.Linear, rule=sequence_rule(transposed=False))
