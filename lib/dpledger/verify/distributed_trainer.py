@@ -32,6 +32,7 @@ import torch.multiprocessing as mp
 from torch import Tensor, nn
 
 from dpledger.engine.bk import BKEngine
+from dpledger.engine.consecutive import ConsecutiveRun, protocol_trainer
 from dpledger.engine.distributed import GroupSum, share_bounds
 from dpledger.engine.noise import NoiseSource
 from dpledger.engine.optimizers import make_optimizer
@@ -109,30 +110,25 @@ def _train_share(
     inputs: Tensor,
     targets: Tensor,
     loss_fn: Callable[[Tensor, Tensor], Tensor],
-    clip_norm: float,
-    noise_multiplier: float,
-    batch_size: int,
-    steps: int,
-    lr: float,
-    seed: int,
-    optimizer: str,
+    run: ConsecutiveRun,
     flaw: str,
 ) -> nn.Module:
     """One rank's part of the protocol run: its share of every consecutive batch, the engine all-reducing."""
     model.train()
-    torch_optimizer = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
+    torch_optimizer = make_optimizer(run.optimizer, [p for p in model.parameters() if p.requires_grad], run.lr)
     engine = _engine(
         flaw,
         model,
         torch_optimizer,
-        clip_norm=clip_norm,
-        noise_multiplier=noise_multiplier,
-        batch_size=batch_size,
-        seed=seed,
+        clip_norm=run.clip_norm,
+        noise_multiplier=run.noise_multiplier,
+        batch_size=run.batch_size,
+        seed=run.seed,
     )
+    batch_size = run.batch_size
     lo, hi = share_bounds(batch_size, rank, world_size)
     try:
-        for step in range(steps):
+        for step in range(run.steps):
             rows = (torch.arange(step * batch_size + lo, step * batch_size + hi)) % inputs.shape[0]
             if len(rows):
                 engine.backward(loss_fn(model(inputs[rows]), targets[rows]))
@@ -240,38 +236,19 @@ def _close_pool() -> None:
         pool.close()
 
 
+@protocol_trainer
 def train(
     model: nn.Module,
     inputs: Tensor,
     targets: Tensor,
-    *,
     loss_fn: Callable[[Tensor, Tensor], Tensor],
-    clip_norm: float,
-    noise_multiplier: float,
-    batch_size: int,
-    steps: int,
-    lr: float,
-    seed: int,
-    optimizer: str = "sgd",
+    run: ConsecutiveRun,
     flaw: str = "none",
 ) -> None:
     """The protocol trainer on :data:`WORLD_SIZE` gloo ranks (see the module docstring); trains ``model`` in place."""
     if flaw not in FLAWS:
         raise ValueError(f"flaw {flaw!r} is unknown; use one of {FLAWS}")
-    job = dict(
-        model=model,
-        inputs=inputs,
-        targets=targets,
-        loss_fn=loss_fn,
-        clip_norm=clip_norm,
-        noise_multiplier=noise_multiplier,
-        batch_size=batch_size,
-        steps=steps,
-        lr=lr,
-        seed=seed,
-        optimizer=optimizer,
-        flaw=flaw,
-    )
+    job = dict(model=model, inputs=inputs, targets=targets, loss_fn=loss_fn, run=run, flaw=flaw)
     try:
         state = _shared_pool().run(job)
     except TrainerError:
