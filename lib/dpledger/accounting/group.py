@@ -44,7 +44,7 @@ def group_conversion_epsilon(
     """Smallest k·ε₁(δ₁) over a log grid of δ₁ (refined around the best point) with the telescoped
     δ_k(δ₁) <= δ; ∞ if no grid point is feasible. Any feasible δ₁ gives a valid bound."""
     if group_size == 1:
-        return _example_epsilon(description, delta, discretization)
+        return _pld_epsilon(description, delta, discretization)
     dataset_size, sample_rate = description.dataset_size, description.sample_rate
     if description.sampler == "fixed":
         # Removing the group one example at a time, the i-th removal is out of a dataset of N − i + 1
@@ -87,11 +87,12 @@ def _log_growth(group_size: int, eps_1: float) -> float:
     return group_size * eps_1 + math.log(-math.expm1(-group_size * eps_1)) - eps_1 - math.log(-math.expm1(-eps_1))
 
 
-def _example_epsilon(description: MechanismDescription, delta: float, discretization: float) -> float:
+def _pld_epsilon(description: MechanismDescription, delta: float, discretization: float, group_size: int = 1) -> float:
+    """PLD ε at δ of the described run for groups of ``group_size`` (1: example level)."""
     return pld_epsilon(
         description.noise_multiplier,
         description.sampler,
-        1,
+        group_size,
         description.sample_rate,
         description.dataset_size,
         description.batch_size,
@@ -116,24 +117,10 @@ def group_table(
             f"below what Monte Carlo can estimate"
         )
         return [GroupEpsilon(k, None, None, None, note) for k in group_sizes]
-    example = _example_epsilon(description, delta, DISCRETIZATION)
+    example = _pld_epsilon(description, delta, DISCRETIZATION)
     rows = []
     for k in group_sizes:
-        mog = (
-            example
-            if k == 1
-            else pld_epsilon(
-                description.noise_multiplier,
-                description.sampler,
-                k,
-                description.sample_rate,
-                description.dataset_size,
-                description.batch_size,
-                description.steps,
-                delta,
-                discretization,
-            )
-        )
+        mog = example if k == 1 else _pld_epsilon(description, delta, discretization, k)
         conversion = group_conversion_epsilon(description, delta, k)
         too_small = description.sampler == "fixed" and description.dataset_size - k + 1 < description.batch_size
         note = (
