@@ -50,10 +50,7 @@ class GroupSum:
 
     def span(self, mine: Tensor) -> tuple[Tensor, Tensor]:
         """The element-wise minimum and maximum of ``mine`` over the group's ranks (equal when all ranks agree)."""
-        highest, lowest = mine.clone(), mine.clone()
-        dist.all_reduce(highest, op=dist.ReduceOp.MAX, group=self.group)
-        dist.all_reduce(lowest, op=dist.ReduceOp.MIN, group=self.group)
-        return lowest, highest
+        return rank_span(mine, self.group)
 
     def check_layout(self, numel: int, names: list[str], device: torch.device) -> None:
         """Refuse ranks whose trainable parameters differ (count or names): their flat buffers would not line up."""
@@ -64,6 +61,14 @@ class GroupSum:
                 f"engine: rank {self.rank} has {numel} trainable parameter entries but another rank of the process "
                 "group has a different model (count or parameter names); every rank must build the same model"
             )
+
+
+def rank_span(mine: Tensor, group: dist.ProcessGroup | None) -> tuple[Tensor, Tensor]:
+    """The element-wise minimum and maximum of ``mine`` over the ranks of ``group`` (equal when all agree)."""
+    highest, lowest = mine.clone(), mine.clone()
+    dist.all_reduce(highest, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(lowest, op=dist.ReduceOp.MIN, group=group)
+    return lowest, highest
 
 
 def share_bounds(rows: int, rank: int, world_size: int) -> tuple[int, int]:

@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 
-from dpledger.engine.distributed import share_bounds
+from dpledger.engine.distributed import rank_span, share_bounds
 from dpledger.errors import DpledgerError, ParamsError
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
@@ -80,9 +80,7 @@ class Ranks:
             return
         checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
         mine = torch.tensor([steps_done, checksum], dtype=torch.float64, device=device)
-        highest, lowest = mine.clone(), mine.clone()
-        dist.all_reduce(highest, op=dist.ReduceOp.MAX, group=self.group)
-        dist.all_reduce(lowest, op=dist.ReduceOp.MIN, group=self.group)
+        lowest, highest = rank_span(mine, self.group)
         if not torch.equal(highest, lowest):
             raise DpledgerError(
                 f"train: the ranks start from different states (steps {int(lowest[0])}…{int(highest[0])}): every rank "
