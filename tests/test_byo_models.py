@@ -227,7 +227,6 @@ def test_unknown_model_name_is_refused_by_the_schema(tmp_path):
 
 @pytest.mark.slow
 def test_kill_9_lm_run_then_rerun_ends_with_the_same_ledger(tmp_path, lm):
-    import hashlib
     import os
     import signal
     import subprocess
@@ -243,18 +242,11 @@ def test_kill_9_lm_run_then_rerun_ends_with_the_same_ledger(tmp_path, lm):
     command = [sys.executable, "-m", "stages.train", "--params", "params.yaml", "--root", "."]
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'lib'}:{REPO}"}
     process = subprocess.Popen(command, cwd=killed, env=env, stderr=subprocess.DEVNULL)
-    ledger_file = killed / "artifacts/train/checkpoint.json"  # the ledger beside the weights
-    weights = killed / "artifacts/train/checkpoint.pt"
+    ledger_file = killed / "artifacts/train/checkpoint.json"  # the ledger naming its weights file
     deadline = time.time() + 120
-    # Kill (stopped first) at a checkpoint whose weights match its ledger: a kill between the two writes
-    # rightly starts over from step 0, which is not what this test is about.
     while time.time() < deadline and process.poll() is None:
         if ledger_file.exists() and json.loads(ledger_file.read_text())["steps_done"] >= 2:
-            process.send_signal(signal.SIGSTOP)
-            ledger = json.loads(ledger_file.read_text())
-            if hashlib.sha256(weights.read_bytes()).hexdigest() == ledger["weights_sha256"]:
-                break
-            process.send_signal(signal.SIGCONT)
+            break
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()

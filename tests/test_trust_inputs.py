@@ -74,10 +74,10 @@ class _Payload:
 def test_a_crafted_pickle_checkpoint_runs_nothing(tmp_path, monkeypatch):
     params, _, _ = small_project(tmp_path)
     run_stage("train", params, tmp_path)
-    checkpoint = tmp_path / "artifacts/train/checkpoint.pt"
+    ledger_file = tmp_path / "artifacts/train/checkpoint.json"
+    checkpoint = ledger_file.with_name(json.loads(ledger_file.read_text())["weights_file"])
     monkeypatch.chdir(tmp_path)
     torch.save({"model": _Payload(), "optimizer": {}}, checkpoint)
-    ledger_file = checkpoint.with_suffix(".json")
     import hashlib
 
     _edit_json(ledger_file, weights_sha256=hashlib.sha256(checkpoint.read_bytes()).hexdigest())
@@ -95,17 +95,22 @@ def test_a_crafted_pickle_checkpoint_runs_nothing(tmp_path, monkeypatch):
 def test_a_truncated_checkpoint_restarts_from_step_0_and_says_so(tmp_path, capsys):
     params, _, _ = small_project(tmp_path, train={"checkpoint_every": 5})
     run_stage("train", params, tmp_path)
-    checkpoint = tmp_path / "artifacts/train/checkpoint.pt"
+    ledger_file = tmp_path / "artifacts/train/checkpoint.json"
+    checkpoint = ledger_file.with_name(json.loads(ledger_file.read_text())["weights_file"])
+    assert [p.name for p in ledger_file.parent.glob("checkpoint-step*.pt")] == [checkpoint.name]  # older ones gone
     checkpoint.write_bytes(checkpoint.read_bytes()[:100])
     assert run_stage("train", params, tmp_path)["resumed_from_step"] == 0
     assert "starting over from step 0" in capsys.readouterr().err
+    _edit_json(ledger_file, weights_file="../../params.yaml")  # a ledger naming a file outside its folder
+    assert run_stage("train", params, tmp_path)["resumed_from_step"] == 0
+    assert "cannot be read" in capsys.readouterr().err
     (tmp_path / "artifacts/train/checkpoint.json").write_text("{not json")
     assert run_stage("train", params, tmp_path)["resumed_from_step"] == 0
 
 
 def test_temporaries_of_an_interrupted_write_are_removed(tmp_path):
     params, _, _ = small_project(tmp_path)
-    stale = tmp_path / "artifacts/train/.checkpoint.pt.abc123.tmp"
+    stale = tmp_path / "artifacts/train/.checkpoint-step5.pt.abc123.tmp"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"half")
     run_stage("train", params, tmp_path)

@@ -1,13 +1,15 @@
 """Checkpoints that carry the privacy ledger, so a killed run resumes and never spends privacy twice.
 
-A checkpoint is two files: ``checkpoint.pt`` (model and optimizer state only: tensors, numbers and strings,
-read with ``torch.load(weights_only=True)``, so no code in it can run) and ``checkpoint.json`` beside it,
-written after it: the ledger (logical steps taken = the schedule position reached; the noise of step t is
-a function of (seed, t), so no RNG state beyond it), the per-step history, a fingerprint of every input
-and the SHA-256 of ``checkpoint.pt``. Only a ledger whose fingerprint matches the current inputs and whose
-digest matches the weights file leads to ``checkpoint.pt`` being read at all. A changed input (config,
-calibration, schedule, data, code) restarts training from step 0; so does a ledger that cannot be read
-or does not match its weights file (a kill between the two writes, a truncated file), saying why.
+A checkpoint is two files: the weights ``checkpoint-step<N>.pt`` (model and optimizer state only: tensors,
+numbers and strings, read with ``torch.load(weights_only=True)``, so no code in it can run) and the ledger
+``checkpoint.json`` beside it: logical steps taken = the schedule position reached (the noise of step t is a
+function of (seed, t), so no RNG state beyond it), the per-step history, a fingerprint of every input, and the
+name and SHA-256 of its weights file. Each save writes the new weights file first, then atomically replaces the
+ledger to name it, then deletes the previous weights file; a kill at any moment therefore leaves a ledger that
+names an intact weights file, and the rerun resumes from the last completed checkpoint. Only a ledger whose
+fingerprint matches the current inputs and whose digest matches its weights file leads to that file being read
+at all. A changed input (config, calibration, schedule, data, code) restarts training from step 0; so does a
+ledger that cannot be read or does not match its weights file (a damaged or edited file), saying why.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import re
 import shutil
 import sys
 import zipfile
@@ -64,9 +67,12 @@ def fingerprint(*parts: Any) -> str:
     return digest.hexdigest()
 
 
-def ledger_path(path: Path) -> Path:
-    """The JSON ledger beside the weights file ``path``."""
-    return path.with_suffix(".json")
+def _weights_name(ledger_file: Path, steps_done: int) -> str:
+    return f"{ledger_file.stem}-step{steps_done}.pt"
+
+
+def _is_weights_name(ledger_file: Path, name: str) -> bool:
+    return re.fullmatch(rf"{re.escape(ledger_file.stem)}-step\d+\.pt", name) is not None
 
 
 def _file_digest(path: Path) -> str:
@@ -77,37 +83,46 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def save_checkpoint(path: Path, ledger: Ledger, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Write the weights, then the ledger naming their digest, each atomically (a kill leaves a pair that
-    either matches or is recognised as not matching)."""
-    with io.atomic_path(path) as tmp:
+def save_checkpoint(
+    ledger_file: Path, ledger: Ledger, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """Write this step's weights file, then the ledger naming it (each atomically), then delete older weights
+    files: the ledger on disk always names an intact weights file."""
+    weights = ledger_file.with_name(_weights_name(ledger_file, ledger.steps_done))
+    with io.atomic_path(weights) as tmp:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
-    io.write_json(ledger_path(path), {**asdict(ledger), "weights_sha256": _file_digest(path)})
+    record = {**asdict(ledger), "weights_file": weights.name, "weights_sha256": _file_digest(weights)}
+    io.write_json(ledger_file, record)
+    for old in ledger_file.parent.iterdir():
+        if old != weights and _is_weights_name(ledger_file, old.name):
+            old.unlink()
 
 
 def _starting_over(why: str) -> None:
     print(f"train: {why}; starting over from step 0", file=sys.stderr)
 
 
-def load_checkpoint(path: Path, expected_fingerprint: str) -> dict[str, Any] | None:
+def load_checkpoint(ledger_file: Path, expected_fingerprint: str) -> dict[str, Any] | None:
     """The saved state if a checkpoint exists, was made from the same inputs and is intact, else None (start over).
 
     The weights file is read (weights-only) only after the ledger's fingerprint and the file's digest match.
     """
-    ledger_file = ledger_path(path)
-    if not path.exists() and not ledger_file.exists():
+    if not ledger_file.exists():
         return None
     try:
         raw = io.read_json(ledger_file)
-        weights_sha256 = raw.pop("weights_sha256")
+        weights_name, weights_sha256 = raw.pop("weights_file"), raw.pop("weights_sha256")
         ledger = Ledger(**raw)
+        if not isinstance(weights_name, str) or not _is_weights_name(ledger_file, weights_name):
+            raise ValueError(weights_name)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
         _starting_over(f"the checkpoint ledger {ledger_file} cannot be read ({type(error).__name__})")
         return None
     if ledger.fingerprint != expected_fingerprint:
         return None
+    path = ledger_file.with_name(weights_name)
     if not path.exists() or _file_digest(path) != weights_sha256:
-        _starting_over(f"{path} is missing or does not match its ledger (an interrupted or damaged write)")
+        _starting_over(f"{path} is missing or does not match its ledger (a damaged or edited file)")
         return None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)

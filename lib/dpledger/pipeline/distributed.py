@@ -84,7 +84,7 @@ class Ranks:
         if not torch.equal(highest, lowest):
             raise DpledgerError(
                 f"train: the ranks start from different states (steps {int(lowest[0])}…{int(highest[0])}): every rank "
-                "must read the same artifacts/train/checkpoint.pt (on several machines: a shared project folder)"
+                "must read the same artifacts/train/checkpoint.json (on several machines: a shared project folder)"
             )
 
 

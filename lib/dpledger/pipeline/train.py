@@ -224,7 +224,7 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
         retain_freed_memory()
     tp = params.train
     model, task, optimizer, engine = _build(params, record, schedule, data, device, ranks)
-    checkpoint_path = root / OUT / "checkpoint.pt"
+    checkpoint_path = root / OUT / "checkpoint.json"
     key = _input_fingerprint(params, root, data)
     ledger = _resume(key, checkpoint_path, record, schedule, task, model, optimizer, engine)
     resumed_from = ledger.steps_done
