@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import yaml
 
 from dpledger.params import parse_params
@@ -56,3 +57,24 @@ def test_a_one_file_plugin_sampler_runs_through_every_stage(tmp_path, repo_root)
     run_stage("report", path, tmp_path)
     text = (tmp_path / "reports/report.md").read_text()
     assert "coin_flips" in text and "declares itself equivalent to 'poisson'" in text
+
+
+def test_every_sampler_describes_its_own_run_as_its_accountant_reads_it():
+    from dpledger.accounting.description import describe
+    from dpledger.errors import ParamsError
+    from dpledger.sampling import SAMPLERS, build_sampler
+
+    sizes = {"dataset_size": 120, "batch_size": 16, "epochs": 3}
+    plugin = build_sampler(f"{__name__}:coin_flips", seed=0, **sizes)
+    assert plugin.mechanism_description(noise_multiplier=1.5) == describe(
+        sampler="poisson", noise_multiplier=1.5, **sizes
+    )
+    for name, cls in SAMPLERS.items():
+        built = build_sampler(name, seed=0, **sizes, **({"buffer_size": 8} if "buffer_size" in cls.OPTIONS else {}))
+        if cls.accounted_as is None:
+            with pytest.raises(ParamsError, match=f"sampler = '{name}' cannot be accounted: .*"):
+                built.mechanism_description()
+        else:
+            described = built.mechanism_description(group_size=2)
+            assert described == describe(sampler=cls.accounted_as, group_size=2, **sizes)
+            assert (described.steps, described.sample_rate) == (built.num_steps, 16 / 120)

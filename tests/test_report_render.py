@@ -344,3 +344,13 @@ def test_nested_metrics_break_dvc_metrics_diff_and_are_flagged(tmp_path):
     assert metrics["warnings"] == 0 and metrics["notices"] == 1
     assert "**Metrics not flat.** Nested values in metrics/\\*.json (audit.per_threat_model)" in markdown
     assert all(isinstance(v, (int, float, str, bool)) for v in metrics.values())  # report.json itself is flat
+
+
+def test_a_renderer_that_cannot_draw_every_block_kind_fails_when_defined():
+    from dpledger.report.renderer import Renderer
+
+    with pytest.raises(TypeError, match="renderer Partial does not draw: .*figure"):
+
+        class Partial(Renderer):
+            def heading(self, block):
+                return block.title

@@ -68,16 +68,17 @@ def composed_pld(
     discretization: float,
 ):
     """The PLD of ``steps`` self-compositions of one step (cached: calibration re-asks the same σ)."""
+    upper_bound = {
+        "pessimistic_estimate": True,
+        "use_connect_dots": True,
+        "value_discretization_interval": discretization,
+    }
     if group_size == 1 and sampler in ("poisson", "fixed"):
         # Fixed batch, k = 1: the MoG {0: 1 − B/N, 2: B/N} with std σ is the subsampled Gaussian with
         # std σ/2 (sensitivity 2 at σ is sensitivity 1 at σ/2); the Gaussian PLD builds much faster.
         scale = 1.0 if sampler == "poisson" else 2.0
         single = pld_lib.from_gaussian_mechanism(
-            standard_deviation=noise_multiplier / scale,
-            sampling_prob=sample_rate,
-            pessimistic_estimate=True,
-            use_connect_dots=True,
-            value_discretization_interval=discretization,
+            standard_deviation=noise_multiplier / scale, sampling_prob=sample_rate, **upper_bound
         )
     else:
         event = mog_event(noise_multiplier, sampler, group_size, sample_rate, dataset_size, batch_size)
@@ -85,9 +86,7 @@ def composed_pld(
             standard_deviation=event.standard_deviation,
             sensitivities=event.sensitivities,
             sampling_probs=event.sampling_probs,
-            pessimistic_estimate=True,
-            use_connect_dots=True,
-            value_discretization_interval=discretization,
+            **upper_bound,
         )
     return single.self_compose(steps)
 

@@ -22,7 +22,7 @@ Three threshold methods:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 from scipy.special import betaincinv
@@ -211,16 +211,11 @@ def _estimate(
     best: _Candidate, delta: float, confidence: float, method: str, valid: bool, games: int, tried: int
 ) -> EpsilonEstimate:
     return EpsilonEstimate(
-        epsilon=best.epsilon,
+        **asdict(best),
         delta=delta,
         confidence=confidence,
         method=method,
         valid=valid,
-        threshold=best.threshold,
-        false_positives=best.false_positives,
-        false_negatives=best.false_negatives,
-        fpr_upper=best.fpr_upper,
-        fnr_upper=best.fnr_upper,
         games_per_side=games,
         thresholds_tried=tried,
     )

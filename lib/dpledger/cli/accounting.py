@@ -218,6 +218,18 @@ def _shared_command(
     app.command(name)(command)
 
 
+def _run_fields(description: Any, options: RunOptions, warnings: list[str], result: Any) -> dict[str, Any]:
+    """The payload fields ``epsilon`` and ``noise`` share: the run's size, the warnings and the proof's terms."""
+    return {
+        "steps": description.steps,
+        "sample_rate": description.sample_rate,
+        "group_size": options.group_size,
+        "warnings": warnings,
+        "assumptions": result.assumptions,
+        "details": result.details,
+    }
+
+
 def _epsilon(noise_multiplier: float, options: RunOptions) -> None:
     """Print ε at δ for DP-SGD / DP-FTRL with the given noise, sampling and sizes."""
     warnings = options.warnings()
@@ -235,12 +247,7 @@ def _epsilon(noise_multiplier: float, options: RunOptions) -> None:
         "accountant": chosen.name,
         "sampler": options.sampler,
         "noise_multiplier": noise_multiplier,
-        "steps": description.steps,
-        "sample_rate": description.sample_rate,
-        "group_size": options.group_size,
-        "warnings": warnings,
-        "assumptions": result.assumptions,
-        "details": result.details,
+        **_run_fields(description, options, warnings, result),
     }
     options.emit(
         payload,
@@ -265,12 +272,7 @@ def _noise(epsilon: float, options: RunOptions) -> None:
         "target_epsilon": epsilon,
         "accountant": chosen.name,
         "sampler": options.sampler,
-        "steps": description.steps,
-        "sample_rate": description.sample_rate,
-        "group_size": options.group_size,
-        "warnings": warnings,
-        "assumptions": result.assumptions,
-        "details": result.details,
+        **_run_fields(description, options, warnings, result),
     }
     options.emit(
         payload,

@@ -27,7 +27,6 @@ from dpledger.accounting import (
     MechanismDescription,
     calibrate_noise,
     default_accountant,
-    describe,
     get_accountant,
     group_table,
 )
@@ -41,17 +40,14 @@ from dpledger.mechanisms.optimize import amplified_rmse, optimize_matrix
 from dpledger.mechanisms.rmse import prefix_rmse
 from dpledger.params import CalibrateParams, Params, check_dataset_size
 from dpledger.pipeline.inputs_check import seal_record
+from dpledger.sampling.registry import build_sampler
 
 
 def describe_run(params: Params, dataset_size: int) -> MechanismDescription:
     """The mechanism params.yaml describes over ``dataset_size`` training examples (σ still unknown)."""
     check_dataset_size(params, dataset_size)
-    return describe(
-        sampler=params.calibrate.sampler,
-        dataset_size=dataset_size,
-        batch_size=params.batching.batch_size,
-        epochs=params.batching.epochs,
-    )
+    sizes = {"batch_size": params.batching.batch_size, "epochs": params.batching.epochs, "seed": params.seed}
+    return build_sampler(params.calibrate.sampler, dataset_size=dataset_size, **sizes).mechanism_description()
 
 
 def accountant_settings(params: Params) -> dict[str, Any]:

@@ -10,23 +10,8 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from dpledger.report.document import (
-    Alert,
-    Badge,
-    Block,
-    BulletList,
-    Code,
-    CodeBlock,
-    Details,
-    Document,
-    Figure,
-    Heading,
-    Inline,
-    Paragraph,
-    Strong,
-    Table,
-    Text,
-)
+from dpledger.report import document as doc
+from dpledger.report.renderer import Renderer
 
 CONTENT_SECURITY_POLICY = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 ALERT_LABELS = {"caution": "Warning", "note": "Notice", "tip": "All clear"}
@@ -81,9 +66,9 @@ summary { cursor: pointer; color: var(--note); }
 """
 
 
-def render_html(document: Document) -> str:
+def render_html(document: doc.Document) -> str:
     """The HTML page of ``document``; figures are read from their ``source`` and embedded."""
-    body = [f"<h1>{escape(document.title)}</h1>"] + _blocks(document.blocks)
+    body = [f"<h1>{escape(document.title)}</h1>"] + _HTML.blocks(document.blocks)
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">\n'
@@ -94,73 +79,71 @@ def render_html(document: Document) -> str:
     )
 
 
-def _blocks(blocks: tuple[Block, ...]) -> list[str]:
-    """Render blocks; runs of consecutive figures share one grid."""
-    out: list[str] = []
-    figures: list[str] = []
-    for block in blocks:
-        if isinstance(block, Figure):
-            figures.append(_figure(block))
-            continue
+class _HtmlRenderer(Renderer):
+    def blocks(self, blocks: tuple[doc.Block, ...]) -> list[str]:
+        """Render blocks; runs of consecutive figures share one grid."""
+        out: list[str] = []
+        figures: list[str] = []
+        for block in blocks:
+            if isinstance(block, doc.Figure):
+                figures.append(self.figure(block))
+                continue
+            if figures:
+                out.append('<div class="figures">\n' + "\n".join(figures) + "\n</div>")
+                figures = []
+            out.append(self.block(block))
         if figures:
             out.append('<div class="figures">\n' + "\n".join(figures) + "\n</div>")
-            figures = []
-        out.append(_block(block))
-    if figures:
-        out.append('<div class="figures">\n' + "\n".join(figures) + "\n</div>")
-    return out
+        return out
 
-
-def _block(block: Block) -> str:
-    if isinstance(block, Heading):
+    def heading(self, block: doc.Heading) -> str:
         return f'<h{block.level} id="{escape(block.anchor)}">{escape(block.title)}</h{block.level}>'
-    if isinstance(block, Paragraph):
-        return f"<p>{_text(block.content)}</p>"
-    if isinstance(block, BulletList):
-        return "<ul>" + "".join(f"<li>{_text(item)}</li>" for item in block.items) + "</ul>"
-    if isinstance(block, Table):
-        return _table(block)
-    if isinstance(block, CodeBlock):
+
+    def paragraph(self, block: doc.Paragraph) -> str:
+        return f"<p>{self.text(block.content)}</p>"
+
+    def bullet_list(self, block: doc.BulletList) -> str:
+        return "<ul>" + "".join(f"<li>{self.text(item)}</li>" for item in block.items) + "</ul>"
+
+    def table(self, block: doc.Table) -> str:
+        attribute = ' class="headline"' if block.headline else ""
+        head = "".join(f"<th>{escape(h)}</th>" for h in block.header)
+        rows = "".join("<tr>" + "".join(f"<td>{self.text(cell)}</td>" for cell in row) + "</tr>" for row in block.rows)
+        note = f'<p class="table-note">{escape(block.note)}</p>' if block.note else ""
+        table_html = f"<table{attribute}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        return f'<div class="table-wrap">{table_html}{note}</div>'
+
+    def figure(self, block: doc.Figure) -> str:
+        data = base64.b64encode(block.source.read_bytes()).decode("ascii")
+        return (
+            f'<figure><img src="data:image/png;base64,{data}" alt="{escape(block.caption)}">'
+            f"<figcaption>{escape(block.caption)} <code>{escape(block.origin)}</code></figcaption></figure>"
+        )
+
+    def code_block(self, block: doc.CodeBlock) -> str:
         return f"<pre><code>{escape(block.code)}</code></pre>"
-    if isinstance(block, Alert):
+
+    def alert(self, block: doc.Alert) -> str:
         return (
             f'<div class="alert {block.kind}" role="alert"><span class="label">{ALERT_LABELS[block.kind]}</span>'
-            f"<strong>{escape(block.title)}.</strong> {_text(block.content)}</div>"
+            f"<strong>{escape(block.title)}.</strong> {self.text(block.content)}</div>"
         )
-    if isinstance(block, Details):
-        inner = "\n".join(_blocks(block.blocks))
+
+    def details(self, block: doc.Details) -> str:
+        inner = "\n".join(self.blocks(block.blocks))
         return f"<details><summary>{escape(block.summary)}</summary>\n{inner}\n</details>"
-    raise TypeError(f"unknown block {type(block).__name__}")
 
-
-def _table(table: Table) -> str:
-    attribute = ' class="headline"' if table.headline else ""
-    head = "".join(f"<th>{escape(h)}</th>" for h in table.header)
-    rows = "".join("<tr>" + "".join(f"<td>{_text(cell)}</td>" for cell in row) + "</tr>" for row in table.rows)
-    note = f'<p class="table-note">{escape(table.note)}</p>' if table.note else ""
-    table_html = f"<table{attribute}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
-    return f'<div class="table-wrap">{table_html}{note}</div>'
-
-
-def _figure(figure: Figure) -> str:
-    data = base64.b64encode(figure.source.read_bytes()).decode("ascii")
-    return (
-        f'<figure><img src="data:image/png;base64,{data}" alt="{escape(figure.caption)}">'
-        f"<figcaption>{escape(figure.caption)} <code>{escape(figure.origin)}</code></figcaption></figure>"
-    )
-
-
-def _text(content: Text) -> str:
-    return "".join(_inline(piece) for piece in content)
-
-
-def _inline(piece: Inline) -> str:
-    if isinstance(piece, str):
+    def plain(self, piece: str) -> str:
         return escape(piece)
-    if isinstance(piece, Code):
+
+    def code(self, piece: doc.Code) -> str:
         return f"<code>{escape(piece.text)}</code>"
-    if isinstance(piece, Strong):
+
+    def strong(self, piece: doc.Strong) -> str:
         return f"<strong>{escape(piece.text)}</strong>"
-    if isinstance(piece, Badge):
+
+    def badge(self, piece: doc.Badge) -> str:
         return f'<span class="badge {piece.tone}">{escape(piece.text)}</span>'
-    raise TypeError(f"unknown inline {type(piece).__name__}")
+
+
+_HTML = _HtmlRenderer()

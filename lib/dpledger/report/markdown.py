@@ -6,87 +6,73 @@ relative links into ``figures/`` beside report.md.
 
 from __future__ import annotations
 
-from dpledger.report.document import (
-    Alert,
-    Badge,
-    Block,
-    BulletList,
-    Code,
-    CodeBlock,
-    Details,
-    Document,
-    Figure,
-    Heading,
-    Inline,
-    Paragraph,
-    Strong,
-    Table,
-    Text,
-)
+from dpledger.report import document as doc
+from dpledger.report.renderer import Renderer
 
 BADGE_MARKS = {"good": "✅", "bad": "❌", "warn": "⚠️", "neutral": "⚪"}
 ALERT_MARKS = {"caution": "CAUTION", "note": "NOTE", "tip": "TIP"}
 _ESCAPED = "\\`*<>[]"
 
 
-def render_markdown(document: Document) -> str:
+def render_markdown(document: doc.Document) -> str:
     """The Markdown text of ``document`` (ends with a newline)."""
-    parts = [f"# {_escape(document.title)}"] + [_block(block) for block in document.blocks]
+    parts = [f"# {_escape(document.title)}"] + [_MARKDOWN.block(block) for block in document.blocks]
     return "\n\n".join(parts) + "\n"
 
 
-def _block(block: Block) -> str:
-    if isinstance(block, Heading):
+class _MarkdownRenderer(Renderer):
+    def heading(self, block: doc.Heading) -> str:
         return f"{'#' * block.level} {_escape(block.title)}"
-    if isinstance(block, Paragraph):
-        return _text(block.content)
-    if isinstance(block, BulletList):
-        return "\n".join(f"- {_text(item)}" for item in block.items)
-    if isinstance(block, Table):
-        return _table(block)
-    if isinstance(block, Figure):
+
+    def paragraph(self, block: doc.Paragraph) -> str:
+        return self.text(block.content)
+
+    def bullet_list(self, block: doc.BulletList) -> str:
+        return "\n".join(f"- {self.text(item)}" for item in block.items)
+
+    def table(self, block: doc.Table) -> str:
+        lines = [
+            "| " + " | ".join(_cell(_escape(h)) for h in block.header) + " |",
+            "|" + "|".join("---" for _ in block.header) + "|",
+        ]
+        lines += ["| " + " | ".join(_cell(self.text(cell)) for cell in row) + " |" for row in block.rows]
+        if block.note:
+            lines += ["", f"*{_escape(block.note)}*"]
+        return "\n".join(lines)
+
+    def figure(self, block: doc.Figure) -> str:
         return f"**{_escape(block.caption)}** (`{block.origin}`)\n\n![{_escape(block.caption)}]({block.target})"
-    if isinstance(block, CodeBlock):
+
+    def code_block(self, block: doc.CodeBlock) -> str:
         return f"```{block.language}\n{block.code}\n```"
-    if isinstance(block, Alert):
-        body = f"**{_escape(block.title)}.** {_text(block.content)}"
+
+    def alert(self, block: doc.Alert) -> str:
+        body = f"**{_escape(block.title)}.** {self.text(block.content)}"
         return f"> [!{ALERT_MARKS[block.kind]}]\n" + "\n".join(f"> {line}" for line in body.splitlines())
-    if isinstance(block, Details):
-        inner = "\n\n".join(_block(b) for b in block.blocks)
+
+    def details(self, block: doc.Details) -> str:
+        inner = "\n\n".join(self.block(b) for b in block.blocks)
         return f"<details><summary>{_escape(block.summary)}</summary>\n\n{inner}\n\n</details>"
-    raise TypeError(f"unknown block {type(block).__name__}")
+
+    def plain(self, piece: str) -> str:
+        return _escape(piece)
+
+    def code(self, piece: doc.Code) -> str:
+        fence = "``" if "`" in piece.text else "`"
+        return f"{fence}{piece.text}{fence}" if piece.text else ""
+
+    def strong(self, piece: doc.Strong) -> str:
+        return f"**{_escape(piece.text)}**" if piece.text else ""
+
+    def badge(self, piece: doc.Badge) -> str:
+        return f"{BADGE_MARKS[piece.tone]} **{_escape(piece.text)}**"
 
 
-def _table(table: Table) -> str:
-    lines = [
-        "| " + " | ".join(_cell(_escape(h)) for h in table.header) + " |",
-        "|" + "|".join("---" for _ in table.header) + "|",
-    ]
-    lines += ["| " + " | ".join(_cell(_text(cell)) for cell in row) + " |" for row in table.rows]
-    if table.note:
-        lines += ["", f"*{_escape(table.note)}*"]
-    return "\n".join(lines)
+_MARKDOWN = _MarkdownRenderer()
 
 
 def _cell(rendered: str) -> str:
     return rendered.replace("|", "\\|").replace("\n", " ") or " "
-
-
-def _text(content: Text) -> str:
-    return "".join(_inline(piece) for piece in content)
-
-
-def _inline(piece: Inline) -> str:
-    if isinstance(piece, str):
-        return _escape(piece)
-    if isinstance(piece, Code):
-        fence = "``" if "`" in piece.text else "`"
-        return f"{fence}{piece.text}{fence}" if piece.text else ""
-    if isinstance(piece, Strong):
-        return f"**{_escape(piece.text)}**" if piece.text else ""
-    if isinstance(piece, Badge):
-        return f"{BADGE_MARKS[piece.tone]} **{_escape(piece.text)}**"
-    raise TypeError(f"unknown inline {type(piece).__name__}")
 
 
 def _escape(plain: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Iterator, NamedTuple
 
 import numpy as np
 
-from dpledger.accounting.description import ACCOUNTED_SAMPLINGS
+from dpledger.accounting.description import ACCOUNTED_SAMPLINGS, MechanismDescription, describe
 from dpledger.errors import ParamsError
 
 INDEX_DTYPE = np.int64
@@ -89,8 +89,8 @@ class BatchSampler(ABC):
     """A batch sampler over ``dataset_size`` examples for ``epochs`` epochs, and the one place that says
     what it is: ``name``, ``description`` (in words), ``accounted_as`` (the accounted sampling law of
     :data:`dpledger.accounting.description.ACCOUNTED_SAMPLINGS` it is, whose sentence the ledger
-    prints; None with ``unaccounted_reason`` when no sound accountant exists) and :meth:`membership`
-    (the audit's closed-form model). Every list of samplers elsewhere is derived from these.
+    prints; None with ``unaccounted_reason`` when no sound accountant exists), :meth:`mechanism_description`
+    (the run as its accountant reads it) and :meth:`membership` (the audit's closed-form model). Every list of samplers elsewhere is derived from these.
 
     Iterating yields each step's real (non-padding) indices as a list, so an instance is a
     ``torch.utils.data.DataLoader`` ``batch_sampler``; :meth:`batches` yields full :class:`Batch`
@@ -139,6 +139,15 @@ class BatchSampler(ABC):
     def membership(self) -> Membership | None:
         """The audited record's law of membership in closed form, or None: the audit then runs the sampler."""
         return None
+
+    def mechanism_description(self, **accounted: Any) -> MechanismDescription:
+        """This sampler's run (its n, B and epochs) as its accountant reads it, under the law it is accounted
+        as; ``accounted`` adds σ, the group size or the mechanism as :func:`describe` takes them. A sampler no
+        sound accountant covers is refused with the reason."""
+        if self.accounted_as is None:
+            raise ParamsError(f"sampler = {self.name!r} cannot be accounted: {self.unaccounted_reason}")
+        sizes = {"dataset_size": self.dataset_size, "batch_size": self.batch_size, "epochs": self.epochs}
+        return describe(sampler=self.accounted_as, **sizes, **accounted)
 
     def params(self) -> dict[str, Any]:
         """Everything that, with the seed, determines the batches."""

@@ -70,11 +70,11 @@ class PluginSampler(BatchSampler):
         super().__init__(**sizes)
         self.name = name  # type: ignore[misc]
         self.plugin = load_plugin(name)
-        self.declared_as: str | None = getattr(self.plugin, "accounted_as", None)
+        self.accounted_as = getattr(self.plugin, "accounted_as", None)  # type: ignore[misc]
         self.description = getattr(self.plugin, "description", type(self).description)  # type: ignore[misc]
 
     def options(self) -> dict[str, Any]:
-        return {"accounted_as": self.declared_as}
+        return {"accounted_as": self.accounted_as}
 
     @property
     def steps_per_epoch(self) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 
@@ -45,18 +45,22 @@ class TestResult:
     figure: Figure | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "statistic": self.statistic,
-            "statistic_name": self.statistic_name,
-            "p_value": self.p_value,
-            "passed": self.passed,
-            "skipped": self.skipped,
-            "diagnosis": self.diagnosis,
-            "steps": self.steps,
-            "details": self.details,
-        }
+        """Every field but the figure (plotted, not recorded), in the order readers expect."""
+        return {name: getattr(self, name) for name in _JSON_FIELDS}
+
+
+_JSON_FIELDS = (
+    "name",
+    "description",
+    "statistic",
+    "statistic_name",
+    "p_value",
+    "passed",
+    "skipped",
+    "diagnosis",
+    "steps",
+    "details",
+)
 
 
 @dataclass(frozen=True)
@@ -136,18 +140,8 @@ class PendingResult:
     figure: Figure | None = None
 
     def finish(self, passed: bool) -> TestResult:
-        return TestResult(
-            name=self.name,
-            description=self.description,
-            statistic=self.statistic,
-            statistic_name=self.statistic_name,
-            p_value=self.p_value,
-            passed=passed,
-            diagnosis=self.explain(passed),
-            steps=self.steps,
-            details=self.details,
-            figure=self.figure,
-        )
+        carried = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "explain"}
+        return TestResult(**carried, passed=passed, diagnosis=self.explain(passed))
 
 
 def skipped_result(name: str, reason: str) -> TestResult:
