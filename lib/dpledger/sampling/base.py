@@ -90,7 +90,8 @@ class BatchSampler(ABC):
     what it is: ``name``, ``description`` (in words), ``accounted_as`` (the accounted sampling law of
     :data:`dpledger.accounting.description.ACCOUNTED_SAMPLINGS` it is, whose sentence the ledger
     prints; None with ``unaccounted_reason`` when no sound accountant exists), :meth:`mechanism_description`
-    (the run as its accountant reads it) and :meth:`membership` (the audit's closed-form model). Every list of samplers elsewhere is derived from these.
+    (the run as its accountant reads it) and :meth:`membership` (the audit's closed-form model). Every list
+    of samplers elsewhere is derived from these.
 
     Iterating yields each step's real (non-padding) indices as a list, so an instance is a
     ``torch.utils.data.DataLoader`` ``batch_sampler``; :meth:`batches` yields full :class:`Batch`
