@@ -24,7 +24,7 @@ import torch
 
 from dpledger.accounting import evr, importance
 from dpledger.accounting import montecarlo as mc
-from dpledger.accounting.allocation import allocation_epsilon, allocation_on_grid
+from dpledger.accounting.allocation import LOWER_GRID_FACTOR, allocation_epsilon, allocation_on_grid
 from dpledger.accounting.description import MechanismDescription
 from dpledger.accounting.pld import (
     DISCRETIZATION,
@@ -167,7 +167,8 @@ class AllocationAccountant:
         return None
 
     def epsilon(self, description: MechanismDescription, delta: float, grid: float | None = None) -> AccountantResult:
-        """Upper (the claim) and lower ε: adaptively refined, or on one fixed ``grid`` (σ searches)."""
+        """Upper (the claim) and lower ε: adaptively refined, or on one fixed ``grid`` (σ searches; the lower on
+        a coarser one, see :func:`allocation_on_grid`)."""
         require_support(self, description)
         d = description
         if d.noise_multiplier == 0:
@@ -195,6 +196,7 @@ class AllocationAccountant:
                 "epsilon_upper": bounds.upper,
                 "converged": bounds.converged,
                 "loss_discretization": "adaptive" if grid is None else grid,
+                "lower_loss_discretization": "adaptive" if grid is None else LOWER_GRID_FACTOR * grid,
             },
         )
 

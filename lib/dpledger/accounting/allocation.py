@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from dpledger.accounting.description import MechanismDescription
 
+LOWER_GRID_FACTOR = 2.0
+
 
 @dataclass(frozen=True)
 class AllocationBounds:
@@ -71,12 +73,15 @@ def allocation_upper(description: MechanismDescription, delta: float, discretiza
 
 
 def allocation_on_grid(description: MechanismDescription, delta: float, discretization: float) -> AllocationBounds:
-    """Upper and lower ε on one fixed grid (see :func:`allocation_upper`)."""
+    """Upper ε on one fixed grid (see :func:`allocation_upper`), lower ε on a grid LOWER_GRID_FACTOR× coarser:
+    still a valid lower bound, at about a quarter of the cost (the convolution is quadratic in the grid size),
+    so σ calibration stays within seconds; the price is a looser tightness figure (b = 100, E = 20, ε = 1:
+    lower 0.919 instead of 0.947 beside the claim 0.9999)."""
     sigma, bins, epochs = allocation_shape(description)
     if bins == 1:
         return _one_bin(sigma, epochs, delta)
     upper = _on_grid(sigma, bins, epochs, delta, discretization, "DOMINATES")
-    lower = _on_grid(sigma, bins, epochs, delta, discretization, "IS_DOMINATED")
+    lower = _on_grid(sigma, bins, epochs, delta, LOWER_GRID_FACTOR * discretization, "IS_DOMINATED")
     return AllocationBounds(upper, lower, upper <= 1.1 * lower)
 
 
