@@ -28,6 +28,7 @@ from dpledger.accounting.allocation import allocation_epsilon, allocation_on_gri
 from dpledger.accounting.description import MechanismDescription
 from dpledger.accounting.pld import (
     DISCRETIZATION,
+    PldRun,
     gaussian_noise_for,
     pld_delta,
     pld_epsilon,
@@ -94,12 +95,9 @@ class PldAccountant:
             return "fixed-size sampling needs dataset_size and batch_size"
         return None
 
-    def _args(self, d: MechanismDescription):
-        return (d.noise_multiplier, d.sampler, d.group_size, d.sample_rate, d.dataset_size, d.batch_size, d.steps)
-
     def epsilon(self, description: MechanismDescription, delta: float) -> AccountantResult:
         require_support(self, description)
-        eps = pld_epsilon(*self._args(description), delta, self.discretization)
+        eps = pld_epsilon(PldRun.of(description), delta, self.discretization)
         method = (
             "Poisson-subsampled Gaussian"
             if description.sampler == "poisson" and description.group_size == 1
@@ -115,7 +113,7 @@ class PldAccountant:
 
     def delta(self, description: MechanismDescription, epsilon: float) -> float:
         require_support(self, description)
-        return pld_delta(*self._args(description), epsilon, self.discretization)
+        return pld_delta(PldRun.of(description), epsilon, self.discretization)
 
 
 @dataclass(frozen=True)
@@ -466,7 +464,7 @@ def poisson_at_same_noise(description: MechanismDescription, delta: float) -> fl
     d = description
     if d.sampler != "balls-in-bins" or d.mechanism != "identity" or d.epochs == 1 or d.noise_multiplier == 0:
         return None
-    return pld_epsilon(d.noise_multiplier, "poisson", 1, d.sample_rate, None, None, d.steps, delta)
+    return pld_epsilon(PldRun(d.noise_multiplier, "poisson", 1, d.sample_rate, None, None, d.steps), delta)
 
 
 def default_accountant(sampler: str, mechanism: str = "identity") -> str:

@@ -6,7 +6,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from dpledger.accounting.pld import pld_epsilon
+from dpledger.accounting.pld import PldRun, pld_epsilon
 from dpledger.audit.backend import select_backend
 from dpledger.audit.result import AuditResult, conclude
 from dpledger.audit.samplers import AuditedSampler, audited_sampler
@@ -39,7 +39,7 @@ def accounted_epsilon(
             f"(or give the claimed epsilon explicitly)"
         )
     rate = batch_size / dataset_size if sample_rate is None else sample_rate
-    return pld_epsilon(noise_multiplier, claim_sampler, 1, rate, dataset_size, batch_size, steps, delta)
+    return pld_epsilon(PldRun(noise_multiplier, claim_sampler, 1, rate, dataset_size, batch_size, steps), delta)
 
 
 def claim_sample_rate(
