@@ -58,6 +58,14 @@ class Accountant(Protocol):
     def delta(self, description: MechanismDescription, epsilon: float) -> float: ...
 
 
+def _outside(description: MechanismDescription, name: str, covered: tuple[str, ...], what: str, use: str) -> str | None:
+    """The refusal of accountant ``name`` for a sampler outside ``covered`` (``what`` in words), naming
+    the accountant to ``use`` instead; None for a covered sampler."""
+    if description.sampler in covered:
+        return None
+    return f"the {name} accountant covers {what}, not {description.sampler}; use --accountant {use}"
+
+
 def _base_assumptions(description: MechanismDescription) -> list[str]:
     adjacency = (
         ADJACENCY
@@ -81,11 +89,9 @@ class PldAccountant:
     name: str = "pld"
 
     def unsupported(self, description: MechanismDescription) -> str | None:
-        if description.sampler not in ("poisson", "fixed"):
-            return (
-                f"the PLD accountant covers poisson and fixed sampling, not {description.sampler}; "
-                f"use --accountant montecarlo"
-            )
+        refusal = _outside(description, "PLD", ("poisson", "fixed"), "poisson and fixed sampling", "montecarlo")
+        if refusal:
+            return refusal
         if description.mechanism != "identity":
             return (
                 "correlated noise (mechanism != identity) is accounted only under balls-in-bins batching "
@@ -153,11 +159,11 @@ class AllocationAccountant:
     name: str = "allocation"
 
     def unsupported(self, description: MechanismDescription) -> str | None:
-        if description.sampler not in ("balls-in-bins", "balls-in-bins-redrawn"):
-            return (
-                f"the allocation accountant covers balls-in-bins batching, not {description.sampler}; "
-                f"use --accountant pld"
-            )
+        refusal = _outside(
+            description, "allocation", ("balls-in-bins", "balls-in-bins-redrawn"), "balls-in-bins batching", "pld"
+        )
+        if refusal:
+            return refusal
         if description.mechanism != "identity":
             return "correlated noise (mechanism != identity) needs the Monte Carlo accountant (004 Lemma 3.2)"
         if description.group_size != 1:
