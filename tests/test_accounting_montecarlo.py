@@ -9,7 +9,7 @@ from dp_accounting.pld import pld_privacy_accountant
 
 from dpledger.accounting import calibrate_noise, describe, get_accountant
 from dpledger.accounting import montecarlo as mc
-from dpledger.accounting.pld import gaussian_noise_for, pld_epsilon
+from dpledger.accounting.pld import PldRun, gaussian_noise_for, pld_epsilon
 from dpledger.errors import UnsupportedMechanismError
 from dpledger.mechanisms import banded_params, coefficients, dense_matrix
 
@@ -69,7 +69,7 @@ def test_fixed_bins_with_independent_noise_are_far_worse_than_poisson_and_say_so
     accountant = get_accountant("montecarlo", samples=1 << 16, verify_samples=1 << 16, evr_delta_ratio=0.9)
     fixed = describe(sampler="balls-in-bins", noise_multiplier=1.0, batches_per_epoch=100, epochs=4)
     estimate = accountant.epsilon_estimate(fixed, 1e-5)
-    poisson = pld_epsilon(1.0, "poisson", 1, 0.01, None, None, 400, 1e-5, 1e-3)
+    poisson = pld_epsilon(PldRun(1.0, "poisson", 1, 0.01, None, None, 400), 1e-5, 1e-3)
     assert poisson == pytest.approx(1.20, abs=0.02)
     assert 5.0 < estimate < 6.2
     sentences = accountant.assumptions(

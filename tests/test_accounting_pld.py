@@ -10,7 +10,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from typer.testing import CliRunner
 
 from dpledger.accounting import calibrate_noise, describe, get_accountant, group_table
-from dpledger.accounting.pld import gaussian_delta, gaussian_noise_for, pld_epsilon
+from dpledger.accounting.pld import PldRun, gaussian_delta, gaussian_noise_for, pld_epsilon
 from dpledger.cli import app
 from dpledger.errors import ParamsError, UnsupportedMechanismError
 
@@ -81,9 +81,9 @@ def test_cli_noise_json_matches_calibration():
 def test_mog_with_one_example_equals_example_level_pld():
     mog = dp_event.MixtureOfGaussiansDpEvent(1.1, [0.0, 1.0], [0.97, 0.03])
     by_mog = _dp_accounting_epsilon(mog, 80, 1e-5, interval=1e-3)
-    example = pld_epsilon(1.1, "poisson", 1, 0.03, None, None, 80, 1e-5, 1e-3)
+    example = pld_epsilon(PldRun(1.1, "poisson", 1, 0.03, None, None, 80), 1e-5, 1e-3)
     assert example == pytest.approx(by_mog, rel=1e-3)
-    assert pld_epsilon(1.1, "poisson", 1, 0.03, None, None, 80, 1e-5) == pytest.approx(
+    assert pld_epsilon(PldRun(1.1, "poisson", 1, 0.03, None, None, 80), 1e-5) == pytest.approx(
         get_accountant("pld")
         .epsilon(describe(sampler="poisson", noise_multiplier=1.1, sample_rate=0.03, steps=80), 1e-5)
         .epsilon
@@ -93,15 +93,15 @@ def test_mog_with_one_example_equals_example_level_pld():
 def test_group_of_one_under_mog_equals_example_level_for_fixed_batches():
     """Fixed batch, k = 1: sensitivities {0, 2} with P(2) = B/N (001 Thm 3.3), computed as the subsampled
     Gaussian at σ/2, equals the dp-accounting MoG event and the k = 2-capable MoG path."""
-    eps = pld_epsilon(2.0, "fixed", 1, 50 / 1000, 1000, 50, 60, 1e-5, 1e-3)
+    eps = pld_epsilon(PldRun(2.0, "fixed", 1, 50 / 1000, 1000, 50, 60), 1e-5, 1e-3)
     by_hand = _dp_accounting_epsilon(dp_event.MixtureOfGaussiansDpEvent(2.0, [0.0, 2.0], [0.95, 0.05]), 60, 1e-5, 1e-3)
     assert eps == pytest.approx(by_hand, rel=2e-3)
 
 
 def test_fixed_batch_with_doubled_noise_is_close_to_poisson():
     """001 §4: fixed-batch accounting at 2σ ≈ Poisson at σ (hypergeometric ≈ binomial)."""
-    poisson = pld_epsilon(1.0, "poisson", 1, 0.01, None, None, 300, 1e-5, 1e-3)
-    fixed = pld_epsilon(2.0, "fixed", 1, 0.01, 10_000, 100, 300, 1e-5, 1e-3)
+    poisson = pld_epsilon(PldRun(1.0, "poisson", 1, 0.01, None, None, 300), 1e-5, 1e-3)
+    fixed = pld_epsilon(PldRun(2.0, "fixed", 1, 0.01, 10_000, 100, 300), 1e-5, 1e-3)
     assert fixed == pytest.approx(poisson, rel=0.02)
 
 
@@ -120,7 +120,9 @@ def test_epsilon_is_monotone(field, values):
     for value in values:
         setting = dict(base, **{field: value})
         epsilons.append(
-            pld_epsilon(setting["sigma"], "poisson", setting["k"], 0.02, None, None, setting["steps"], 1e-5, 3e-3)
+            pld_epsilon(
+                PldRun(setting["sigma"], "poisson", setting["k"], 0.02, None, None, setting["steps"]), 1e-5, 3e-3
+            )
         )
     ordered = epsilons[::-1] if field == "sigma" else epsilons
     assert all(a < b for a, b in zip(ordered, ordered[1:]))

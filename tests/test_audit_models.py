@@ -6,7 +6,7 @@ import pytest
 from scipy import stats
 from scipy.special import logsumexp
 
-from dpledger.accounting.pld import pld_epsilon
+from dpledger.accounting.pld import PldRun, pld_epsilon
 from dpledger.audit.backend import Backend, cuda_available, select_backend
 from dpledger.audit.bgm import audit_bgm
 from dpledger.audit.models import PatternModel, SlotModel, StepMixtureModel
@@ -119,7 +119,7 @@ def test_poisson_audit_stays_below_its_pld_epsilon_and_shuffle_exceeds_it():
     )
     poisson, _ = audit_bgm("poisson", **common)
     shuffle, _ = audit_bgm("shuffle", **common)
-    claim = pld_epsilon(1.0, "poisson", 1, 0.01, 100, 1, 100, 1e-5)
+    claim = pld_epsilon(PldRun(1.0, "poisson", 1, 0.01, 100, 1, 100), 1e-5)
     assert poisson.epsilon_claimed == pytest.approx(claim)
     assert poisson.epsilon_emp < claim and poisson.verdict != "contradicted"
     assert shuffle.epsilon_emp > claim and shuffle.verdict == "contradicted"
@@ -165,7 +165,7 @@ def test_default_poisson_claim_uses_the_samplers_own_sample_rate():
         backend="numpy",
     )
     result, _ = audit_bgm("poisson", options={"sample_rate": 0.05}, **common)
-    assert result.epsilon_claimed == pytest.approx(pld_epsilon(1.0, "poisson", 1, 0.05, 100, 1, 100, 1e-5))
+    assert result.epsilon_claimed == pytest.approx(pld_epsilon(PldRun(1.0, "poisson", 1, 0.05, 100, 1, 100), 1e-5))
     # the B/n claim would be "contradicted"
-    assert result.epsilon_emp > pld_epsilon(1.0, "poisson", 1, 0.01, 100, 1, 100, 1e-5)
+    assert result.epsilon_emp > pld_epsilon(PldRun(1.0, "poisson", 1, 0.01, 100, 1, 100), 1e-5)
     assert result.verdict != "contradicted" and "0.05" in result.claim_basis

@@ -28,6 +28,7 @@ from dpledger.accounting.allocation import LOWER_GRID_FACTOR, allocation_epsilon
 from dpledger.accounting.description import MechanismDescription
 from dpledger.accounting.pld import (
     DISCRETIZATION,
+    PldRun,
     gaussian_noise_for,
     pld_delta,
     pld_epsilon,
@@ -57,6 +58,14 @@ class Accountant(Protocol):
     def delta(self, description: MechanismDescription, epsilon: float) -> float: ...
 
 
+def _outside(description: MechanismDescription, name: str, covered: tuple[str, ...], what: str, use: str) -> str | None:
+    """The refusal of accountant ``name`` for a sampler outside ``covered`` (``what`` in words), naming
+    the accountant to ``use`` instead; None for a covered sampler."""
+    if description.sampler in covered:
+        return None
+    return f"the {name} accountant covers {what}, not {description.sampler}; use --accountant {use}"
+
+
 def _base_assumptions(description: MechanismDescription) -> list[str]:
     adjacency = (
         ADJACENCY
@@ -80,11 +89,9 @@ class PldAccountant:
     name: str = "pld"
 
     def unsupported(self, description: MechanismDescription) -> str | None:
-        if description.sampler not in ("poisson", "fixed"):
-            return (
-                f"the PLD accountant covers poisson and fixed sampling, not {description.sampler}; "
-                f"use --accountant montecarlo"
-            )
+        refusal = _outside(description, "PLD", ("poisson", "fixed"), "poisson and fixed sampling", "montecarlo")
+        if refusal:
+            return refusal
         if description.mechanism != "identity":
             return (
                 "correlated noise (mechanism != identity) is accounted only under balls-in-bins batching "
@@ -94,12 +101,9 @@ class PldAccountant:
             return "fixed-size sampling needs dataset_size and batch_size"
         return None
 
-    def _args(self, d: MechanismDescription):
-        return (d.noise_multiplier, d.sampler, d.group_size, d.sample_rate, d.dataset_size, d.batch_size, d.steps)
-
     def epsilon(self, description: MechanismDescription, delta: float) -> AccountantResult:
         require_support(self, description)
-        eps = pld_epsilon(*self._args(description), delta, self.discretization)
+        eps = pld_epsilon(PldRun.of(description), delta, self.discretization)
         method = (
             "Poisson-subsampled Gaussian"
             if description.sampler == "poisson" and description.group_size == 1
@@ -115,7 +119,7 @@ class PldAccountant:
 
     def delta(self, description: MechanismDescription, epsilon: float) -> float:
         require_support(self, description)
-        return pld_delta(*self._args(description), epsilon, self.discretization)
+        return pld_delta(PldRun.of(description), epsilon, self.discretization)
 
 
 @dataclass(frozen=True)
@@ -155,11 +159,11 @@ class AllocationAccountant:
     name: str = "allocation"
 
     def unsupported(self, description: MechanismDescription) -> str | None:
-        if description.sampler not in ("balls-in-bins", "balls-in-bins-redrawn"):
-            return (
-                f"the allocation accountant covers balls-in-bins batching, not {description.sampler}; "
-                f"use --accountant pld"
-            )
+        refusal = _outside(
+            description, "allocation", ("balls-in-bins", "balls-in-bins-redrawn"), "balls-in-bins batching", "pld"
+        )
+        if refusal:
+            return refusal
         if description.mechanism != "identity":
             return "correlated noise (mechanism != identity) needs the Monte Carlo accountant (004 Lemma 3.2)"
         if description.group_size != 1:
@@ -468,7 +472,7 @@ def poisson_at_same_noise(description: MechanismDescription, delta: float) -> fl
     d = description
     if d.sampler != "balls-in-bins" or d.mechanism != "identity" or d.epochs == 1 or d.noise_multiplier == 0:
         return None
-    return pld_epsilon(d.noise_multiplier, "poisson", 1, d.sample_rate, None, None, d.steps, delta)
+    return pld_epsilon(PldRun(d.noise_multiplier, "poisson", 1, d.sample_rate, None, None, d.steps), delta)
 
 
 def default_accountant(sampler: str, mechanism: str = "identity") -> str:

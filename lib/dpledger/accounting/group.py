@@ -12,12 +12,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from dpledger.accounting.description import MechanismDescription
-from dpledger.accounting.pld import DISCRETIZATION, composed_pld, pld_epsilon
+from dpledger.accounting.pld import DISCRETIZATION, PldRun, composed_pld, pld_epsilon
 
 
 @dataclass(frozen=True)
@@ -54,16 +54,8 @@ def group_conversion_epsilon(
         if dataset_size < description.batch_size:
             return math.inf
         sample_rate = description.batch_size / dataset_size
-    pld = composed_pld(
-        description.noise_multiplier,
-        description.sampler,
-        1,
-        sample_rate,
-        dataset_size,
-        description.batch_size,
-        description.steps,
-        discretization,
-    )
+    run = replace(PldRun.of(description, 1), dataset_size=dataset_size, sample_rate=sample_rate)
+    pld = composed_pld(run, discretization)
 
     def bound(log_delta_1: float) -> float:
         eps_1 = float(pld.get_epsilon_for_delta(math.exp(log_delta_1)))
@@ -89,17 +81,7 @@ def _log_growth(group_size: int, eps_1: float) -> float:
 
 def _pld_epsilon(description: MechanismDescription, delta: float, discretization: float, group_size: int = 1) -> float:
     """PLD ε at δ of the described run for groups of ``group_size`` (1: example level)."""
-    return pld_epsilon(
-        description.noise_multiplier,
-        description.sampler,
-        group_size,
-        description.sample_rate,
-        description.dataset_size,
-        description.batch_size,
-        description.steps,
-        delta,
-        discretization,
-    )
+    return pld_epsilon(PldRun.of(description, group_size), delta, discretization)
 
 
 def group_table(

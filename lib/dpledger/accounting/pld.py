@@ -17,6 +17,7 @@ directions (add and remove) are included and the worse one is reported.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -25,110 +26,93 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import stats
 
+from dpledger.accounting.description import MechanismDescription
+
 DISCRETIZATION = 1e-4
 """Default value_discretization_interval (dp-accounting's default); finer is slower and tighter."""
 
 
-def mog_sensitivities(
-    sampler: str, group_size: int, sample_rate: float, dataset_size: int | None, batch_size: int | None
-) -> tuple[list[float], list[float]]:
+@dataclass(frozen=True)
+class PldRun:
+    """A run as the PLD accountant sees it: one step's subsampled Gaussian, composed ``steps`` times.
+
+    σ is the noise std over the clip norm; ``group_size`` k adjacent examples; ``dataset_size`` and
+    ``batch_size`` matter only for fixed-size sampling (the hypergeometric weights). Frozen, hence a
+    cache key for :func:`composed_pld`.
+    """
+
+    noise_multiplier: float
+    sampler: str
+    group_size: int
+    sample_rate: float
+    dataset_size: int | None
+    batch_size: int | None
+    steps: int
+
+    @classmethod
+    def of(cls, description: MechanismDescription, group_size: int | None = None) -> PldRun:
+        """The run of a ``MechanismDescription``, for groups of ``group_size`` (default: the description's)."""
+        d = description
+        k = d.group_size if group_size is None else group_size
+        return cls(d.noise_multiplier, d.sampler, k, d.sample_rate, d.dataset_size, d.batch_size, d.steps)
+
+
+def mog_sensitivities(run: PldRun) -> tuple[list[float], list[float]]:
     """The scalar mixture-of-Gaussians (sensitivities, probabilities) dominating one step (001 §3.2–3.3)."""
-    counts = np.arange(group_size + 1)
-    if sampler == "poisson":
-        return counts.astype(float).tolist(), stats.binom.pmf(counts, group_size, sample_rate).tolist()
-    if sampler == "fixed":
-        probs = stats.hypergeom(M=dataset_size, n=group_size, N=batch_size).pmf(counts)
+    counts = np.arange(run.group_size + 1)
+    if run.sampler == "poisson":
+        return counts.astype(float).tolist(), stats.binom.pmf(counts, run.group_size, run.sample_rate).tolist()
+    if run.sampler == "fixed":
+        probs = stats.hypergeom(M=run.dataset_size, n=run.group_size, N=run.batch_size).pmf(counts)
         return (2.0 * counts).tolist(), probs.tolist()
-    raise ValueError(f"no mixture-of-Gaussians reduction for sampler {sampler!r}")
+    raise ValueError(f"no mixture-of-Gaussians reduction for sampler {run.sampler!r}")
 
 
-def mog_event(
-    noise_multiplier: float,
-    sampler: str,
-    group_size: int,
-    sample_rate: float,
-    dataset_size: int | None,
-    batch_size: int | None,
-) -> dp_event.MixtureOfGaussiansDpEvent:
+def mog_event(run: PldRun) -> dp_event.MixtureOfGaussiansDpEvent:
     """The dp-accounting event of one step: std σ (clip norm 1), random sensitivity (001 Def. 2.8)."""
-    sens, probs = mog_sensitivities(sampler, group_size, sample_rate, dataset_size, batch_size)
+    sens, probs = mog_sensitivities(run)
     keep = [i for i, p in enumerate(probs) if p > 0.0]
-    return dp_event.MixtureOfGaussiansDpEvent(noise_multiplier, [sens[i] for i in keep], [probs[i] for i in keep])
+    return dp_event.MixtureOfGaussiansDpEvent(run.noise_multiplier, [sens[i] for i in keep], [probs[i] for i in keep])
 
 
 @lru_cache(maxsize=8)
-def composed_pld(
-    noise_multiplier: float,
-    sampler: str,
-    group_size: int,
-    sample_rate: float,
-    dataset_size: int | None,
-    batch_size: int | None,
-    steps: int,
-    discretization: float,
-):
-    """The PLD of ``steps`` self-compositions of one step (cached: calibration re-asks the same σ)."""
+def composed_pld(run: PldRun, discretization: float):
+    """The PLD of ``run.steps`` self-compositions of one step (cached: calibration re-asks the same σ)."""
     upper_bound = {
         "pessimistic_estimate": True,
         "use_connect_dots": True,
         "value_discretization_interval": discretization,
     }
-    if group_size == 1 and sampler in ("poisson", "fixed"):
+    if run.group_size == 1 and run.sampler in ("poisson", "fixed"):
         # Fixed batch, k = 1: the MoG {0: 1 − B/N, 2: B/N} with std σ is the subsampled Gaussian with
         # std σ/2 (sensitivity 2 at σ is sensitivity 1 at σ/2); the Gaussian PLD builds much faster.
-        scale = 1.0 if sampler == "poisson" else 2.0
+        scale = 1.0 if run.sampler == "poisson" else 2.0
         single = pld_lib.from_gaussian_mechanism(
-            standard_deviation=noise_multiplier / scale, sampling_prob=sample_rate, **upper_bound
+            standard_deviation=run.noise_multiplier / scale, sampling_prob=run.sample_rate, **upper_bound
         )
     else:
-        event = mog_event(noise_multiplier, sampler, group_size, sample_rate, dataset_size, batch_size)
+        event = mog_event(run)
         single = pld_lib.from_mixture_gaussian_mechanism(
             standard_deviation=event.standard_deviation,
             sensitivities=event.sensitivities,
             sampling_probs=event.sampling_probs,
             **upper_bound,
         )
-    return single.self_compose(steps)
+    return single.self_compose(run.steps)
 
 
-def pld_epsilon(
-    noise_multiplier: float,
-    sampler: str,
-    group_size: int,
-    sample_rate: float,
-    dataset_size: int | None,
-    batch_size: int | None,
-    steps: int,
-    delta: float,
-    discretization: float = DISCRETIZATION,
-) -> float:
-    """ε(δ) of ``steps`` compositions (∞ for σ = 0)."""
-    if noise_multiplier == 0:
+def pld_epsilon(run: PldRun, delta: float, discretization: float = DISCRETIZATION) -> float:
+    """ε(δ) of the run (∞ for σ = 0)."""
+    if run.noise_multiplier == 0:
         return math.inf
-    pld = composed_pld(
-        noise_multiplier, sampler, group_size, sample_rate, dataset_size, batch_size, steps, discretization
-    )
-    return float(pld.get_epsilon_for_delta(delta))
+    return float(composed_pld(run, discretization).get_epsilon_for_delta(delta))
 
 
-def pld_delta(
-    noise_multiplier: float,
-    sampler: str,
-    group_size: int,
-    sample_rate: float,
-    dataset_size: int | None,
-    batch_size: int | None,
-    steps: int,
-    epsilon: float,
-    discretization: float = DISCRETIZATION,
-) -> float:
-    """δ(ε) of ``steps`` compositions (1 for σ = 0)."""
-    if noise_multiplier == 0:
+def pld_delta(run: PldRun, epsilon: float, discretization: float = DISCRETIZATION) -> float:
+    """δ(ε) of the run (1 for σ = 0)."""
+    if run.noise_multiplier == 0:
         return 1.0
-    pld = composed_pld(
-        noise_multiplier, sampler, group_size, sample_rate, dataset_size, batch_size, steps, discretization
-    )
-    return float(pld.get_delta_for_epsilon(epsilon))
+    return float(composed_pld(run, discretization).get_delta_for_epsilon(epsilon))
 
 
 def _rdp_accountant(noise_multiplier: float, sample_rate: float, steps: int):

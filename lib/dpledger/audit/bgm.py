@@ -6,9 +6,10 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from dpledger.accounting.pld import pld_epsilon
+from dpledger.accounting.pld import PldRun, pld_epsilon
 from dpledger.audit.backend import select_backend
-from dpledger.audit.result import AuditResult, conclude
+from dpledger.audit.estimate import AuditStatistics
+from dpledger.audit.result import AuditResult, Claim, conclude
 from dpledger.audit.samplers import AuditedSampler, audited_sampler
 from dpledger.audit.simulate import GameScores, entries_per_game, simulate_scores
 from dpledger.errors import ParamsError
@@ -39,17 +40,38 @@ def accounted_epsilon(
             f"(or give the claimed epsilon explicitly)"
         )
     rate = batch_size / dataset_size if sample_rate is None else sample_rate
-    return pld_epsilon(noise_multiplier, claim_sampler, 1, rate, dataset_size, batch_size, steps, delta)
+    return pld_epsilon(PldRun(noise_multiplier, claim_sampler, 1, rate, dataset_size, batch_size, steps), delta)
 
 
-def claim_sample_rate(
-    claim_sampler: str, sampler: str, options: dict[str, Any] | None, dataset_size: int, batch_size: int
-) -> float:
-    """q of the default claim: a Poisson sampler's own ``sample_rate`` when the claim is Poisson too, else B/n."""
-    rate = (options or {}).get("sample_rate")
-    if claim_sampler == "poisson" and sampler == "poisson" and rate is not None:
-        return float(rate)
-    return batch_size / dataset_size
+def default_claim(
+    claim_sampler: str,
+    sampler: str,
+    options: dict[str, Any] | None,
+    *,
+    noise_multiplier: float,
+    dataset_size: int,
+    batch_size: int,
+    steps: int,
+    delta: float,
+) -> Claim:
+    """The claim a ledger would make for ``claim_sampler`` (:func:`accounted_epsilon`), at q = a Poisson
+    sampler's own ``sample_rate`` when the claim is Poisson too, else B/n."""
+    own_rate = (options or {}).get("sample_rate")
+    if claim_sampler == "poisson" and sampler == "poisson" and own_rate is not None:
+        rate = float(own_rate)
+    else:
+        rate = batch_size / dataset_size
+    epsilon = accounted_epsilon(
+        claim_sampler,
+        noise_multiplier=noise_multiplier,
+        dataset_size=dataset_size,
+        batch_size=batch_size,
+        steps=steps,
+        delta=delta,
+        sample_rate=rate,
+    )
+    q = "B/n" if rate == batch_size / dataset_size else f"{rate:g} (the sampler's sample_rate)"
+    return Claim(epsilon, delta, f"PLD accountant assuming '{claim_sampler}' sampling, q = {q}, {steps} steps")
 
 
 def bgm_assumptions(audited: AuditedSampler) -> list[str]:
@@ -96,9 +118,7 @@ def audit_bgm(
     noise_multiplier: float,
     observations: int,
     delta: float,
-    confidence: float = 0.95,
-    method: str = "bonferroni",
-    split_fraction: float = 0.2,
+    statistics: AuditStatistics = AuditStatistics(),
     epsilon_claimed: float | None = None,
     claim_basis: str | None = None,
     claim_sampler: str = "poisson",
@@ -108,29 +128,13 @@ def audit_bgm(
     progress: bool = True,
 ) -> tuple[AuditResult, GameScores]:
     """Audit the BGM run with ``sampler``; the claim defaults to the PLD ε accounted for ``claim_sampler``."""
-    audited = audited_sampler(
-        sampler,
-        dataset_size=dataset_size,
-        batch_size=batch_size,
-        epochs=epochs,
-        noise_multiplier=noise_multiplier,
-        options=options,
-        seed=seed,
-    )
+    sizes = {"dataset_size": dataset_size, "batch_size": batch_size, "noise_multiplier": noise_multiplier}
+    audited = audited_sampler(sampler, epochs=epochs, options=options, seed=seed, **sizes)
     steps = audited.steps_per_epoch * epochs
     if epsilon_claimed is None:
-        rate = claim_sample_rate(claim_sampler, sampler, options, dataset_size, batch_size)
-        epsilon_claimed = accounted_epsilon(
-            claim_sampler,
-            noise_multiplier=noise_multiplier,
-            dataset_size=dataset_size,
-            batch_size=batch_size,
-            steps=steps,
-            delta=delta,
-            sample_rate=rate,
-        )
-        q = "B/n" if rate == batch_size / dataset_size else f"{rate:g} (the sampler's sample_rate)"
-        claim_basis = f"PLD accountant assuming '{claim_sampler}' sampling, q = {q}, {steps} steps"
+        claim = default_claim(claim_sampler, sampler, options, steps=steps, delta=delta, **sizes)
+    else:
+        claim = Claim(epsilon_claimed, delta, claim_basis or "given")
     started = time.perf_counter()
     scores, timing = simulate_bgm(audited, observations, seed=seed, backend=backend, progress=progress)
     setting = {
@@ -147,14 +151,10 @@ def audit_bgm(
     }
     result = conclude(
         scores,
+        claim,
+        statistics,
         audit="bgm",
         sampler=sampler,
-        epsilon_claimed=epsilon_claimed,
-        claim_basis=claim_basis or "given",
-        delta=delta,
-        confidence=confidence,
-        method=method,
-        split_fraction=split_fraction,
         setting=setting,
         assumptions=bgm_assumptions(audited),
         timing=timing,

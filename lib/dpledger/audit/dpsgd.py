@@ -31,9 +31,10 @@ from torch import nn
 from tqdm import tqdm
 
 from dpledger.audit.backend import select_backend
-from dpledger.audit.bgm import accounted_epsilon, audit_bgm, claim_sample_rate
+from dpledger.audit.bgm import audit_bgm, default_claim
+from dpledger.audit.estimate import AuditStatistics
 from dpledger.audit.models import BgmModel, SlotModel
-from dpledger.audit.result import AuditResult, conclude
+from dpledger.audit.result import AuditResult, Claim, conclude
 from dpledger.audit.samplers import TARGET_INDEX, audited_sampler
 from dpledger.audit.simulate import GameScores
 from dpledger.engine import BKEngine
@@ -67,10 +68,8 @@ class DpsgdAudit:
     lr: float = 0.5
     dataset_size: int | None = None
     """The first n training rows (default: all)."""
-    method: str = "bonferroni"
     delta: float = 1e-5
-    confidence: float = 0.95
-    split_fraction: float = 0.2
+    statistics: AuditStatistics = AuditStatistics()
     seed: int = 0
     progress: bool = True
     sampler_options: Mapping[str, Any] | None = None
@@ -183,7 +182,7 @@ def audit_dpsgd(config: DpsgdAudit = DpsgdAudit(), workload: Workload | None = N
     outputs = _play(config, workload, canary)
     seconds = time.perf_counter() - started
     steps = len(outputs[True][0])
-    epsilon_claimed, claim_basis = _claim(config, n, steps)
+    claim = _claim(config, n, steps)
     setting = {
         "threat_model": config.threat_model,
         "dataset": workload.name,
@@ -215,14 +214,10 @@ def audit_dpsgd(config: DpsgdAudit = DpsgdAudit(), workload: Workload | None = N
     }
     return conclude(
         _scores(config, score_model, outputs),
+        claim,
+        config.statistics,
         audit=f"dpsgd-{config.threat_model}",
         sampler=config.sampler,
-        epsilon_claimed=epsilon_claimed,
-        claim_basis=claim_basis,
-        delta=config.delta,
-        confidence=config.confidence,
-        method=config.method,
-        split_fraction=config.split_fraction,
         setting=setting,
         assumptions=assumptions,
         timing=timing,
@@ -272,9 +267,7 @@ def _worst_case(config: DpsgdAudit, n: int) -> AuditResult:
         noise_multiplier=config.noise_multiplier,
         observations=config.observations,
         delta=config.delta,
-        confidence=config.confidence,
-        method=config.method,
-        split_fraction=config.split_fraction,
+        statistics=config.statistics,
         epsilon_claimed=config.epsilon_claimed,
         claim_basis=config.claim_basis,
         options=config.sampler_kwargs(),
@@ -338,22 +331,20 @@ def _scores(config: DpsgdAudit, score_model: BgmModel, outputs: dict[bool, list[
     )
 
 
-def _claim(config: DpsgdAudit, n: int, steps: int) -> tuple[float, str]:
+def _claim(config: DpsgdAudit, n: int, steps: int) -> Claim:
     """The claim given, or the Poisson PLD ε at the same σ, sample rate and steps."""
     if config.epsilon_claimed is not None:
-        return config.epsilon_claimed, config.claim_basis or "given"
-    rate = claim_sample_rate("poisson", config.sampler, config.sampler_kwargs(), n, config.batch_size)
-    epsilon = accounted_epsilon(
+        return Claim(config.epsilon_claimed, config.delta, config.claim_basis or "given")
+    return default_claim(
         "poisson",
+        config.sampler,
+        config.sampler_kwargs(),
         noise_multiplier=config.noise_multiplier,
         dataset_size=n,
         batch_size=config.batch_size,
         steps=steps,
         delta=config.delta,
-        sample_rate=rate,
     )
-    q = "B/n" if rate == config.batch_size / n else f"{rate:g} (the sampler's sample_rate)"
-    return epsilon, f"PLD accountant assuming 'poisson' sampling, q = {q}, {steps} steps"
 
 
 def _as_rows(outputs: np.ndarray, model: BgmModel) -> np.ndarray:

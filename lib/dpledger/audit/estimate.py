@@ -55,6 +55,28 @@ class EpsilonEstimate:
     thresholds_tried: int
 
 
+@dataclass(frozen=True)
+class AuditStatistics:
+    """How an audit bounds ε_emp from its game scores: the confidence of the lower bound, the threshold
+    method (:data:`THRESHOLD_METHODS`) and the held-out fraction of ``split``. δ comes with the claim
+    judged (:class:`dpledger.audit.result.Claim`)."""
+
+    confidence: float = 0.95
+    method: str = "bonferroni"
+    split_fraction: float = 0.2
+
+    def estimate(self, present: np.ndarray, absent: np.ndarray, delta: float) -> EpsilonEstimate:
+        """:func:`estimate_epsilon` with these settings at ``delta``."""
+        return estimate_epsilon(
+            present,
+            absent,
+            delta=delta,
+            confidence=self.confidence,
+            method=self.method,
+            split_fraction=self.split_fraction,
+        )
+
+
 def clopper_pearson_upper(count: np.ndarray | float, trials: int | float, alpha: float) -> np.ndarray:
     """One-sided upper (1 − alpha) Clopper–Pearson bound on a rate from ``count`` of ``trials``.
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from dpledger.audit.estimate import EpsilonEstimate, clopper_pearson_upper, estimate_epsilon
+from dpledger.audit.estimate import AuditStatistics, EpsilonEstimate, clopper_pearson_upper
 from dpledger.audit.simulate import GameScores
 from dpledger.audit.verdict import Verdict, judge
 
@@ -55,45 +55,48 @@ class AuditResult:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Claim:
+    """The (ε, δ) claim an audit judges, and where ε comes from (e.g. the ledger, or the PLD accountant)."""
+
+    epsilon: float
+    delta: float
+    basis: str
+
+
 def conclude(
     scores: GameScores,
+    claim: Claim,
+    statistics: AuditStatistics,
     *,
     audit: str,
     sampler: str,
-    epsilon_claimed: float,
-    claim_basis: str,
-    delta: float,
-    confidence: float,
-    method: str,
-    split_fraction: float,
     setting: dict[str, Any],
     assumptions: list[str],
     timing: dict[str, float],
 ) -> AuditResult:
     """Estimate ε_emp from the game scores and judge it against the claim."""
-    estimate = estimate_epsilon(
-        scores.present, scores.absent, delta=delta, confidence=confidence, method=method, split_fraction=split_fraction
-    )
+    estimate = statistics.estimate(scores.present, scores.absent, claim.delta)
     judgement = judge(
         estimate.epsilon,
-        epsilon_claimed,
+        claim.epsilon,
         scores.present,
         scores.absent,
-        delta=delta,
-        confidence=confidence,
+        delta=claim.delta,
+        confidence=statistics.confidence,
         valid=estimate.valid,
     )
     return AuditResult(
         audit=audit,
         sampler=sampler,
         epsilon_emp=estimate.epsilon,
-        epsilon_claimed=float(epsilon_claimed),
-        claim_basis=claim_basis,
+        epsilon_claimed=float(claim.epsilon),
+        claim_basis=claim.basis,
         verdict=judgement.verdict,
         observations=2 * scores.games_per_side,
-        confidence=confidence,
-        delta=delta,
-        threshold_method=method,
+        confidence=statistics.confidence,
+        delta=claim.delta,
+        threshold_method=statistics.method,
         valid=estimate.valid,
         estimate=estimate,
         judgement=judgement,
@@ -104,21 +107,13 @@ def conclude(
 
 
 def epsilon_versus_observations(
-    scores: GameScores, *, delta: float, confidence: float, method: str, split_fraction: float, points: int = 6
+    scores: GameScores, delta: float, statistics: AuditStatistics, points: int = 6
 ) -> list[tuple[int, float]]:
     """ε_emp measured on prefixes of the games (N/2^j, ..., N): how the bound grew with N."""
     curve = []
     for size in sorted({max(8, scores.games_per_side >> j) for j in range(points)}):
         prefix = scores.prefix(min(size, scores.games_per_side))
-        estimate = estimate_epsilon(
-            prefix.present,
-            prefix.absent,
-            delta=delta,
-            confidence=confidence,
-            method=method,
-            split_fraction=split_fraction,
-        )
-        curve.append((2 * prefix.games_per_side, estimate.epsilon))
+        curve.append((2 * prefix.games_per_side, statistics.estimate(prefix.present, prefix.absent, delta).epsilon))
     return curve
 
 

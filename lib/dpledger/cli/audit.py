@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
-from dpledger.audit.estimate import THRESHOLD_METHODS
+from dpledger.audit.estimate import THRESHOLD_METHODS, AuditStatistics
 from dpledger.cli import strict_json
 from dpledger.errors import ParamsError
 
@@ -25,6 +25,13 @@ def _print(summary: dict[str, Any], as_json: bool) -> None:
 def _check_threshold(threshold: str) -> None:
     if threshold not in THRESHOLD_METHODS:
         raise ParamsError(f"--threshold = {threshold!r} is invalid: allowed values are {', '.join(THRESHOLD_METHODS)}")
+
+
+def _statistics(threshold: str, confidence: float, split_fraction: float = 0.2) -> AuditStatistics:
+    """The checked ``--threshold``, ``--confidence`` and ``--split-fraction`` as one record."""
+    _check_threshold(threshold)
+    _check_numbers({}, {"--confidence": confidence, "--split-fraction": split_fraction})
+    return AuditStatistics(confidence, threshold, split_fraction)
 
 
 def _sampler_options(sampler: str, buffer_size: Optional[int]) -> dict[str, Any]:
@@ -48,6 +55,16 @@ def _check_numbers(positive: dict[str, float], probabilities: dict[str, float]) 
 # torch.manual_seed takes at most 64 bits and numpy refuses negative seeds: one range for every audit command.
 SEED_RANGE = {"min": 0, "max": 2**32 - 1}
 
+# The options every audit command shares, declared once.
+Threshold = Annotated[
+    str, typer.Option("--threshold", help="bonferroni | split (valid) | max (uncorrected, not valid)")
+]
+Delta = Annotated[float, typer.Option("--delta", help="δ of the claim and of ε_emp")]
+Confidence = Annotated[float, typer.Option("--confidence", help="confidence of the lower bound")]
+Seed = Annotated[int, typer.Option("--seed", **SEED_RANGE, help="random seed")]
+BufferSize = Annotated[Optional[int], typer.Option("--buffer-size", help="K for --sampler partial-shuffle")]
+AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
+
 
 @audit_app.command("bgm")
 def bgm(
@@ -57,30 +74,27 @@ def bgm(
     noise_multiplier: float = typer.Option(..., help="σ: noise std over the clip norm"),
     observations: int = typer.Option(..., help="games run, half on D and half on D'"),
     batch_size: int = typer.Option(1, help="B: batch size"),
-    seed: int = typer.Option(0, **SEED_RANGE, help="random seed"),
-    threshold: str = typer.Option("bonferroni", help="bonferroni | split (valid) | max (uncorrected, not valid)"),
-    confidence: float = typer.Option(0.95, help="confidence of the lower bound"),
-    delta: float = typer.Option(1e-5, help="δ of the claim and of ε_emp"),
+    seed: Seed = 0,
+    threshold: Threshold = "bonferroni",
+    confidence: Confidence = 0.95,
+    delta: Delta = 1e-5,
     epsilon_claimed: Optional[float] = typer.Option(
         None, help="the claim to test (default: PLD ε for --claim-sampler)"
     ),
     claim_sampler: Optional[str] = typer.Option(
         None, help="accountant's sampler for the claim: poisson | fixed (default: the sampler's own, else poisson)"
     ),
-    buffer_size: Optional[int] = typer.Option(None, help="K for --sampler partial-shuffle"),
+    buffer_size: BufferSize = None,
     split_fraction: float = typer.Option(0.2, help="held-out fraction for --threshold split"),
     backend: str = typer.Option("auto", help="auto (GPU if present) | numpy | torch"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    as_json: AsJson = False,
 ) -> None:
     """Audit the batched Gaussian mechanism (Worst-Case threat model) with a sampler; print ε_emp and the verdict."""
     from dpledger.audit.bgm import CLAIM_ACCOUNTANTS, audit_bgm
     from dpledger.sampling.registry import sampler_class
 
-    _check_threshold(threshold)
-    _check_numbers(
-        {"--noise-multiplier": noise_multiplier},
-        {"--delta": delta, "--confidence": confidence, "--split-fraction": split_fraction},
-    )
+    statistics = _statistics(threshold, confidence, split_fraction)
+    _check_numbers({"--noise-multiplier": noise_multiplier}, {"--delta": delta})
     if steps < 1 or batch_size < 1:
         raise ParamsError(f"--steps = {steps}, --batch-size = {batch_size}: both must be >= 1")
     if epsilon_claimed is not None and not (math.isfinite(epsilon_claimed) and epsilon_claimed > 0):
@@ -96,9 +110,7 @@ def bgm(
         noise_multiplier=noise_multiplier,
         observations=observations,
         delta=delta,
-        confidence=confidence,
-        method=threshold,
-        split_fraction=split_fraction,
+        statistics=statistics,
         epsilon_claimed=epsilon_claimed,
         claim_sampler=claim,
         options=options,
@@ -112,34 +124,32 @@ def bgm(
 @audit_app.command("selfcheck")
 def selfcheck(
     mechanism: str = typer.Option("laplace", help="laplace (tight at every threshold) | poisson (BGM vs its PLD ε)"),
-    threshold: str = typer.Option("bonferroni", help="threshold method to check"),
+    threshold: Threshold = "bonferroni",
     repeats: int = typer.Option(100, help="audits to run"),
     observations: int = typer.Option(20_000, help="games per audit"),
     epsilon: float = typer.Option(1.0, help="ε of the Laplace mechanism"),
     steps: int = typer.Option(100, help="steps of the Poisson BGM (q = 1/steps)"),
     noise_multiplier: float = typer.Option(1.0, help="σ of the Poisson BGM"),
-    delta: float = typer.Option(1e-5, help="δ"),
-    confidence: float = typer.Option(0.95, help="confidence of each audit"),
-    seed: int = typer.Option(0, **SEED_RANGE, help="random seed"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    delta: Delta = 1e-5,
+    confidence: Confidence = 0.95,
+    seed: Seed = 0,
+    as_json: AsJson = False,
 ) -> None:
     """Audit a mechanism with known ε many times; report how often ε_emp exceeded it (the false-alarm rate)."""
     from dpledger.audit.selfcheck import run_selfcheck
 
-    _check_threshold(threshold)
-    _check_numbers(
-        {"--epsilon": epsilon, "--noise-multiplier": noise_multiplier}, {"--delta": delta, "--confidence": confidence}
-    )
+    statistics = _statistics(threshold, confidence)
+    _check_numbers({"--epsilon": epsilon, "--noise-multiplier": noise_multiplier}, {"--delta": delta})
     check = run_selfcheck(
         mechanism,
-        method=threshold,
+        method=statistics.method,
         repeats=repeats,
         observations=observations,
         epsilon=epsilon,
         steps=steps,
         noise_multiplier=noise_multiplier,
         delta=delta,
-        confidence=confidence,
+        confidence=statistics.confidence,
         seed=seed,
         progress=not as_json,
     )
@@ -159,21 +169,18 @@ def dpsgd(
     clip_norm: float = typer.Option(1.0, help="clip norm C"),
     lr: float = typer.Option(0.5, help="learning rate"),
     dataset_size: Optional[int] = typer.Option(None, help="use the first n training examples of the embedded data"),
-    threshold: str = typer.Option("bonferroni", help="bonferroni | split | max"),
-    delta: float = typer.Option(1e-5, help="δ"),
-    confidence: float = typer.Option(0.95, help="confidence"),
-    seed: int = typer.Option(0, **SEED_RANGE, help="random seed"),
-    buffer_size: Optional[int] = typer.Option(None, help="K for --sampler partial-shuffle"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    threshold: Threshold = "bonferroni",
+    delta: Delta = 1e-5,
+    confidence: Confidence = 0.95,
+    seed: Seed = 0,
+    buffer_size: BufferSize = None,
+    as_json: AsJson = False,
 ) -> None:
     """Audit DP-SGD on the embedded digits data with gradient canaries (002 Alg. 1)."""
     from dpledger.audit.dpsgd import DpsgdAudit, audit_dpsgd
 
-    _check_threshold(threshold)
-    _check_numbers(
-        {"--noise-multiplier": noise_multiplier, "--clip-norm": clip_norm, "--lr": lr},
-        {"--delta": delta, "--confidence": confidence},
-    )
+    statistics = _statistics(threshold, confidence)
+    _check_numbers({"--noise-multiplier": noise_multiplier, "--clip-norm": clip_norm, "--lr": lr}, {"--delta": delta})
     result = audit_dpsgd(
         DpsgdAudit(
             threat_model=threat_model,
@@ -185,9 +192,8 @@ def dpsgd(
             clip_norm=clip_norm,
             lr=lr,
             dataset_size=dataset_size,
-            method=threshold,
             delta=delta,
-            confidence=confidence,
+            statistics=statistics,
             seed=seed,
             progress=not as_json,
             sampler_options=_sampler_options(sampler, buffer_size),

@@ -38,14 +38,20 @@ from dpledger.mechanisms.rmse import prefix_error_norm_torch, prefix_rmse
 
 
 @dataclass(frozen=True)
-class AmplifiedRmse:
-    """RMSE of one C at (ε, δ) under balls-in-bins (Monte Carlo σ) and without amplification."""
+class MechanismRmse:
+    """A correlation matrix C (as mechanism_params), the σ it needs and the prefix-sum RMSE at that σ."""
 
     mechanism: str
     mechanism_params: dict[str, Any]
-    epsilon: float
     noise_multiplier: float
     rmse: float
+
+
+@dataclass(frozen=True)
+class AmplifiedRmse(MechanismRmse):
+    """RMSE of one C at (ε, δ) under balls-in-bins (Monte Carlo σ) and without amplification."""
+
+    epsilon: float
     unamplified_noise_multiplier: float
     unamplified_rmse: float
 
@@ -72,7 +78,13 @@ def amplified_rmse(
     upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, delta)
     sigma = mc.calibrate_sigma(pair, epsilon, delta, samples, seed, upper).noise_multiplier
     return AmplifiedRmse(
-        mechanism, mechanism_params, epsilon, sigma, prefix_rmse(values, sigma), upper, prefix_rmse(values, upper)
+        mechanism,
+        mechanism_params,
+        noise_multiplier=sigma,
+        rmse=prefix_rmse(values, sigma),
+        epsilon=epsilon,
+        unamplified_noise_multiplier=upper,
+        unamplified_rmse=prefix_rmse(values, upper),
     )
 
 
@@ -171,13 +183,9 @@ def _minimize_unamplified(
 
 
 @dataclass(frozen=True)
-class OptimizedMatrix:
-    """The optimized C (as mechanism_params), its σ and RMSE on the optimization samples, and the trace."""
+class OptimizedMatrix(MechanismRmse):
+    """The optimized C, its σ and RMSE on the optimization samples, and the optimizer's trace."""
 
-    mechanism: str
-    mechanism_params: dict[str, Any]
-    noise_multiplier: float
-    rmse: float
     history: list[float] = field(default_factory=list)
 
 

@@ -11,6 +11,7 @@ from dpledger import io
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.audit import plots
 from dpledger.audit.bgm import audit_bgm
+from dpledger.audit.estimate import AuditStatistics
 from dpledger.audit.result import epsilon_versus_observations, tradeoff_points
 from dpledger.audit.samplers import audited_sampler
 from dpledger.params import Params
@@ -33,27 +34,30 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     record, schedule = _inputs(root)
     check = check_schedule(record.description, schedule, allow_mismatch=True)
     options = options_for(schedule.sampler, **schedule.sampler_params)
-    sizes = {"dataset_size": schedule.dataset_size, "batch_size": record.batch_size, "epochs": record.epochs}
-    audited = audited_sampler(
-        schedule.sampler, noise_multiplier=record.noise_multiplier, options=options, seed=params.seed, **sizes
+    bgm_run = {
+        "dataset_size": schedule.dataset_size,
+        "batch_size": record.batch_size,
+        "epochs": record.epochs,
+        "noise_multiplier": record.noise_multiplier,
+        "options": options,
+        "seed": params.seed,
+    }
+    observations = (
+        audit.pattern_observations
+        if audited_sampler(schedule.sampler, **bgm_run).simulated_by_sampler
+        else audit.observations
     )
-    observations = audit.pattern_observations if audited.simulated_by_sampler else audit.observations
     ledger_basis = f"ledger: {record.accountant} accountant assuming '{record.sampler}' sampling"
+    statistics = AuditStatistics(audit.confidence, audit.threshold, audit.split_fraction)
     result, scores = audit_bgm(
         schedule.sampler,
-        **sizes,
-        noise_multiplier=record.noise_multiplier,
+        **bgm_run,
         observations=observations - observations % 2,
         delta=record.delta,
-        confidence=audit.confidence,
-        method=audit.threshold,
-        split_fraction=audit.split_fraction,
+        statistics=statistics,
         epsilon_claimed=record.epsilon,
         claim_basis=ledger_basis,
-        options=options,
-        seed=params.seed,
         backend=audit.backend,
-        progress=True,
     )
     correlated = (
         []
@@ -63,13 +67,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         ]
     )
     assumptions = list(result.assumptions) + correlated
-    measured = epsilon_versus_observations(
-        scores,
-        delta=record.delta,
-        confidence=audit.confidence,
-        method=audit.threshold,
-        split_fraction=audit.split_fraction,
-    )
+    measured = epsilon_versus_observations(scores, record.delta, statistics)
     details: dict[str, Any] = {
         **result.to_dict(),
         "assumptions": assumptions,
@@ -80,7 +78,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     }
     metrics = {**_flat(result.summary()), "sampler_accounted": record.sampler, "sampler_mismatch": not check.matches}
     if audit.dpsgd:
-        dpsgd = _audit_dpsgd(params, record, schedule, options, ledger_basis)
+        dpsgd = _audit_dpsgd(params, record, schedule, options, ledger_basis, statistics)
         details["dpsgd"] = {**dpsgd.to_dict(), "assumptions": list(dpsgd.assumptions) + correlated}
         metrics.update({f"dpsgd_{key}": value for key, value in _flat(dpsgd.summary()).items() if key != "sampler"})
     with io.atomic_dir(root / paths.plots("audit")) as folder:
@@ -102,7 +100,12 @@ def run(params: Params, root: Path) -> dict[str, Any]:
 
 
 def _audit_dpsgd(
-    params: Params, record: CalibrationRecord, schedule: Schedule, options: dict[str, Any], ledger_basis: str
+    params: Params,
+    record: CalibrationRecord,
+    schedule: Schedule,
+    options: dict[str, Any],
+    ledger_basis: str,
+    statistics: AuditStatistics,
 ) -> Any:
     """The DP-SGD canary audit at the ledger's σ, sizes and sampler, on the MLP and digits (``audit.dpsgd_model:
     digits``) or on the train stage's model, loss and data (``train``: its clip norm and learning rate, SGD)."""
@@ -117,9 +120,8 @@ def _audit_dpsgd(
         batch_size=record.batch_size,
         noise_multiplier=record.noise_multiplier,
         dataset_size=schedule.dataset_size,
-        method=audit.threshold,
         delta=record.delta,
-        confidence=audit.confidence,
+        statistics=statistics,
         seed=params.seed,
         sampler_options=options,
         epsilon_claimed=record.epsilon,
