@@ -273,3 +273,30 @@ def test_screened_estimate_is_exact_and_independent_of_chunks_and_workers(pair, 
     for result in results:
         np.testing.assert_allclose([result.delta_remove, result.delta_add], reference, rtol=1e-12)
         assert result.stderr == pytest.approx(results[0].stderr, rel=1e-9)
+
+
+def test_mc_verification_key_reaches_the_accountant_and_bad_values_get_one_line():
+    import copy
+    from pathlib import Path
+    from typing import get_args
+
+    import yaml
+
+    from dpledger.accounting.accountants import VERIFICATIONS
+    from dpledger.errors import ParamsError
+    from dpledger.params import parse_params
+    from dpledger.params.calibrate import CalibrateParams
+    from dpledger.pipeline.calibrate import accountant_settings
+
+    assert get_args(CalibrateParams.model_fields["mc_verification"].annotation) == VERIFICATIONS
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    raw["calibrate"]["mc_verification"] = "plain"
+    accountant = get_accountant("montecarlo", **accountant_settings(parse_params(raw)))
+    assert accountant.verification == "plain"
+    bad = copy.deepcopy(raw)
+    bad["calibrate"]["mc_verification"] = "fast"
+    with pytest.raises(ParamsError) as excinfo:
+        parse_params(bad)
+    message = str(excinfo.value)
+    assert message.startswith("params: calibrate.mc_verification = 'fast' is invalid") and "\n" not in message
+    assert "'auto', 'plain' or 'importance'" in message
