@@ -247,18 +247,17 @@ class Screen:
     (every term is non-negative, since G >= 0 for C >= 0, so no sum cancels). Where G/σ² exceeds
     KERNEL_LIMIT (K would overflow float32) remove is the plain LSE of a_i + G[bin, i]/σ².
 
-    Error bound (u = 2⁻²⁴): LSE is 1-Lipschitz in the max norm of its terms, and each a_i carries a few
-    roundings relative to |a_i| and G_ii/σ² (plus, for a dense factor F, at most b·u·max_j|W_j|·max_i Σ_j|F_ij|/σ
-    from U = WFᵀ); exp and the sum of b non-negative terms add a relative error of at most (b + 3)u to S
-    (a term that underflows, e_i < 2⁻¹²⁶, is off by at most 2⁻¹²⁶·e^{KERNEL_LIMIT} relative to the sum,
-    which is at least 1). So |Y₃₂ − Y| <= (b + 4·scale + 10)·u with scale = max_i |a_i| + max G/σ² (+ the
-    factor term); ``margin`` = 10⁻³ + 10⁻⁵·(b + scale) per piece exceeds it by more than 40×. A sample
-    whose two float32 losses are both at most ε − margin has hockey-stick value exactly 0 in float64.
+    a_i is computed as (W·(F/σ)ᵀ)_i − G_ii/(2σ²), W the float32 normals. Error bound (u = 2⁻²⁴): LSE is
+    1-Lipschitz in the max norm of its terms; each a_i carries a few roundings relative to |a_i| and G_ii/σ²,
+    plus, for a dense factor F, at most b·u·max_j|W_j|·max_i Σ_j|F_ij|/σ from the product. Relative to
+    S >= 1: rounding a_i − t costs e_i·|a_i − t|·u <= u/e per term, exp a few u, the sum of b non-negative
+    terms (b − 1)u, K and the product 2u; a term that underflows (e_i < 2⁻¹²⁶) is off by at most
+    2⁻¹²⁶·e^{KERNEL_LIMIT}. So |Y₃₂ − Y| <= (1.4·b + 4·scale + 10)·u with scale = max_i |a_i| + max G/σ²
+    (+ the factor term), and ``margin`` = 10⁻³ + 10⁻⁵·(b + scale) per piece exceeds it by more than 40×.
+    A sample whose two float32 losses are both at most ε − margin has hockey-stick value exactly 0.
     """
 
     def __init__(self, prepared: "PreparedPair", sigma: float):
-        self.prepared = prepared
-        self.inverse = 1.0 / sigma
         self.pieces = []
         for gram, factor, diagonal in zip(prepared.grams, prepared.factors, prepared.diagonal):
             scaled = gram / sigma**2
@@ -267,10 +266,10 @@ class Screen:
             self.pieces.append(
                 {
                     "half": (torch.diagonal(scaled) / 2).to(torch.float32),
-                    "factor": factor.to(torch.float32),
+                    "factor": (factor / sigma).to(torch.float32),
                     "diagonal": diagonal,
                     "largest": largest,
-                    "row_sum": 0.0 if diagonal else float(factor.abs().sum(dim=1).max()),
+                    "row_sum": 0.0 if diagonal else float(factor.abs().sum(dim=1).max()) / sigma,
                     "quad": scaled.to(torch.float32) if fallback else None,
                     "boost": torch.expm1(torch.diagonal(scaled)).to(torch.float32) if diagonal else None,
                     "kernel": None if fallback or diagonal else scaled.exp().to(torch.float32),
@@ -283,11 +282,11 @@ class Screen:
         for draw, piece in zip(chunk, self.pieces):
             bins = piece["half"].shape[0]
             log_bins = math.log(bins)
-            terms = correlate(draw.normals, piece["factor"], piece["diagonal"]).mul_(self.inverse).sub_(piece["half"])
+            terms = correlate(draw.normals, piece["factor"], piece["diagonal"]).sub_(piece["half"])
             top = terms.amax(dim=1)
             scale = torch.maximum(top.abs(), terms.amin(dim=1).abs()) + piece["largest"]
             if not piece["diagonal"]:
-                scale = scale + bins * self.inverse * piece["row_sum"] * draw.normals.abs().amax(dim=1)
+                scale = scale + bins * piece["row_sum"] * draw.normals.abs().amax(dim=1)
             if piece["quad"] is not None:
                 piece_remove = torch.logsumexp(terms + piece["quad"][draw.bins], dim=1) - log_bins
             exponentials = terms.sub_(top[:, None]).exp_()
