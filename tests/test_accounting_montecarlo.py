@@ -169,16 +169,27 @@ def test_evr_retries_add_their_failure_probability_to_delta():
     assert retried["unconditional_delta"] == pytest.approx(min(1.0, delta + retried["mc_failure_probability"]))
 
 
-def test_samples_are_full_precision_gaussians_rounded_to_float32():
+def test_samples_are_philox_normals_keyed_by_block_with_far_tails():
     """torch's float32 randn caps a pair's Box–Muller radius at √(2·24·ln 2) = 5.77 (24-bit uniforms), a
-    total-variation gap of 2⁻²⁴ a pair that biases δ̂; the samples are float64 ziggurat draws, rounded."""
+    total-variation gap of 2⁻²⁴ a pair that biases δ̂; the samples are the engine's Philox normals (radius
+    to 9.5σ, checked in tests/test_philox_normal.py), keyed by (seed, block, piece), the bins SFC64's."""
+    from scipy import stats
+
+    from dpledger.engine.philox_normal import fill_standard_normal
+
     pair = mc.redrawn_bins_pair(bins=4, steps=12)
     pieces = list(mc.draws(pair, 100, seed=5, chunk=64))
     for index, draw in enumerate(pieces[0]):
-        rng = np.random.Generator(np.random.SFC64(np.random.SeedSequence((5, 0, index)).generate_state(2, np.uint64)))
+        words = np.random.SeedSequence((5, 0, index)).generate_state(3, np.uint32)
+        rng = np.random.Generator(np.random.SFC64(int(words[0])))
         np.testing.assert_array_equal(draw.bins.numpy(), rng.integers(0, 4, 100))
-        np.testing.assert_array_equal(draw.normals.numpy(), rng.standard_normal((100, 4)).astype(np.float32))
+        expected = np.empty(400, np.float32)
+        fill_standard_normal(expected, (int(words[1]), int(words[2])), step=0)
+        np.testing.assert_array_equal(draw.normals.numpy(), expected.reshape(100, 4))
     assert sum(p[0].bins.shape[0] for p in pieces) == 100 and len(pieces[0]) == 3  # one draw per redrawn epoch
+    assert not torch.equal(pieces[0][0].normals, pieces[0][1].normals)
+    many = torch.cat([d.normals.reshape(-1) for d in mc.draw_chunk(pair, 3 * mc.BLOCK, 9, (0, 3), torch.device("cpu"))])
+    assert stats.kstest(many.double().numpy(), "norm").pvalue > 1e-4
 
 
 def _random_pair(seed: int, bins: int, epochs: int) -> tuple[np.ndarray, np.ndarray]:
