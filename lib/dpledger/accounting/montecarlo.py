@@ -7,8 +7,10 @@ U = MZ ~ N(0, G), G = MMᵀ (b × b), so a sample costs O(b²) instead of O(n·b
     remove (x ~ P):  Y = LSE_i[(G[bin, i] − G_ii/2 + σ U_i)/σ²] − log b
     add    (x ~ Q):  Y = log b − LSE_i[(σ U_i − G_ii/2)/σ²]
 
-δ(ε) = E[(1 − e^{ε−Y})_+] is estimated for both directions and the larger is used. A pair may be a
-composition of independent pieces (bins redrawn every epoch: one b-bin epoch per piece); Y adds up.
+δ(ε) = E[(1 − e^{ε−Y})_+] is estimated for both directions and the larger is used (screened in float32
+with one exp per term, exact in float64 where the screen cannot rule a sample out: :class:`Screen`).
+A pair may be a composition of independent pieces (bins redrawn every epoch: one b-bin epoch per
+piece); Y adds up.
 Samples are generated in memory-bounded chunks from a seed, so the same seed gives common random
 numbers across σ (004 Alg. 2) and a different seed gives the fresh samples EVR needs (004 §3.4).
 """
@@ -167,7 +169,9 @@ def _block(pair: DominatingPair, seed: int, block: int, piece: int, rows: int, d
     Philox4x32-10 Box–Muller (:mod:`dpledger.engine.philox_normal`, keyed by the block's seed; the bins from
     numpy's SFC64): radius to 9.5σ, truncated tail mass below 1e-19 a draw, each draw within 4·2⁻²⁴ of the
     exact value of its words (float32 rounding is 2⁻²⁴), five times cheaper than numpy's float64 ziggurat
-    rounded to float32. On CUDA torch's float64 ``randn`` (Philox, Box–Muller on 53-bit uniforms), rounded."""
+    rounded to float32. On CUDA torch's float64 ``randn`` (Philox, Box–Muller on 53-bit uniforms), rounded.
+    The losses are those of these float32 values: a relative perturbation of a few 2⁻²⁴ per normal, which,
+    like the rounding to float32 before, EVR's bound does not count."""
     words = np.random.SeedSequence((int(seed), block, piece)).generate_state(3, np.uint32)
     if device.type == "cuda":
         generator = torch.Generator(device=device)
