@@ -243,13 +243,14 @@ def test_one_exp_screen_matches_n_dimensional_losses_within_its_margin(seed, bin
     assert np.ptp(direct_remove) > 1.0  # the losses spread over values the margin could not hide
 
 
-def test_one_exp_screen_on_diagonal_gram_uses_the_own_bin_shortcut():
+@pytest.mark.parametrize("sigma", [1.3, 0.2])  # 0.2: G/σ² = 100 > KERNEL_LIMIT, plain LSE
+def test_one_exp_screen_on_diagonal_gram_uses_the_own_bin_shortcut(sigma):
     pair = mc.fixed_bins_pair(np.ones(1), 16, 64)  # C = I, 4 epochs: G = 4·I
     prepared = mc.PreparedPair(pair)
     assert prepared.diagonal == [True]
     chunk = next(mc.draws(pair, 3000, seed=2))
-    remove, add, margin = mc.Screen(prepared, 1.3)(chunk)
-    exact_remove, exact_add = prepared.chunk_losses(chunk, 1.3, torch.float64)
+    remove, add, margin = mc.Screen(prepared, sigma)(chunk)
+    exact_remove, exact_add = prepared.chunk_losses(chunk, sigma, torch.float64)
     assert torch.all((remove - exact_remove).abs() <= margin / 40)
     assert torch.all((add - exact_add).abs() <= margin / 40)
 
