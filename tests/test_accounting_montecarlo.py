@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 
@@ -168,13 +169,146 @@ def test_evr_retries_add_their_failure_probability_to_delta():
     assert retried["unconditional_delta"] == pytest.approx(min(1.0, delta + retried["mc_failure_probability"]))
 
 
-def test_samples_are_full_precision_gaussians_rounded_to_float32():
+def test_samples_are_philox_normals_keyed_by_block_with_far_tails():
     """torch's float32 randn caps a pair's Box–Muller radius at √(2·24·ln 2) = 5.77 (24-bit uniforms), a
-    total-variation gap of 2⁻²⁴ a pair that biases δ̂; the samples are float64 ziggurat draws, rounded."""
+    total-variation gap of 2⁻²⁴ a pair that biases δ̂; the samples are the engine's Philox normals (radius
+    to 9.5σ, checked in tests/test_philox_normal.py), keyed by (seed, block, piece), the bins SFC64's."""
+    from scipy import stats
+
+    from dpledger.engine.philox_normal import fill_standard_normal
+
     pair = mc.redrawn_bins_pair(bins=4, steps=12)
     pieces = list(mc.draws(pair, 100, seed=5, chunk=64))
     for index, draw in enumerate(pieces[0]):
-        rng = np.random.Generator(np.random.SFC64(np.random.SeedSequence((5, 0, index)).generate_state(2, np.uint64)))
+        words = np.random.SeedSequence((5, 0, index)).generate_state(3, np.uint32)
+        rng = np.random.Generator(np.random.SFC64(int(words[0])))
         np.testing.assert_array_equal(draw.bins.numpy(), rng.integers(0, 4, 100))
-        np.testing.assert_array_equal(draw.normals.numpy(), rng.standard_normal((100, 4)).astype(np.float32))
+        expected = np.empty(400, np.float32)
+        fill_standard_normal(expected, (int(words[1]), int(words[2])), step=0)
+        np.testing.assert_array_equal(draw.normals.numpy(), expected.reshape(100, 4))
     assert sum(p[0].bins.shape[0] for p in pieces) == 100 and len(pieces[0]) == 3  # one draw per redrawn epoch
+    assert not torch.equal(pieces[0][0].normals, pieces[0][1].normals)
+    many = torch.cat([d.normals.reshape(-1) for d in mc.draw_chunk(pair, 3 * mc.BLOCK, 9, (0, 3), torch.device("cpu"))])
+    assert stats.kstest(many.double().numpy(), "norm").pvalue > 1e-4
+
+
+def _random_pair(seed: int, bins: int, epochs: int) -> tuple[np.ndarray, np.ndarray]:
+    """A random non-negative lower-triangular C (n = bins·epochs): its modes M (n × b) and G = MᵀM."""
+    rng = np.random.default_rng(seed)
+    steps = bins * epochs
+    matrix = np.tril(rng.exponential(size=(steps, steps)) * (rng.random((steps, steps)) < 0.3)) + np.eye(steps)
+    modes = matrix.reshape(steps, epochs, bins).sum(axis=1)
+    np.testing.assert_allclose(modes.T @ modes, mc.gram_from_matrix(matrix, bins), rtol=1e-12)
+    return modes, modes.T @ modes
+
+
+@pytest.mark.parametrize(
+    "seed,bins,epochs,sigma",
+    [(0, 5, 3, 1.0), (1, 8, 2, 4.0), (2, 6, 4, 0.25), (3, 7, 1, 0.05)],  # 0.05: G/σ² > KERNEL_LIMIT, plain LSE
+)
+def test_one_exp_screen_matches_n_dimensional_losses_within_its_margin(seed, bins, epochs, sigma):
+    """The float32 screen's losses (one exp per term) against log P(x)/Q(x) computed from x ∈ R^n directly, and
+    against the float64 ``losses`` on the same rounded draws: off by far less than the stated margin."""
+    from scipy.special import logsumexp
+
+    modes, gram = _random_pair(seed, bins, epochs)
+    rng = np.random.default_rng(seed + 10)
+    rows = 2000
+    noise = rng.standard_normal((rows, modes.shape[0]))
+    chosen = rng.integers(0, bins, rows)
+    factor = np.linalg.cholesky(gram)
+    normals = np.linalg.solve(factor, (noise @ modes).T).T.astype(np.float32)  # U = W Fᵀ = Mᵀ Z, rounded
+    pair = mc.DominatingPair((gram,))
+    screen = mc.Screen(mc.PreparedPair(pair), sigma)
+    draw = mc.Draw(torch.from_numpy(chosen), torch.from_numpy(normals))
+    remove, add, margin = (t.numpy() for t in screen([draw]))
+
+    half_norms = 0.5 * np.sum(modes**2, axis=0)
+
+    def log_ratio(points: np.ndarray) -> np.ndarray:
+        return logsumexp((points @ modes - half_norms) / sigma**2, axis=1) - math.log(bins)
+
+    exact_remove, exact_add = (
+        t.numpy()
+        for t in mc.losses(
+            torch.from_numpy(gram),
+            torch.from_numpy(chosen),
+            torch.from_numpy(normals).double() @ torch.from_numpy(factor).T,
+            sigma,
+        )
+    )
+    assert np.all(np.abs(remove - exact_remove) <= margin / 40) and np.all(np.abs(add - exact_add) <= margin / 40)
+    direct_remove, direct_add = log_ratio(modes.T[chosen] + sigma * noise), -log_ratio(sigma * noise)
+    assert np.all(np.abs(remove - direct_remove) <= margin) and np.all(np.abs(add - direct_add) <= margin)
+    assert np.ptp(direct_remove) > 1.0  # the losses spread over values the margin could not hide
+
+
+@pytest.mark.parametrize("sigma", [1.3, 0.2])  # 0.2: G/σ² = 100 > KERNEL_LIMIT, plain LSE
+def test_one_exp_screen_on_diagonal_gram_uses_the_own_bin_shortcut(sigma):
+    pair = mc.fixed_bins_pair(np.ones(1), 16, 64)  # C = I, 4 epochs: G = 4·I
+    prepared = mc.PreparedPair(pair)
+    assert prepared.diagonal == [True]
+    chunk = next(mc.draws(pair, 3000, seed=2))
+    remove, add, margin = mc.Screen(prepared, sigma)(chunk)
+    exact_remove, exact_add = prepared.chunk_losses(chunk, sigma, torch.float64)
+    assert torch.all((remove - exact_remove).abs() <= margin / 40)
+    assert torch.all((add - exact_add).abs() <= margin / 40)
+
+
+def _unscreened_delta(pair: mc.DominatingPair, sigma: float, epsilon: float, samples: int, seed: int) -> np.ndarray:
+    """δ̂ per direction with every sample's float64 losses (no screen): the reference the screen must equal."""
+    prepared = mc.PreparedPair(pair)
+    sums = np.zeros(2)
+    for chunk in mc.draws(pair, samples, seed):
+        for index, loss in enumerate(prepared.chunk_losses(chunk, sigma, torch.float64)):
+            sums[index] += float(mc.hockey_stick(loss, epsilon).sum())
+    return sums / samples
+
+
+@pytest.mark.parametrize(
+    "pair,sigma",
+    [
+        (mc.fixed_bins_pair(coefficients("banded", banded_params(4), 48), 12, 48), 2.0),
+        (mc.fixed_bins_pair(np.ones(1), 12, 48), 1.2),
+        (mc.redrawn_bins_pair(12, 30), 0.8),
+    ],
+)
+def test_screened_estimate_is_exact_and_independent_of_chunks_and_workers(pair, sigma):
+    samples = 5 * mc.BLOCK + 123
+    reference = _unscreened_delta(pair, sigma, 1.0, samples, seed=4)
+    assert reference.max() > 1e-4  # samples past the threshold exist, so the screen has something to keep
+    results = [
+        mc.estimate_delta(pair, sigma, 1.0, samples, seed=4, chunk=chunk, workers=workers)
+        for chunk in (mc.BLOCK, 2 * mc.BLOCK, 8 * mc.BLOCK)
+        for workers in (1, 2, 3)
+    ]
+    for result in results:
+        np.testing.assert_allclose([result.delta_remove, result.delta_add], reference, rtol=1e-12)
+        assert result.stderr == pytest.approx(results[0].stderr, rel=1e-9)
+
+
+def test_mc_verification_key_reaches_the_accountant_and_bad_values_get_one_line():
+    import copy
+    from pathlib import Path
+    from typing import get_args
+
+    import yaml
+
+    from dpledger.accounting.accountants import VERIFICATIONS
+    from dpledger.errors import ParamsError
+    from dpledger.params import parse_params
+    from dpledger.params.calibrate import CalibrateParams
+    from dpledger.pipeline.calibrate import accountant_settings
+
+    assert get_args(CalibrateParams.model_fields["mc_verification"].annotation) == VERIFICATIONS
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    raw["calibrate"]["mc_verification"] = "plain"
+    accountant = get_accountant("montecarlo", **accountant_settings(parse_params(raw)))
+    assert accountant.verification == "plain"
+    bad = copy.deepcopy(raw)
+    bad["calibrate"]["mc_verification"] = "fast"
+    with pytest.raises(ParamsError) as excinfo:
+        parse_params(bad)
+    message = str(excinfo.value)
+    assert message.startswith("params: calibrate.mc_verification = 'fast' is invalid") and "\n" not in message
+    assert "'auto', 'plain' or 'importance'" in message

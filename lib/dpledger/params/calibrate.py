@@ -52,6 +52,10 @@ class CalibrateParams(Section):
         description="Monte Carlo claim's failure probability; null: min(delta/10, 1e-6); sets the EVR sample count",
     )
     mc_device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Monte Carlo sampling device")
+    mc_verification: Literal["auto", "plain", "importance"] = Field(
+        default="auto",
+        description="EVR sampling: auto (importance where it needs fewer fresh samples) | plain | importance",
+    )
     evr_delta_ratio: float = Field(default=0.5, gt=0.0, lt=1.0, description="calibrate at delta' = ratio * delta")
     pld_discretization: float = Field(default=1e-4, ge=1e-6, le=1e-2, description="PLD value discretization interval")
     table_discretization: float = Field(

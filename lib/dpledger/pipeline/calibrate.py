@@ -59,6 +59,7 @@ def accountant_settings(params: Params) -> dict[str, Any]:
         "evr_delta_ratio": cal.evr_delta_ratio,
         "discretization": cal.pld_discretization,
         "device": cal.mc_device,
+        "verification": cal.mc_verification,
     }
 
 
