@@ -176,3 +176,37 @@ def test_cli_defaults_are_the_params_defaults(command):
         ("accountant", "accountant"),
     ):
         assert parameters[option].default == CalibrateParams.model_fields[key].default
+
+
+MONTE_CARLO = [
+    "epsilon",
+    "--noise-multiplier",
+    "1",
+    "--delta",
+    "0.05",
+    "--sampler",
+    "balls-in-bins",
+    "--batches-per-epoch",
+    "4",
+    "--epochs",
+    "1",
+    "--mechanism",
+    "banded",
+    "--bands",
+    "2",
+    "--samples",
+    "20000",
+    "--failure-probability",
+    "0.01",
+]
+
+
+@pytest.mark.parametrize("verification", ["plain", "importance"])
+def test_verification_option_reaches_estimate_verify_release(verification):
+    result = _run(*MONTE_CARLO, "--verification", verification, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["details"]["verification"] == verification
+
+
+def test_unknown_verification_is_one_line():
+    _one_line_error(_run(*MONTE_CARLO, "--verification", "fast"), "verification", "auto, plain, importance")

@@ -175,7 +175,7 @@ def test_samples_are_philox_normals_keyed_by_block_with_far_tails():
     to 9.5σ, checked in tests/test_philox_normal.py), keyed by (seed, block, piece), the bins SFC64's."""
     from scipy import stats
 
-    from dpledger.engine.philox_normal import fill_standard_normal
+    from dpledger.philox_normal import fill_standard_normal
 
     pair = mc.redrawn_bins_pair(bins=4, steps=12)
     pieces = list(mc.draws(pair, 100, seed=5, chunk=64))

@@ -140,7 +140,7 @@ def _draw_with_threads(threads: int, numel: int, dtype: torch.dtype) -> torch.Te
 
 @pytest.mark.parametrize("numba_pool", [True, False], ids=["numba-pool", "own-threads"])
 def test_cpu_float32_noise_is_philox_box_muller_whatever_the_thread_count(numba_pool, monkeypatch):
-    from dpledger.engine import philox_normal
+    from dpledger import philox_normal
     from dpledger.engine.noise import philox_key
 
     if not numba_pool:

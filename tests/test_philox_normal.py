@@ -12,7 +12,7 @@ import pytest
 from numba import njit
 from scipy import stats
 
-from dpledger.engine import philox_normal as pn
+from dpledger import philox_normal as pn
 
 
 @pytest.mark.parametrize(

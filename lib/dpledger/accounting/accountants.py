@@ -261,11 +261,11 @@ class MonteCarloAccountant:
         return threshold, evr.samples_for(per_attempt, delta, threshold), per_attempt
 
     def unsupported(self, description: MechanismDescription) -> str | None:
-        if description.sampler not in ("balls-in-bins", "balls-in-bins-redrawn"):
-            return (
-                f"the Monte Carlo accountant covers balls-in-bins batching, not {description.sampler}; "
-                f"use --accountant pld"
-            )
+        refusal = _outside(
+            description, "Monte Carlo", ("balls-in-bins", "balls-in-bins-redrawn"), "balls-in-bins batching", "pld"
+        )
+        if refusal:
+            return refusal
         if description.group_size != 1:
             return "the Monte Carlo accountant is example-level only; group-level ε needs poisson or fixed with pld"
         if description.sampler == "balls-in-bins-redrawn" and description.mechanism != "identity":

@@ -27,7 +27,7 @@ from typing import Callable, Iterator, TypeVar
 import numpy as np
 import torch
 
-from dpledger.engine import philox_normal
+from dpledger import philox_normal
 from dpledger.errors import ParamsError, UnsupportedMechanismError
 
 BLOCK = 1 << 12
@@ -166,7 +166,7 @@ def _block(pair: DominatingPair, seed: int, block: int, piece: int, rows: int, d
     takes its Box–Muller radius from 24-bit uniforms and never lands beyond radius 5.77, where a Gaussian
     pair does with probability 2⁻²⁴) differs in total variation, and so may bias δ̂, by up to (b/2)·2⁻²⁴
     (4e-6 at b = 128), which EVR's bound does not cover. On the CPU they come from the engine's
-    Philox4x32-10 Box–Muller (:mod:`dpledger.engine.philox_normal`, keyed by the block's seed; the bins from
+    Philox4x32-10 Box–Muller (:mod:`dpledger.philox_normal`, keyed by the block's seed; the bins from
     numpy's SFC64): radius to 9.5σ, truncated tail mass below 1e-19 a draw, each draw within 4·2⁻²⁴ of the
     exact value of its words (float32 rounding is 2⁻²⁴), five times cheaper than numpy's float64 ziggurat
     rounded to float32. On CUDA torch's float64 ``randn`` (Philox, Box–Muller on 53-bit uniforms), rounded.

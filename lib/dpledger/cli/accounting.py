@@ -94,6 +94,13 @@ FailureProbability = Annotated[
 ]
 EvrDeltaRatio = Annotated[float, typer.Option("--evr-delta-ratio", help="Monte Carlo: estimate at δ' = ratio·δ")]
 Device = Annotated[str, typer.Option("--device", help="Monte Carlo: auto | cpu | cuda")]
+Verification = Annotated[
+    str,
+    typer.Option(
+        "--verification",
+        help="Monte Carlo EVR sampling: auto (importance where it needs fewer draws) | plain | importance",
+    ),
+]
 MonteCarloSamples = Annotated[int, typer.Option("--samples", help="Monte Carlo samples (estimate / calibrate σ)")]
 Seed = Annotated[int, typer.Option("--seed", help="Monte Carlo seed")]
 Discretization = Annotated[float, typer.Option("--discretization", help="PLD value discretization interval")]
@@ -126,6 +133,7 @@ class RunOptions:
     seed: Seed = 0
     discretization: Discretization = _default("pld_discretization")
     device: Device = _default("mc_device")
+    verification: Verification = _default("mc_verification")
     as_json: AsJson = False
 
     def warnings(self) -> list[str]:
@@ -180,6 +188,7 @@ class RunOptions:
             evr_delta_ratio=self.evr_delta_ratio,
             discretization=self.discretization,
             device=self.device,
+            verification=self.verification,
         )
 
     def emit(self, payload: dict[str, Any], headline: str) -> None:

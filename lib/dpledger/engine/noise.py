@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from dpledger.engine import philox_normal
+from dpledger import philox_normal
 from dpledger.errors import ParamsError
 
 NOISE_CHUNK = 1 << 18
