@@ -38,6 +38,7 @@ from dpledger.accounting.calibrate import calibrate_noise
 from dpledger.accounting.pld import gaussian_noise_for
 from dpledger.mechanisms import banded_params, coefficients
 from dpledger.mechanisms.optimize import (
+    RmseSetting,
     amplified_rmse,
     best_bands,
     optimize_banded,
@@ -128,21 +129,20 @@ def bench_rmse(epsilons: list[float]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for epsilon in epsilons:
-        identity = amplified_rmse("identity", {}, epsilon, DELTA, BINS, EPOCHS, SAMPLES, seed=11)
+        final = RmseSetting(epsilon, DELTA, BINS, EPOCHS, SAMPLES, seed=11)
+        identity = amplified_rmse("identity", {}, final)
         candidates = [2**i for i in range(12)]
-        banded_search = best_bands(epsilon, DELTA, BINS, EPOCHS, 1 << 16, seed=3, candidates=candidates)
+        banded_search = best_bands(RmseSetting(epsilon, DELTA, BINS, EPOCHS, 1 << 16, seed=3), candidates=candidates)
         width = len(banded_search.mechanism_params["coefficients"])
         family = "sqrt" if banded_search.mechanism_params == banded_params(width) else "opt"
-        banded = amplified_rmse(
-            "banded", banded_search.mechanism_params, epsilon, DELTA, BINS, EPOCHS, SAMPLES, seed=11
-        )
+        banded = amplified_rmse("banded", banded_search.mechanism_params, final)
         unamplified, _ = best_unamplified_rmse(epsilon)
         poisson, poisson_width = banded_poisson_rmse(epsilon)
         samples = 1 << 14 if epsilon <= 2 else 1 << 16
         blt = optimize_matrix(
             "blt", epsilon, DELTA, BINS, EPOCHS, steps=300, samples=samples, buffers=3, init_bands=width
         )
-        blt_final = amplified_rmse("blt", blt.mechanism_params, epsilon, DELTA, BINS, EPOCHS, SAMPLES, seed=11)
+        blt_final = amplified_rmse("blt", blt.mechanism_params, final)
         best_amplified = min(identity.rmse, banded.rmse, blt_final.rmse)
         lines.append(
             f"| {epsilon:g} | {unamplified:.4f} | {poisson:.4f} ({poisson_width}) | {identity.rmse:.4f} | "

@@ -12,6 +12,7 @@ from dpledger.errors import ParamsError
 from dpledger.mechanisms import banded_params, coefficients, dense_matrix
 from dpledger.mechanisms.matrices import blt_coefficients
 from dpledger.mechanisms.optimize import (
+    RmseSetting,
     _blt,
     _implicit_gradient,
     amplified_rmse,
@@ -50,15 +51,15 @@ def test_square_root_factorization_beats_identity_without_amplification():
 
 def test_balls_in_bins_improves_on_unamplified_rmse():
     for epsilon in (0.5, 4.0, 16.0):
-        result = amplified_rmse("banded", banded_params(2), epsilon, 1e-5, 8, 4, samples=1 << 14)
+        result = amplified_rmse("banded", banded_params(2), RmseSetting(epsilon, 1e-5, 8, 4, samples=1 << 14))
         assert result.rmse < result.unamplified_rmse
         assert unamplified_rmse("banded", banded_params(2), epsilon, 1e-5, 8, 4) == result.unamplified_rmse
 
 
 def test_best_bands_is_the_minimum_over_candidates():
-    best = best_bands(2.0, 1e-4, 8, 4, samples=1 << 13, candidates=[1, 2, 4])
+    best = best_bands(RmseSetting(2.0, 1e-4, 8, 4, samples=1 << 13), candidates=[1, 2, 4])
     each = [
-        amplified_rmse("banded", params, 2.0, 1e-4, 8, 4, samples=1 << 13).rmse
+        amplified_rmse("banded", params, RmseSetting(2.0, 1e-4, 8, 4, samples=1 << 13)).rmse
         for w in (1, 2, 4)
         for params in (banded_params(w), optimize_banded(w, 8, 4))
     ]
@@ -99,8 +100,9 @@ def test_optimized_blt_improves_on_its_start_and_is_non_negative():
     than its start, both recalibrated on the same larger sample."""
     result = optimize_matrix("blt", 8.0, 1e-4, 6, 4, steps=60, samples=1 << 12, buffers=2, init_bands=1)
     start = {"buffer_decays": [1 - 1 / 1.5, 0.5], "output_scales": [1e-2, 1e-2]}
-    before = amplified_rmse("blt", start, 8.0, 1e-4, 6, 4, samples=1 << 15, seed=9)
-    after = amplified_rmse("blt", result.mechanism_params, 8.0, 1e-4, 6, 4, samples=1 << 15, seed=9)
+    recalibration = RmseSetting(8.0, 1e-4, 6, 4, samples=1 << 15, seed=9)
+    before = amplified_rmse("blt", start, recalibration)
+    after = amplified_rmse("blt", result.mechanism_params, recalibration)
     assert after.rmse < 0.97 * before.rmse
     assert all(0 <= d < 1 for d in result.mechanism_params["buffer_decays"])
     assert all(s >= 0 for s in result.mechanism_params["output_scales"])

@@ -18,12 +18,4 @@ def load_data(data: DataParams, seed: int) -> Dataset:
         raise ParamsError("params: data.path is missing: data.name = 'text' reads a .jsonl or .csv file")
     if not Path(data.path).is_file():
         raise ParamsError(f"params: data.path = {data.path!r} is invalid: no such file")
-    return load_text(
-        data.path,
-        tokenizer=data.tokenizer,
-        max_length=data.max_length,
-        text_field=data.text_field,
-        label_field=data.label_field,
-        test_fraction=data.test_fraction,
-        seed=seed,
-    )
+    return load_text(data, seed)

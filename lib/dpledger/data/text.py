@@ -17,6 +17,7 @@ import numpy as np
 
 from dpledger.data.dataset import Dataset, split_dataset
 from dpledger.errors import DpledgerError, ParamsError
+from dpledger.params.core import DataParams
 
 PAD = -1
 """Token id marking padding in a text dataset's ``x`` (never a real id)."""
@@ -100,30 +101,21 @@ def token_ids(tokenizer: Any, texts: list[str], max_length: int) -> np.ndarray:
     return ids
 
 
-def load_text(
-    path: str,
-    *,
-    tokenizer: str | None,
-    max_length: int,
-    text_field: str,
-    label_field: str,
-    test_fraction: float,
-    seed: int,
-) -> Dataset:
-    """The tokenized dataset of ``path``; labelled when the first record has ``label_field``."""
-    source = Path(path)
+def load_text(data: DataParams, seed: int) -> Dataset:
+    """The tokenized dataset of ``data.path`` (a set path); labelled when the first record has ``data.label_field``."""
+    source = Path(data.path)
     records = read_records(source)
     if not records:
         raise DpledgerError(f"{source}: holds no records")
-    tok = load_tokenizer(tokenizer)
-    texts = _column(records, text_field, "data.text_field", source)
-    has_labels = label_field in records[0]
+    tok = load_tokenizer(data.tokenizer)
+    texts = _column(records, data.text_field, "data.text_field", source)
+    has_labels = data.label_field in records[0]
     labels = (
-        _labels(_column(records, label_field, "data.label_field", source), source, label_field)
+        _labels(_column(records, data.label_field, "data.label_field", source), source, data.label_field)
         if has_labels
         else np.zeros(len(records), dtype=np.int64)
     )
-    split = split_dataset(token_ids(tok, texts, max_length), labels, test_fraction, seed, "text")
+    split = split_dataset(token_ids(tok, texts, data.max_length), labels, data.test_fraction, seed, "text")
     return Dataset(
         split.x_train,
         split.y_train,

@@ -56,27 +56,35 @@ class AmplifiedRmse(MechanismRmse):
     unamplified_rmse: float
 
 
+@dataclass(frozen=True)
+class RmseSetting:
+    """Where RMSEs are compared: the target (ε, δ), the balls-in-bins schedule (``bins`` batches per epoch
+    for ``epochs`` epochs) and the Monte Carlo estimate's sample count and seed."""
+
+    epsilon: float
+    delta: float
+    bins: int
+    epochs: int
+    samples: int
+    seed: int = 0
+
+    @property
+    def steps(self) -> int:
+        return self.bins * self.epochs
+
+
 @mc.single_threaded
-def amplified_rmse(
-    mechanism: str,
-    mechanism_params: dict[str, Any],
-    epsilon: float,
-    delta: float,
-    bins: int,
-    epochs: int,
-    samples: int,
-    seed: int = 0,
-) -> AmplifiedRmse:
+def amplified_rmse(mechanism: str, mechanism_params: dict[str, Any], setting: RmseSetting) -> AmplifiedRmse:
     """σ and RMSE of C under balls-in-bins (Monte Carlo estimate, no EVR: a utility figure) and unamplified.
 
     Unamplified: every example sits in a fixed slot of every epoch in arbitrary order, so the Gaussian
     mechanism with sensitivity max_i ‖m_i‖ (the same columns Lemma 3.2 sums) is calibrated exactly.
     """
-    steps = bins * epochs
-    values = coefficients(mechanism, mechanism_params, steps)
-    pair = mc.fixed_bins_pair(values, bins, steps)
+    epsilon, delta = setting.epsilon, setting.delta
+    values = coefficients(mechanism, mechanism_params, setting.steps)
+    pair = mc.fixed_bins_pair(values, setting.bins, setting.steps)
     upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, delta)
-    sigma = mc.calibrate_sigma(pair, epsilon, delta, samples, seed, upper).noise_multiplier
+    sigma = mc.calibrate_sigma(pair, epsilon, delta, setting.samples, setting.seed, upper).noise_multiplier
     return AmplifiedRmse(
         mechanism,
         mechanism_params,
@@ -98,25 +106,16 @@ def unamplified_rmse(
     return prefix_rmse(values, gaussian_noise_for(sensitivity, epsilon, delta))
 
 
-def best_bands(
-    epsilon: float,
-    delta: float,
-    bins: int,
-    epochs: int,
-    samples: int,
-    seed: int = 0,
-    candidates: list[int] | None = None,
-) -> AmplifiedRmse:
+def best_bands(setting: RmseSetting, candidates: list[int] | None = None) -> AmplifiedRmse:
     """The w-banded C (w a power of two up to n) with the smallest amplified RMSE, over both banded
     families: the square root of the prefix-sum matrix and :func:`optimize_banded`'s C (004 §5.1's
     banded matrices, optimized without amplification). Neither family wins everywhere: at n = 2048,
     b = 128 the square root is better at ε <= 8, the optimized C at ε = 16 (``benchmarks/RESULTS.md``)."""
-    steps = bins * epochs
-    widths = candidates or [2**i for i in range(int(math.log2(steps)) + 1)]
+    widths = candidates or [2**i for i in range(int(math.log2(setting.steps)) + 1)]
     results = [
-        amplified_rmse("banded", params, epsilon, delta, bins, epochs, samples, seed)
+        amplified_rmse("banded", params, setting)
         for w in widths
-        for params in (banded_params(w), optimize_banded(w, bins, epochs))
+        for params in (banded_params(w), optimize_banded(w, setting.bins, setting.epochs))
     ]
     return min(results, key=lambda r: r.rmse)
 

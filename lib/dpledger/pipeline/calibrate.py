@@ -36,7 +36,7 @@ from dpledger.accounting.description import vacuous_delta_warning
 from dpledger.accounting.group import GroupEpsilon
 from dpledger.data import load_data
 from dpledger.mechanisms import banded_params, coefficients
-from dpledger.mechanisms.optimize import amplified_rmse, optimize_matrix
+from dpledger.mechanisms.optimize import RmseSetting, amplified_rmse, optimize_matrix
 from dpledger.mechanisms.rmse import prefix_rmse
 from dpledger.params import CalibrateParams, Params, check_dataset_size
 from dpledger.pipeline.inputs_check import seal_record
@@ -141,7 +141,8 @@ def rmse_rows(params: Params, description: MechanismDescription, mechanism_param
     for label, mech_params in mechanisms:
         kind = label.split("-")[0]
         for eps in cal.rmse_epsilons:
-            result = amplified_rmse(kind, mech_params, eps, cal.delta, bins, epochs, cal.rmse_samples, params.seed)
+            setting = RmseSetting(eps, cal.delta, bins, epochs, cal.rmse_samples, params.seed)
+            result = amplified_rmse(kind, mech_params, setting)
             rows.append([label, eps, result.rmse, result.unamplified_rmse, result.noise_multiplier])
     return rows
 

@@ -6,12 +6,28 @@ import numpy as np
 import torch
 
 from dpledger.verify.heuristics import plateau_start
-from dpledger.verify.result import Curve, Figure, TestResult, skipped_result
+from dpledger.verify.result import Check, Curve, Figure, TestResult, ratio_figure, skipped_result
 from dpledger.verify.runner import BatteryConfig, Runner
 from dpledger.verify.stats import slope_test
 
 SENSITIVITY_TOLERANCE = 1e-3
 """Relative slack for the sensitivity bound: float32 rounding, far below any clipping bug's excess."""
+
+T1 = Check(
+    "t1_no_clipping",
+    "000 T1: ΔL after one step must depend on C while C < ‖g‖ (σ = 0, B = 1)",
+    "t of the slope of ΔL on C below the plateau",
+)
+T2 = Check(
+    "t2_minibatch_clipping",
+    "000 T2: with B − 1 zero-gradient rows and one large-gradient row, ΔL must shrink like 1/B",
+    "t of the slope of ΔL on 1/B",
+)
+SENSITIVITY = Check(
+    "sensitivity",
+    "beyond 000: σ = 0, one large-gradient example may move an SGD model by at most η·C/B",
+    "max ‖θ(D) − θ(D')‖ / (η·C/B) over contexts",
+)
 
 
 def _probe_lr(runner: Runner, clip_norm_times_norm: float, config: BatteryConfig) -> float:
@@ -74,12 +90,8 @@ def run_t1(runner: Runner, config: BatteryConfig, seed: int, significance: float
         ),
         log_x=True,
     )
-    result = TestResult(
-        name="t1_no_clipping",
-        description="000 T1: ΔL after one step must depend on C while C < ‖g‖ (σ = 0, B = 1)",
-        statistic=test.t_statistic if test else 0.0,
-        statistic_name="t of the slope of ΔL on C below the plateau",
-        p_value=test.p_value if test else 1.0,
+    result = T1.slope(
+        test,
         passed=passed,
         diagnosis=diagnosis,
         steps=runner.steps_used - steps_before,
@@ -134,12 +146,8 @@ def run_t2(runner: Runner, config: BatteryConfig, seed: int, significance: float
             f"the loss change varies with B but not like 1/B (slope p = {test.p_value:.3g}): "
             "clipping or averaging is wrong"
         )
-    return TestResult(
-        name="t2_minibatch_clipping",
-        description="000 T2: with B − 1 zero-gradient rows and one large-gradient row, ΔL must shrink like 1/B",
-        statistic=test.t_statistic,
-        statistic_name="t of the slope of ΔL on 1/B",
-        p_value=test.p_value,
+    return T2.slope(
+        test,
         passed=passed,
         diagnosis=diagnosis,
         steps=runner.steps_used - steps_before,
@@ -183,7 +191,7 @@ def run_sensitivity(runner: Runner, config: BatteryConfig, seed: int) -> TestRes
     """
     task = runner.task
     if runner.optimizer == "adam":
-        return skipped_result("sensitivity", "Adam normalises its update, so no η·C/B bound exists (000 App. E)")
+        return skipped_result(SENSITIVITY.name, "Adam normalises its update, so no η·C/B bound exists (000 App. E)")
     clip_norm = float(torch.median(task.ordinary_norms))
     lr = 0.05
     steps_before = runner.steps_used
@@ -216,30 +224,13 @@ def run_sensitivity(runner: Runner, config: BatteryConfig, seed: int) -> TestRes
             f"one example moves the model by {ratio:.4g}× the bound η·C/B ({labels[worst]}): {cause}; "
             f"the true sensitivity is {ratio:.3g}× the one the accountant assumes"
         )
-    return TestResult(
-        name="sensitivity",
-        description="beyond 000: σ = 0, one large-gradient example may move an SGD model by at most η·C/B",
+    return SENSITIVITY.deterministic(
         statistic=ratio,
-        statistic_name="max ‖θ(D) − θ(D')‖ / (η·C/B) over contexts",
-        p_value=1.0 if passed else 0.0,
         passed=passed,
+        tolerance=SENSITIVITY_TOLERANCE,
+        details={"contexts": labels, "ratios": ratios, "clip_norm": clip_norm},
+        note=" (σ = 0)",
         diagnosis=diagnosis,
         steps=runner.steps_used - steps_before,
-        details={
-            "contexts": labels,
-            "ratios": ratios,
-            "clip_norm": clip_norm,
-            "tolerance": SENSITIVITY_TOLERANCE,
-            "p_value_note": "deterministic check (σ = 0): p is 1 within the tolerance, else 0",
-        },
-        figure=Figure(
-            title="Sensitivity: influence of one example / (η·C/B)",
-            xlabel="context",
-            ylabel="ratio",
-            curves=(
-                Curve("trainer under test", tuple(float(i) for i in range(len(ratios))), tuple(ratios)),
-                Curve("bound", (0.0, float(len(ratios) - 1)), (1.0, 1.0)),
-            ),
-            kind="scatter",
-        ),
+        figure=ratio_figure("Sensitivity: influence of one example / (η·C/B)", "context", "ratio", ratios, "bound"),
     )

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from dpledger.verify.heuristics import Heuristics, noise_onset
-from dpledger.verify.result import Curve, Figure, PendingResult, TestResult, skipped_result
+from dpledger.verify.result import Check, Curve, Figure, PendingResult, TestResult, ratio_figure, skipped_result
 from dpledger.verify.runner import BatteryConfig, Runner
 from dpledger.verify.stats import (
     f_test_two_sided,
@@ -26,6 +26,29 @@ from dpledger.verify.task import flat_parameters
 
 CONTROL_TOLERANCE = 1e-3
 """T3 control: σ = 0 models at different C may differ by this fraction of their update (rounding only)."""
+
+T3 = Check(
+    "t3_noise_calibration",
+    "000 T3: mean pairwise distance of runs differing only in their noise must grow with C",
+    "t of the slope of pairwise distance on C",
+)
+T3_CONTROL = Check(
+    "t3_control",
+    "000 T3 control: with σ = 0 the models trained at every C of T3 must coincide",
+    "max ‖θ_C − θ_C*‖ / ‖θ_C* − θ_0‖",
+)
+KS = Check(
+    "ks_update_distribution",
+    "000 App. C: one-step update noise (θ_σ − θ_0)·B/(η·C·σ) must be N(0, 1) (KS test, SGD)",
+    "KS D",
+)
+NOISE_SCALE = Check(
+    "noise_scale",
+    "beyond 000: the update noise must have std σ·C/B (χ² test, one-sided: less noise than claimed)",
+    "std of the update noise / (η·σ·C/B)",
+)
+NOISE_INDEPENDENCE = "noise_independence"
+"""The independence test's name (its description names its number of steps)."""
 
 
 def noise_lr(
@@ -125,12 +148,8 @@ def run_t3(
             "whenever C ≠ 1"
         )
     means = [float(pair_distance[pair_c == c].mean()) for c in clip_values]
-    t3 = TestResult(
-        name="t3_noise_calibration",
-        description="000 T3: mean pairwise distance of runs differing only in their noise must grow with C",
-        statistic=test.t_statistic,
-        statistic_name="t of the slope of pairwise distance on C",
-        p_value=test.p_value,
+    t3 = T3.slope(
+        test,
         passed=passed,
         diagnosis=diagnosis,
         steps=t3_steps,
@@ -176,21 +195,13 @@ def _run_t3_control(runner: Runner, inputs, targets, clip_values, batch_size: in
         else f"with σ = 0 the model still changes with C ≥ C* (relative deviation {deviations.max():.3g}): clipping "
         "acts beyond the largest gradient norm, so the clip threshold is not C"
     )
-    return TestResult(
-        name="t3_control",
-        description="000 T3 control: with σ = 0 the models trained at every C of T3 must coincide",
+    return T3_CONTROL.deterministic(
         statistic=float(deviations.max()),
-        statistic_name="max ‖θ_C − θ_C*‖ / ‖θ_C* − θ_0‖",
-        p_value=1.0 if passed else 0.0,
         passed=passed,
+        tolerance=CONTROL_TOLERANCE,
+        details={"clip_norms": list(map(float, clip_values)), "relative_deviation": deviations.tolist()},
         diagnosis=diagnosis,
         steps=runner.steps_used - steps_before,
-        details={
-            "clip_norms": list(map(float, clip_values)),
-            "relative_deviation": deviations.tolist(),
-            "tolerance": CONTROL_TOLERANCE,
-            "p_value_note": "deterministic check: p is 1 within the tolerance, else 0",
-        },
         figure=Figure(
             title="T3 control (σ = 0): deviation from the model at C*",
             xlabel="clip norm C",
@@ -246,11 +257,8 @@ def run_noise_distribution(
         return f"the update noise has std {std_ratio:.4g}× σ·C/B, as the accountant assumes"
 
     sample = np.sort(z)
-    ks = PendingResult(
-        name="ks_update_distribution",
-        description="000 App. C: one-step update noise (θ_σ − θ_0)·B/(η·C·σ) must be N(0, 1) (KS test, SGD)",
+    ks = KS.pending(
         statistic=d_statistic,
-        statistic_name="KS D",
         p_value=ks_p,
         steps=steps,
         explain=explain_ks,
@@ -263,11 +271,8 @@ def run_noise_distribution(
             curves=(Curve("trainer under test", tuple(sample), tuple((np.arange(z.size) + 0.5) / z.size)),),
         ),
     )
-    scale = PendingResult(
-        name="noise_scale",
-        description="beyond 000: the update noise must have std σ·C/B (χ² test, one-sided: less noise than claimed)",
+    scale = NOISE_SCALE.pending(
         statistic=std_ratio,
-        statistic_name="std of the update noise / (η·σ·C/B)",
         p_value=lower_p,
         steps=0,
         explain=explain_scale,
@@ -318,11 +323,13 @@ def run_noise_independence(
             "noise is added on fewer steps than trained, so later steps are unprotected"
         )
 
-    return PendingResult(
-        name="noise_independence",
-        description=f"beyond 000: pure-noise runs of {steps} steps must carry {steps}× one step's noise variance (F-test)",
+    check = Check(
+        NOISE_INDEPENDENCE,
+        f"beyond 000: pure-noise runs of {steps} steps must carry {steps}× one step's noise variance (F-test)",
+        f"variance after {steps} steps / ({steps} × one step's)",
+    )
+    return check.pending(
         statistic=ratio,
-        statistic_name=f"variance after {steps} steps / ({steps} × one step's)",
         p_value=p_value,
         steps=runner.steps_used - steps_before,
         explain=explain,
@@ -338,20 +345,11 @@ def run_noise_independence(
 
 def _std_ratio_figure(title: str, z: np.ndarray, runs: int, reference: str) -> Figure:
     """Standardized noise's std per run, against the expected 1."""
-    stds = tuple(float(np.sqrt(np.mean(part**2))) for part in np.split(z, runs))
-    return Figure(
-        title=title,
-        xlabel="run (seed)",
-        ylabel="std ratio",
-        kind="scatter",
-        curves=(
-            Curve("trainer under test", tuple(float(r) for r in range(runs)), stds),
-            Curve(reference, (0.0, float(runs - 1)), (1.0, 1.0)),
-        ),
-    )
+    stds = [float(np.sqrt(np.mean(part**2))) for part in np.split(z, runs)]
+    return ratio_figure(title, "run (seed)", "std ratio", stds, reference)
 
 
 def skipped_noise_tests() -> list[TestResult]:
     """Under Adam the update is normalised, so the exact-scale noise tests do not apply (000 App. C)."""
     reason = "Adam normalises the update, so the noise's exact scale is not observable (000 App. C)"
-    return [skipped_result(name, reason) for name in ("ks_update_distribution", "noise_scale", "noise_independence")]
+    return [skipped_result(name, reason) for name in (KS.name, NOISE_SCALE.name, NOISE_INDEPENDENCE)]

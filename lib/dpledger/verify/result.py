@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable, Sequence
+
+from dpledger.verify.stats import SlopeTest
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,53 @@ class Figure:
     log_x: bool = False
     kind: str = "line"
     """line | scatter (first curve as points) | cdf (an empirical CDF, drawn against N(0, 1)'s)."""
+
+
+def ratio_figure(title: str, xlabel: str, ylabel: str, ratios: Sequence[float], reference: str) -> Figure:
+    """A ratio per context or run (points), against the line at 1 that a correct trainer gives."""
+    return Figure(
+        title=title,
+        xlabel=xlabel,
+        ylabel=ylabel,
+        kind="scatter",
+        curves=(
+            Curve("trainer under test", tuple(float(i) for i in range(len(ratios))), tuple(ratios)),
+            Curve(reference, (0.0, float(len(ratios) - 1)), (1.0, 1.0)),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class Check:
+    """What a test is, the same on every trainer: its name, what it requires and what its statistic measures."""
+
+    name: str
+    description: str
+    statistic_name: str
+
+    def result(self, **outcome: Any) -> TestResult:
+        """This check's :class:`TestResult`; ``outcome`` holds every field but the check's own three."""
+        return TestResult(**asdict(self), **outcome)
+
+    def slope(self, test: SlopeTest | None, **outcome: Any) -> TestResult:
+        """A slope test's outcome: its t statistic and p-value (no test, too few points to fit: t = 0, p = 1)."""
+        if test is None:
+            return self.result(statistic=0.0, p_value=1.0, **outcome)
+        return self.result(statistic=test.t_statistic, p_value=test.p_value, **outcome)
+
+    def deterministic(self, *, passed: bool, tolerance: float, details: dict[str, Any], note: str = "", **outcome: Any):
+        """A check with no sampling noise: its p-value is 1 if it holds within ``tolerance``, else 0, and its
+        details say so (``note`` qualifies "deterministic check")."""
+        noted = {
+            **details,
+            "tolerance": tolerance,
+            "p_value_note": f"deterministic check{note}: p is 1 within the tolerance, else 0",
+        }
+        return self.result(p_value=1.0 if passed else 0.0, passed=passed, details=noted, **outcome)
+
+    def pending(self, **outcome: Any) -> PendingResult:
+        """This check's :class:`PendingResult`, whose verdict the Holm correction decides."""
+        return PendingResult(**asdict(self), **outcome)
 
 
 @dataclass(frozen=True)
