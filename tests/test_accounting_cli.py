@@ -118,28 +118,31 @@ def test_delta_at_least_one_over_n_warns_before_epsilon():
     assert payload["warnings"]
 
 
+MONTE_CARLO = [
+    "epsilon",
+    "--noise-multiplier",
+    "1",
+    "--delta",
+    "0.05",
+    "--sampler",
+    "balls-in-bins",
+    "--batches-per-epoch",
+    "4",
+    "--epochs",
+    "1",
+    "--mechanism",
+    "banded",
+    "--bands",
+    "2",
+    "--samples",
+    "20000",
+    "--failure-probability",
+    "0.01",
+]
+
+
 def test_monte_carlo_text_prints_failure_probability_beside_epsilon():
-    result = _run(
-        "epsilon",
-        "--noise-multiplier",
-        "1",
-        "--delta",
-        "0.05",
-        "--sampler",
-        "balls-in-bins",
-        "--batches-per-epoch",
-        "4",
-        "--epochs",
-        "1",
-        "--mechanism",
-        "banded",
-        "--bands",
-        "2",
-        "--samples",
-        "20000",
-        "--failure-probability",
-        "0.01",
-    )
+    result = _run(*MONTE_CARLO)
     assert result.exit_code == 0, result.output
     headline = result.output.splitlines()[0]
     assert headline.startswith("epsilon = ") and "holds except with probability" in headline
@@ -176,29 +179,6 @@ def test_cli_defaults_are_the_params_defaults(command):
         ("accountant", "accountant"),
     ):
         assert parameters[option].default == CalibrateParams.model_fields[key].default
-
-
-MONTE_CARLO = [
-    "epsilon",
-    "--noise-multiplier",
-    "1",
-    "--delta",
-    "0.05",
-    "--sampler",
-    "balls-in-bins",
-    "--batches-per-epoch",
-    "4",
-    "--epochs",
-    "1",
-    "--mechanism",
-    "banded",
-    "--bands",
-    "2",
-    "--samples",
-    "20000",
-    "--failure-probability",
-    "0.01",
-]
 
 
 @pytest.mark.parametrize("verification", ["plain", "importance"])
