@@ -12,6 +12,9 @@ from dpledger.errors import DpledgerError
 from dpledger.params.calibrate import CalibrateParams
 
 BASE = ["--delta", "1e-5", "--sample-rate", "0.01"]
+# the start of an `epsilon` call on balls-in-bins, up to --mechanism
+BINS = ["epsilon", "--noise-multiplier", "1", "--delta", "1e-5", "--sampler", "balls-in-bins"]
+BINS += ["--batches-per-epoch", "8", "--epochs", "1", "--mechanism"]
 
 
 def _run(*args):
@@ -34,43 +37,11 @@ def _one_line_error(result, *words):
         (["noise", "--epsilon", "1", *BASE], ["--epochs", "missing"]),
         (["epsilon", "--noise-multiplier", "1e-3", *BASE, "--epochs", "1"], ["--noise-multiplier", ">= 0.01"]),
         (
-            [
-                "epsilon",
-                "--noise-multiplier",
-                "1",
-                "--delta",
-                "1e-5",
-                "--sampler",
-                "balls-in-bins",
-                "--batches-per-epoch",
-                "8",
-                "--epochs",
-                "1",
-                "--mechanism",
-                "banded",
-                "--bands",
-                "-3",
-            ],
+            [*BINS, "banded", "--bands", "-3"],
             ["--bands", "[1, 4096]"],
         ),
         (
-            [
-                "epsilon",
-                "--noise-multiplier",
-                "1",
-                "--delta",
-                "1e-5",
-                "--sampler",
-                "balls-in-bins",
-                "--batches-per-epoch",
-                "8",
-                "--epochs",
-                "1",
-                "--mechanism",
-                "toeplitz",
-                "--mechanism-params",
-                "[1,2]",
-            ],
+            [*BINS, "toeplitz", "--mechanism-params", "[1,2]"],
             ["--mechanism-params", "JSON object"],
         ),
         (
