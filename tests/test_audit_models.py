@@ -7,13 +7,13 @@ from scipy import stats
 from scipy.special import logsumexp
 
 from dpledger.accounting.pld import PldRun, pld_epsilon
-from dpledger.audit.backend import Backend, cuda_available, select_backend
+from dpledger.audit.backend import NumpyBackend, TorchBackend, cuda_available, select_backend
 from dpledger.audit.bgm import audit_bgm
 from dpledger.audit.models import PatternModel, SlotModel, StepMixtureModel
 from dpledger.audit.samplers import audited_sampler, record_memberships
 from dpledger.audit.simulate import simulate_scores
 
-NUMPY = Backend("numpy", "cpu")
+NUMPY = NumpyBackend()
 
 
 def naive_slot_score(x, weights, sigma, present, absent, same_slot):
@@ -137,7 +137,7 @@ def test_torch_backend_scores_equal_numpy_scores():
 
     model = SlotModel(0.9, 2, (0.5, 0.25, 0.25), 2.0, 1.0)
     x = np.random.default_rng(4).normal(0, 1, (8, 3)).astype(np.float32)
-    torch_scores = model.score(Backend("torch", "cpu"), torch.as_tensor(x.copy())).numpy()
+    torch_scores = model.score(TorchBackend("cpu"), torch.as_tensor(x.copy())).numpy()
     assert np.allclose(torch_scores, model.score(NUMPY, x.copy()), atol=1e-5)
 
 

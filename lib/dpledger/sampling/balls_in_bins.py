@@ -19,16 +19,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from dpledger.sampling.base import (
-    INDEX_DTYPE,
-    Batch,
-    BatchSampler,
-    Membership,
-    permutation,
-    random_stream,
-    real_batch,
-    require_int,
-)
+from dpledger.sampling.base import INDEX_DTYPE, Batch, BatchSampler, Membership, permutation, real_batch, require_int
 
 PADDING_INDEX = 0
 
@@ -89,7 +80,7 @@ class BallsInBinsSampler(BatchSampler):
 
     @cached_property
     def fixed_bins(self) -> tuple[np.ndarray, np.ndarray]:
-        return draw_bins(random_stream(self.seed), self.dataset_size, self.bins)
+        return draw_bins(self.random_stream(), self.dataset_size, self.bins)
 
     def epoch_batches(self, epoch: int) -> Iterator[Batch]:
         order, offsets = self.epoch_bins(epoch)
@@ -108,4 +99,4 @@ class BallsInBinsRedrawnSampler(BallsInBinsSampler):
     same_bins_every_epoch = False
 
     def epoch_bins(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        return draw_bins(random_stream(self.seed, epoch), self.dataset_size, self.bins)
+        return draw_bins(self.random_stream(epoch), self.dataset_size, self.bins)

@@ -34,11 +34,6 @@ def real_batch(indices: np.ndarray) -> Batch:
     return Batch(np.asarray(indices, dtype=INDEX_DTYPE), np.zeros(len(indices), dtype=bool))
 
 
-def random_stream(seed: int, *key: int) -> np.random.Generator:
-    """The independent random stream of ``seed`` named by ``key`` (a SeedSequence spawn key)."""
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
-
-
 def permutation(rng: np.random.Generator, size: int) -> np.ndarray:
     """A uniformly random permutation of 0..size-1, in int32 where it fits (half the memory of int64)."""
     dtype = np.int32 if size <= np.iinfo(np.int32).max else np.int64
@@ -121,6 +116,11 @@ class BatchSampler(ABC):
         self.epochs = require_int("epochs", epochs, 1)
         self.seed = require_int("seed", seed, 0)
 
+    def random_stream(self, *key: int) -> np.random.Generator:
+        """The independent random stream of this sampler's seed named by ``key`` (a SeedSequence spawn key:
+        the epoch or step), so every draw is reproducible from (seed, key) alone."""
+        return np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=key)))
+
     @property
     def steps_per_epoch(self) -> int:
         return steps_per_epoch(self.dataset_size, self.batch_size)
@@ -186,7 +186,7 @@ class PerStepSampler(BatchSampler):
 
     def batch(self, step: int) -> Batch:
         """The batch of step ``step``, regenerated from its own stream."""
-        return real_batch(self.draw(random_stream(self.seed, step)))
+        return real_batch(self.draw(self.random_stream(step)))
 
     def batches(self, start: int = 0) -> Iterator[Batch]:
         require_int("start", start, 0, self.num_steps)

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
 from dpledger import io
+
+SAVED_ARRAYS = {"indices": np.int64, "offsets": np.int64, "padding": bool}
+"""The fields saved in ``schedule.npz``, with their dtypes; every other field goes to ``schedule.json``."""
 
 
 @dataclass(frozen=True)
@@ -56,54 +59,34 @@ class Schedule:
         real = np.concatenate([[0], np.cumsum(~self.padding)])
         return real[self.offsets[1:]] - real[self.offsets[:-1]]
 
+    def saved_arrays(self) -> dict[str, np.ndarray]:
+        """The index, offset and padding arrays as ``schedule.npz`` holds them."""
+        return {name: np.ascontiguousarray(getattr(self, name), dtype=dtype) for name, dtype in SAVED_ARRAYS.items()}
+
     def save(self, folder: str | Path) -> None:
         """Write ``schedule.npz`` and ``schedule.json`` into ``folder`` (each atomically)."""
         folder = Path(folder)
-        io.write_npz(
-            folder / "schedule.npz",
-            indices=np.asarray(self.indices, dtype=np.int64),
-            offsets=np.asarray(self.offsets, dtype=np.int64),
-            padding=np.asarray(self.padding, dtype=bool),
-        )
+        io.write_npz(folder / "schedule.npz", **self.saved_arrays())
         io.write_json(folder / "schedule.json", self.header())
 
     def arrays_digest(self) -> str:
-        """SHA-256 of the index, offset and padding arrays as saved: the header records it so a reader can
-        refuse an edited ``schedule.npz``."""
+        """SHA-256 of the arrays as saved: the header records it so a reader can refuse an edited ``schedule.npz``."""
         digest = hashlib.sha256()
-        for array, dtype in ((self.indices, np.int64), (self.offsets, np.int64), (self.padding, bool)):
-            digest.update(np.ascontiguousarray(array, dtype=dtype).tobytes())
+        for array in self.saved_arrays().values():
+            digest.update(array.tobytes())
         return digest.hexdigest()
 
     def header(self) -> dict[str, Any]:
-        """Everything but the index arrays: what produced the schedule."""
-        return {
-            "sampler": self.sampler,
-            "sampler_params": self.sampler_params,
-            "seed": self.seed,
-            "dataset_size": self.dataset_size,
-            "steps_per_epoch": self.steps_per_epoch,
-            "num_steps": self.num_steps,
-            "normalizer": self.normalizer,
-            "metadata": {**self.metadata, "arrays_sha256": self.arrays_digest()},
-        }
+        """Every field but the arrays (what produced the schedule), the step count and the arrays' digest."""
+        scalars = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in SAVED_ARRAYS}
+        metadata = {**scalars.pop("metadata"), "arrays_sha256": self.arrays_digest()}
+        return {**scalars, "num_steps": self.num_steps, "metadata": metadata}
 
     @classmethod
     def load(cls, folder: str | Path) -> "Schedule":
         """Read a schedule written by :meth:`save`."""
         folder = Path(folder)
         header = json.loads((folder / "schedule.json").read_text())
-        with np.load(folder / "schedule.npz") as arrays:
-            indices, offsets, padding = arrays["indices"], arrays["offsets"], arrays["padding"]
-        return cls(
-            indices=indices,
-            offsets=offsets,
-            padding=padding,
-            sampler=header["sampler"],
-            sampler_params=header["sampler_params"],
-            seed=header["seed"],
-            dataset_size=header["dataset_size"],
-            steps_per_epoch=header["steps_per_epoch"],
-            normalizer=header["normalizer"],
-            metadata=header.get("metadata", {}),
-        )
+        with np.load(folder / "schedule.npz") as saved:
+            arrays = {name: saved[name] for name in SAVED_ARRAYS}
+        return cls(**arrays, **{f.name: header[f.name] for f in fields(cls) if f.name in header})

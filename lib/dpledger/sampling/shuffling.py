@@ -24,7 +24,6 @@ from dpledger.sampling.base import (
     BatchSampler,
     Membership,
     permutation,
-    random_stream,
     real_batch,
     require_int,
     steps_per_epoch,
@@ -115,7 +114,7 @@ class ShuffleSampler(OrderedSampler):
         )
 
     def epoch_order(self, epoch: int) -> Iterable[np.ndarray]:
-        return [permutation(random_stream(self.seed, epoch), self.dataset_size)]
+        return [permutation(self.random_stream(epoch), self.dataset_size)]
 
 
 class SequentialSampler(OrderedSampler):
@@ -153,7 +152,7 @@ class PartialShuffleSampler(OrderedSampler):
         return None if weights is None else Membership(where, True, slot_weights=weights)
 
     def epoch_order(self, epoch: int) -> Iterable[np.ndarray]:
-        rng = random_stream(self.seed, epoch)
+        rng = self.random_stream(epoch)
         n, window = self.dataset_size, self.buffer_size
         for lo in range(0, n, window):
             yield lo + permutation(rng, min(window, n - lo)).astype(INDEX_DTYPE)
@@ -178,7 +177,7 @@ class BatchThenShuffleSampler(OrderedSampler):
         )
 
     def epoch_batches(self, epoch: int) -> Iterator[Batch]:
-        order = random_stream(self.seed, epoch).permutation(self.steps_per_epoch)
+        order = self.random_stream(epoch).permutation(self.steps_per_epoch)
         for slot in order:
             lo = int(slot) * self.batch_size
             yield real_batch(np.arange(lo, min(lo + self.batch_size, self.dataset_size), dtype=INDEX_DTYPE))
