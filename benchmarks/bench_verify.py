@@ -46,7 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
     args = parser.parse_args()
-    trainers = CORRECT_TRAINERS + tuple(f"zoo:{member.name}" for member in ZOO)
+    trainers = CORRECT_TRAINERS + tuple(f"zoo:{name}" for name in ZOO)
     rows = []
     for trainer in trainers:
         function = load_trainer(trainer)

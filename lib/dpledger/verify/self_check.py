@@ -52,7 +52,7 @@ def classified_correctly(trainer: str, result: BatteryResult) -> bool:
 
 def self_check(
     seeds: Sequence[int],
-    trainers: Sequence[str] = CORRECT_TRAINERS + tuple(f"zoo:{member.name}" for member in ZOO),
+    trainers: Sequence[str] = CORRECT_TRAINERS + tuple(f"zoo:{name}" for name in ZOO),
     optimizer: str = "sgd",
     significance: float = 0.01,
 ) -> list[SelfCheckRow]:

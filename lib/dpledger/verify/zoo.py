@@ -18,68 +18,52 @@ from dpledger.verify.reference import Flaws, train_with_flaws
 class ZooMember:
     """A broken trainer: its flaw, the bug in plain words, and the tests that must flag it."""
 
-    name: str
     flaws: Flaws
     bug: str
     caught_by: tuple[str, ...]
     """Every one of these tests must fail on this trainer (others may fail too)."""
 
 
-ZOO = (
-    ZooMember(
-        "no_clipping",
-        Flaws(clipping="none"),
-        "per-example gradients are never clipped",
-        ("t1_no_clipping", "sensitivity"),
+ZOO = {
+    "no_clipping": ZooMember(
+        Flaws(clipping="none"), "per-example gradients are never clipped", ("t1_no_clipping", "sensitivity")
     ),
-    ZooMember(
-        "mini_batch_clipping",
+    "mini_batch_clipping": ZooMember(
         Flaws(clipping="mini_batch"),
         "the averaged gradient is clipped, not each example's",
         ("t2_minibatch_clipping", "sensitivity"),
     ),
-    ZooMember(
-        "per_tensor_clipping",
+    "per_tensor_clipping": ZooMember(
         Flaws(clipping="per_tensor"),
         "each parameter tensor is clipped to C separately (total norm up to C·√tensors)",
         ("sensitivity",),
     ),
-    ZooMember(
-        "uncalibrated_noise",
-        Flaws(noise_std="uncalibrated"),
-        "noise std σ instead of σ·C",
-        ("t3_noise_calibration", "noise_scale"),
+    "uncalibrated_noise": ZooMember(
+        Flaws(noise_std="uncalibrated"), "noise std σ instead of σ·C", ("t3_noise_calibration", "noise_scale")
     ),
-    ZooMember(
-        "noise_divided_twice",
+    "noise_divided_twice": ZooMember(
         Flaws(noise_std="divided_twice"),
         "noise std σ·C/B on the sum, then divided by B again",
         ("noise_scale", "ks_update_distribution"),
     ),
-    ZooMember(
-        "fixed_noise_seed", Flaws(noise_seed="fixed"), "the noise generator ignores the seed", ("t3_noise_calibration",)
+    "fixed_noise_seed": ZooMember(
+        Flaws(noise_seed="fixed"), "the noise generator ignores the seed", ("t3_noise_calibration",)
     ),
-    ZooMember(
-        "noise_reused_every_step",
-        Flaws(noise_steps="reused"),
-        "the same noise vector is added at every step",
-        ("noise_independence",),
+    "noise_reused_every_step": ZooMember(
+        Flaws(noise_steps="reused"), "the same noise vector is added at every step", ("noise_independence",)
     ),
-    ZooMember(
-        "noise_first_step_only",
-        Flaws(noise_steps="first_step_only"),
-        "noise is added at the first step only",
-        ("noise_independence",),
+    "noise_first_step_only": ZooMember(
+        Flaws(noise_steps="first_step_only"), "noise is added at the first step only", ("noise_independence",)
     ),
-)
+}
+"""The zoo by trainer name (``zoo:<name>`` on the command line)."""
 
 
 def zoo_member(name: str) -> ZooMember:
     """Look up a zoo member by name."""
-    for member in ZOO:
-        if member.name == name:
-            return member
-    raise ParamsError(f"params: zoo trainer {name!r} is unknown; allowed: {[m.name for m in ZOO]}")
+    if name not in ZOO:
+        raise ParamsError(f"params: zoo trainer {name!r} is unknown; allowed: {list(ZOO)}")
+    return ZOO[name]
 
 
 def zoo_trainer(name: str) -> Trainer:
