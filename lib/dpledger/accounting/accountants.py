@@ -418,19 +418,12 @@ class MonteCarloAccountant:
         """ε̂ at δ' = evr_delta_ratio·δ from ``samples`` samples, without verification (curves, not claims)."""
         if description.noise_multiplier == 0:
             return math.inf
-        found = mc.collect_losses(
-            self.pair(description),
-            description.noise_multiplier,
-            self.samples,
-            self.seed,
-            device=mc.resolve_device(self.device),
-        )
+        prepared = mc.PreparedPair(self.pair(description), mc.resolve_device(self.device))
+        found = prepared.positive_losses(description.noise_multiplier, self.samples, self.seed)
         return mc.epsilon_from_losses(found, self.samples, self.evr_delta_ratio * delta)
 
     def delta(self, description: MechanismDescription, epsilon: float) -> float:
-        return mc.estimate_delta(
-            self.pair(description), description.noise_multiplier, epsilon, self.samples, self.seed
-        ).delta
+        return self.delta_estimate(description, epsilon).delta
 
     def delta_estimate(self, description: MechanismDescription, epsilon: float) -> mc.DeltaEstimate:
         """δ̂(ε) with its confidence interval (no EVR)."""

@@ -327,6 +327,16 @@ class PreparedPair:
             remove, add = remove + piece_remove, add + piece_add
         return remove, add
 
+    @single_threaded
+    def positive_losses(self, sigma: float, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """All positive privacy losses (remove, add) at σ on ``samples`` draws in float64; memory O(samples)
+        (ε(δ) at a fixed σ needs them all)."""
+        kept: tuple[list, list] = ([], [])
+        for piece in draws(self.pair, samples, seed, device=self.device):
+            for index, loss in enumerate(self.chunk_losses(piece, sigma, torch.float64)):
+                kept[index].append(loss[loss > 0].cpu().numpy())
+        return np.concatenate(kept[0]), np.concatenate(kept[1])
+
     def chunk_loss_bounds(
         self, chunk: list[Draw], low: float, high: float
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -436,24 +446,6 @@ def estimate_delta(
     return DeltaEstimate(
         float(means[worst]), float(means[0]), float(means[1]), float(math.sqrt(variances[worst] / samples)), samples
     )
-
-
-@single_threaded
-def collect_losses(
-    pair: DominatingPair,
-    sigma: float,
-    samples: int,
-    seed: int,
-    chunk: int | None = None,
-    device: torch.device = torch.device("cpu"),
-) -> tuple[np.ndarray, np.ndarray]:
-    """All positive privacy losses (remove, add) at σ; memory O(samples) (ε(δ) at a fixed σ needs them)."""
-    prepared = PreparedPair(pair, device)
-    kept: tuple[list, list] = ([], [])
-    for piece in draws(pair, samples, seed, chunk, device):
-        for index, loss in enumerate(prepared.chunk_losses(piece, sigma, torch.float64)):
-            kept[index].append(loss[loss > 0].cpu().numpy())
-    return np.concatenate(kept[0]), np.concatenate(kept[1])
 
 
 def epsilon_from_losses(losses_by_direction: tuple[np.ndarray, np.ndarray], samples: int, delta: float) -> float:
