@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 
 import numpy as np
 from scipy.special import logsumexp
 
 from dpledger.audit.backend import select_backend
-from dpledger.audit.bgm import accounted_epsilon, audit_bgm
+from dpledger.audit.bgm import BgmAudit, accounted_epsilon, audit_bgm
 from dpledger.audit.models import SlotModel
 from dpledger.audit.simulate import simulate_scores
 
@@ -54,7 +55,7 @@ def speed(games: int) -> dict[str, float]:
 
 
 def audit(sampler: str, sigma: float, observations: int, steps: int = STEPS, batch_size: int = 1, **options) -> dict:
-    result, _ = audit_bgm(
+    config = BgmAudit(
         sampler,
         dataset_size=steps * batch_size,
         batch_size=batch_size,
@@ -62,12 +63,10 @@ def audit(sampler: str, sigma: float, observations: int, steps: int = STEPS, bat
         noise_multiplier=sigma,
         observations=observations,
         delta=1e-5,
-        claim_sampler="poisson",
         options=options,
-        seed=0,
-        backend="auto",
         progress=False,
     )
+    result, _ = audit_bgm(config)
     summary = result.summary()
     return {key: summary[key] for key in ("epsilon_emp", "epsilon_claimed", "verdict", "observations", "wall_time_s")}
 
@@ -91,26 +90,23 @@ def sigma_for_poisson_epsilon(target: float, steps: int, batch_size: int) -> flo
 
 def acceptance(observations: int, repeats: int, poisson_observations: int, bug_observations: int) -> dict:
     out: dict = {"shuffle": {s: audit("shuffle", s, observations) for s in (0.5, 1.0, 1.5)}}
-    poisson = [
-        audit_bgm(
-            "poisson",
-            dataset_size=STEPS,
-            batch_size=1,
-            epochs=1,
-            noise_multiplier=1.0,
-            observations=poisson_observations,
-            delta=1e-5,
-            seed=1000 + r,
-            progress=False,
-        )[0]
-        for r in range(repeats)
-    ]
+    poisson_run = BgmAudit(
+        "poisson",
+        dataset_size=STEPS,
+        batch_size=1,
+        epochs=1,
+        noise_multiplier=1.0,
+        observations=poisson_observations,
+        delta=1e-5,
+        progress=False,
+    )
+    poisson = [audit_bgm(replace(poisson_run, seed=1000 + r))[0] for r in range(repeats)]
     out["poisson_repeats"] = {
         "repeats": repeats,
         "observations": poisson_observations,
-        "contradictions": sum(r.verdict == "contradicted" for r in poisson),
-        "epsilon_emp_max": max(r.epsilon_emp for r in poisson),
-        "epsilon_claimed": poisson[0].epsilon_claimed,
+        "contradictions": sum(r.judgement.verdict == "contradicted" for r in poisson),
+        "epsilon_emp_max": max(r.estimate.epsilon for r in poisson),
+        "epsilon_claimed": poisson[0].claim.epsilon,
     }
     bugs = {}
     for target in (0.1, 0.2, 0.4):  # 002 §7 settings: n = 10 000, B = 100, T = 100, K = 1000

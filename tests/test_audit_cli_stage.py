@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from dpledger.audit.bgm import BgmAudit
 from dpledger.audit.dpsgd import DpsgdAudit, Workload, audit_dpsgd, canary_outputs
+from dpledger.audit.result import Claim
 from dpledger.cli import app
 from dpledger.errors import DpledgerError
 from dpledger.params import load_params
@@ -134,6 +136,12 @@ def digits():
     return torch.as_tensor(data.x_train[:64]), torch.as_tensor(data.y_train[:64])
 
 
+def _dpsgd(threat_model: str, sampler: str = "shuffle", lr: float = 0.5, **mechanism) -> DpsgdAudit:
+    """A small DP-SGD audit on the first 64 digits rows (``mechanism``: BgmAudit fields to change)."""
+    sizes = dict(dataset_size=64, batch_size=16, epochs=1, noise_multiplier=1.0, observations=4, delta=1e-5)
+    return DpsgdAudit(BgmAudit(sampler, **{**sizes, "progress": False, **mechanism}), threat_model, lr=lr)
+
+
 def test_partially_informed_canaries_count_plus_one_minus_one_and_zero(digits):
     """With negligible noise the released ⟨g̃, ĝ⟩/C² is +1 in the record's step (D), 0 there (D'), −1 elsewhere."""
     import torch
@@ -145,15 +153,7 @@ def test_partially_informed_canaries_count_plus_one_minus_one_and_zero(digits):
     canary = torch.randn(numel, generator=torch.Generator().manual_seed(0))
     canary /= canary.norm()
     workload = Workload("digits", x, y, Task("classification"), lambda: build_model("mlp", tuple(x.shape[1:]), 10))
-    config = DpsgdAudit(
-        threat_model="partially-informed",
-        sampler="shuffle",
-        batch_size=4,
-        epochs=1,
-        noise_multiplier=1e-6,
-        clip_norm=1.0,
-        lr=0.1,
-    )
+    config = _dpsgd("partially-informed", batch_size=4, noise_multiplier=1e-6, lr=0.1)
     present = canary_outputs(config, workload, present=True, canary=canary, seed=5)
     absent = canary_outputs(config, workload, present=False, canary=canary, seed=5)
     assert present.shape == (16,)
@@ -162,58 +162,22 @@ def test_partially_informed_canaries_count_plus_one_minus_one_and_zero(digits):
 
 
 def test_dpsgd_audit_runs_end_to_end(digits):
-    result = audit_dpsgd(
-        DpsgdAudit(threat_model="natural", observations=8, dataset_size=64, batch_size=16, progress=False)
-    )
-    assert result.audit == "dpsgd-natural" and result.observations == 8 and result.epsilon_emp >= 0
+    result = audit_dpsgd(_dpsgd("natural", observations=8))
+    assert result.audit == "dpsgd-natural" and result.observations == 8 and result.estimate.epsilon >= 0
 
 
 def test_dpsgd_audit_trains_with_the_sampler_options_and_the_claim_it_is_given():
-    dropped = audit_dpsgd(
-        DpsgdAudit(
-            threat_model="natural",
-            sampler="shuffle",
-            observations=4,
-            dataset_size=70,
-            batch_size=16,
-            progress=False,
-            sampler_options={"last_batch": "drop"},
-            epsilon_claimed=3.5,
-            claim_basis="ledger",
-        )
-    )
+    ledger = Claim(3.5, 1e-5, "ledger")
+    dropped = audit_dpsgd(_dpsgd("natural", dataset_size=70, options={"last_batch": "drop"}, claim=ledger))
     assert dropped.setting["steps"] == 4 and dropped.setting["sampler_options"] == {"last_batch": "drop"}
-    assert dropped.epsilon_claimed == 3.5 and dropped.claim_basis == "ledger"
-    kept = audit_dpsgd(
-        DpsgdAudit(
-            threat_model="natural", sampler="shuffle", observations=4, dataset_size=70, batch_size=16, progress=False
-        )
-    )
-    assert kept.setting["steps"] == 5 and "'poisson'" in kept.claim_basis
-    buffered = audit_dpsgd(
-        DpsgdAudit(
-            threat_model="natural",
-            sampler="partial-shuffle",
-            observations=4,
-            dataset_size=64,
-            batch_size=16,
-            progress=False,
-            sampler_options={"buffer_size": 8},
-        )
-    )
+    assert dropped.claim == ledger and dropped.to_dict()["epsilon_claimed"] == 3.5
+    kept = audit_dpsgd(_dpsgd("natural", dataset_size=70))
+    assert kept.setting["steps"] == 5 and "'poisson'" in kept.claim.basis
+    buffered = audit_dpsgd(_dpsgd("natural", sampler="partial-shuffle", options={"buffer_size": 8}))
     assert buffered.setting["steps"] == 4
-    padded = audit_dpsgd(
-        DpsgdAudit(  # no closed-form placement: scored by the record's memberships in pilot runs
-            threat_model="partially-informed",
-            sampler="balls-in-bins",
-            observations=4,
-            dataset_size=64,
-            batch_size=16,
-            progress=False,
-            sampler_options={"pad_truncate": True},
-        )
-    )
-    assert padded.setting["sampler_options"] == {"pad_truncate": True} and padded.epsilon_emp >= 0
+    # no closed-form placement: scored by the record's memberships in pilot runs
+    padded = audit_dpsgd(_dpsgd("partially-informed", sampler="balls-in-bins", options={"pad_truncate": True}))
+    assert padded.setting["sampler_options"] == {"pad_truncate": True} and padded.estimate.epsilon >= 0
 
 
 def test_stage_dpsgd_audit_uses_the_schedule_options_and_the_ledger_claim(tmp_path, repo_root):

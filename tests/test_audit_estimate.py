@@ -1,6 +1,7 @@
 """ε_emp estimation: Clopper–Pearson bounds, 002 Eq. 1, threshold methods and their validity."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -95,16 +96,17 @@ def test_selfcheck_laplace_max_false_alarms_but_valid_methods_do_not():
 def test_verdict_contradicted_inconclusive_consistent():
     rng = np.random.default_rng(2)
     present, absent = rng.normal(4.0, 1.0, 20000), rng.normal(0.0, 1.0, 20000)
-    eps = estimate_epsilon(present, absent, delta=1e-5).epsilon
-    assert judge(eps, eps - 0.5, present, absent, delta=1e-5, confidence=0.95, valid=True).verdict == "contradicted"
-    assert judge(eps, eps - 0.5, present, absent, delta=1e-5, confidence=0.95, valid=False).verdict == "inconclusive"
+    strong = estimate_epsilon(present, absent, delta=1e-5)
+    eps = strong.epsilon
+    assert judge(strong, eps - 0.5, present, absent).verdict == "contradicted"
+    assert judge(replace(strong, valid=False), eps - 0.5, present, absent).verdict == "inconclusive"
     weak, null = rng.normal(2.0, 1.0, 2000), rng.normal(0.0, 1.0, 2000)  # the bound is looser than the point estimate
-    weak_eps = estimate_epsilon(weak, null, delta=1e-5).epsilon
-    point = judge(weak_eps, 50.0, weak, null, delta=1e-5, confidence=0.95, valid=True).point_estimate
-    assert point > weak_eps
-    between = judge(weak_eps, (weak_eps + point) / 2, weak, null, delta=1e-5, confidence=0.95, valid=True)
+    loose = estimate_epsilon(weak, null, delta=1e-5)
+    point = judge(loose, 50.0, weak, null).point_estimate
+    assert point > loose.epsilon
+    between = judge(loose, (loose.epsilon + point) / 2, weak, null)
     assert between.verdict == "inconclusive"
-    assert judge(eps, 50.0, present, absent, delta=1e-5, confidence=0.95, valid=True).verdict == "consistent"
+    assert judge(strong, 50.0, present, absent).verdict == "consistent"
 
 
 def test_projection_grows_with_observations():

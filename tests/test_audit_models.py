@@ -8,7 +8,7 @@ from scipy.special import logsumexp
 
 from dpledger.accounting.pld import PldRun, pld_epsilon
 from dpledger.audit.backend import NumpyBackend, TorchBackend, cuda_available, select_backend
-from dpledger.audit.bgm import audit_bgm
+from dpledger.audit.bgm import BgmAudit, audit_bgm
 from dpledger.audit.models import PatternModel, SlotModel, StepMixtureModel
 from dpledger.audit.samplers import audited_sampler, record_memberships
 from dpledger.audit.simulate import simulate_scores
@@ -117,12 +117,12 @@ def test_poisson_audit_stays_below_its_pld_epsilon_and_shuffle_exceeds_it():
     common = dict(
         dataset_size=100, batch_size=1, epochs=1, noise_multiplier=1.0, observations=100_000, delta=1e-5, progress=False
     )
-    poisson, _ = audit_bgm("poisson", **common)
-    shuffle, _ = audit_bgm("shuffle", **common)
+    poisson, _ = audit_bgm(BgmAudit("poisson", **common))
+    shuffle, _ = audit_bgm(BgmAudit("shuffle", **common))
     claim = pld_epsilon(PldRun(1.0, "poisson", 1, 0.01, 100, 1, 100), 1e-5)
-    assert poisson.epsilon_claimed == pytest.approx(claim)
-    assert poisson.epsilon_emp < claim and poisson.verdict != "contradicted"
-    assert shuffle.epsilon_emp > claim and shuffle.verdict == "contradicted"
+    assert poisson.claim.epsilon == pytest.approx(claim)
+    assert poisson.estimate.epsilon < claim and poisson.judgement.verdict != "contradicted"
+    assert shuffle.estimate.epsilon > claim and shuffle.judgement.verdict == "contradicted"
 
 
 def test_simulation_is_reproducible_and_independent_of_threads():
@@ -164,8 +164,8 @@ def test_default_poisson_claim_uses_the_samplers_own_sample_rate():
         progress=False,
         backend="numpy",
     )
-    result, _ = audit_bgm("poisson", options={"sample_rate": 0.05}, **common)
-    assert result.epsilon_claimed == pytest.approx(pld_epsilon(PldRun(1.0, "poisson", 1, 0.05, 100, 1, 100), 1e-5))
+    result, _ = audit_bgm(BgmAudit("poisson", options={"sample_rate": 0.05}, **common))
+    assert result.claim.epsilon == pytest.approx(pld_epsilon(PldRun(1.0, "poisson", 1, 0.05, 100, 1, 100), 1e-5))
     # the B/n claim would be "contradicted"
-    assert result.epsilon_emp > pld_epsilon(PldRun(1.0, "poisson", 1, 0.01, 100, 1, 100), 1e-5)
-    assert result.verdict != "contradicted" and "0.05" in result.claim_basis
+    assert result.estimate.epsilon > pld_epsilon(PldRun(1.0, "poisson", 1, 0.01, 100, 1, 100), 1e-5)
+    assert result.judgement.verdict != "contradicted" and "0.05" in result.claim.basis

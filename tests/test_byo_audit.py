@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from byo_helpers import text_project, tiny_lm
+from dpledger.audit.bgm import BgmAudit
 from dpledger.audit.dpsgd import DpsgdAudit, canary_outputs, train_workload
 from dpledger.params import load_params
 from dpledger.pipeline import run_stage
@@ -53,16 +54,10 @@ def test_partially_informed_canaries_on_the_lm_count_plus_one_minus_one_and_zero
     numel = sum(param.numel() for param in workload.build().parameters())
     canary = torch.randn(numel, generator=torch.Generator().manual_seed(0))
     canary /= canary.norm()
-    config = DpsgdAudit(
-        threat_model="partially-informed",
-        sampler="shuffle",
-        batch_size=4,
-        epochs=1,
-        noise_multiplier=1e-6,
-        clip_norm=1.0,
-        lr=0.1,
-        dataset_size=64,
+    mechanism = BgmAudit(
+        "shuffle", dataset_size=64, batch_size=4, epochs=1, noise_multiplier=1e-6, observations=4, delta=1e-5
     )
+    config = DpsgdAudit(mechanism, threat_model="partially-informed", clip_norm=1.0, lr=0.1)
     present = canary_outputs(config, workload, present=True, canary=canary, seed=5)
     absent = canary_outputs(config, workload, present=False, canary=canary, seed=5)
     assert present.shape == (16,)

@@ -4,6 +4,7 @@ instead of growing memory or showing a bar of thousands of hours."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -95,35 +96,42 @@ def test_the_meta_check_leaves_the_seeded_weights_unchanged():
 
 
 def test_audit_functions_refuse_huge_runs_at_once():
-    from dpledger.audit.bgm import audit_bgm
+    from dpledger.audit.bgm import BgmAudit, audit_bgm
     from dpledger.audit.dpsgd import DpsgdAudit, audit_dpsgd
     from dpledger.audit.selfcheck import run_selfcheck
 
     with pytest.raises(ParamsError, match="must be at most 100,000,000"):
         audit_bgm(
-            "poisson",
-            dataset_size=100,
-            batch_size=1,
-            epochs=1,
-            noise_multiplier=1.0,
-            observations=10**12,
-            delta=1e-5,
-            progress=False,
+            BgmAudit(
+                "poisson",
+                dataset_size=100,
+                batch_size=1,
+                epochs=1,
+                noise_multiplier=1.0,
+                observations=10**12,
+                delta=1e-5,
+                progress=False,
+            )
         )
     with pytest.raises(ParamsError, match="draws exceeds the limit of 50,000,000,000 draws"):
         audit_bgm(
-            "poisson",
-            dataset_size=10_000,
-            batch_size=1,
-            epochs=100,
-            noise_multiplier=1.0,
-            observations=10**8,
-            delta=1e-5,
-            progress=False,
+            BgmAudit(
+                "poisson",
+                dataset_size=10_000,
+                batch_size=1,
+                epochs=100,
+                noise_multiplier=1.0,
+                observations=10**8,
+                delta=1e-5,
+                progress=False,
+            )
         )
+    digits = BgmAudit(
+        "shuffle", dataset_size=64, batch_size=64, epochs=1, noise_multiplier=1.0, observations=1000, delta=1e-5
+    )
     with pytest.raises(ParamsError, match="10,000 training runs"):
-        audit_dpsgd(DpsgdAudit(observations=10**9, progress=False))
+        audit_dpsgd(DpsgdAudit(replace(digits, observations=10**9)))
     with pytest.raises(ParamsError, match="epochs of training"):
-        audit_dpsgd(DpsgdAudit(observations=1000, epochs=10**6, progress=False))
+        audit_dpsgd(DpsgdAudit(replace(digits, epochs=10**6)))
     with pytest.raises(ParamsError, match="games exceeds the limit"):
         run_selfcheck(repeats=10**6, observations=10**6, progress=False)

@@ -9,9 +9,9 @@
 - :mod:`selfcheck`: the false-alarm rate of a threshold method on mechanisms with known ε.
 """
 
-from dpledger.audit.bgm import audit_bgm
+from dpledger.audit.bgm import BgmAudit, audit_bgm
 from dpledger.audit.estimate import EpsilonEstimate, estimate_epsilon
 from dpledger.audit.result import AuditResult
 from dpledger.audit.selfcheck import run_selfcheck
 
-__all__ = ["AuditResult", "EpsilonEstimate", "audit_bgm", "estimate_epsilon", "run_selfcheck"]
+__all__ = ["AuditResult", "BgmAudit", "EpsilonEstimate", "audit_bgm", "estimate_epsilon", "run_selfcheck"]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dpledger.accounting.pld import PldRun, pld_epsilon
@@ -22,6 +23,14 @@ from dpledger.params.bounds import (
 CLAIM_ACCOUNTANTS = ("poisson", "fixed")
 
 
+def _check_claim_sampler(claim_sampler: str) -> None:
+    if claim_sampler not in CLAIM_ACCOUNTANTS:
+        raise ParamsError(
+            f"audit: claim sampler = {claim_sampler!r} is invalid: allowed values are {', '.join(CLAIM_ACCOUNTANTS)} "
+            f"(or give the claimed epsilon explicitly)"
+        )
+
+
 def accounted_epsilon(
     claim_sampler: str,
     *,
@@ -34,44 +43,9 @@ def accounted_epsilon(
 ) -> float:
     """ε a ledger would claim: the PLD accountant (pessimistic) for ``claim_sampler`` at q = ``sample_rate``
     (default B/n)."""
-    if claim_sampler not in CLAIM_ACCOUNTANTS:
-        raise ParamsError(
-            f"audit: claim sampler = {claim_sampler!r} is invalid: allowed values are {', '.join(CLAIM_ACCOUNTANTS)} "
-            f"(or give the claimed epsilon explicitly)"
-        )
+    _check_claim_sampler(claim_sampler)
     rate = batch_size / dataset_size if sample_rate is None else sample_rate
     return pld_epsilon(PldRun(noise_multiplier, claim_sampler, 1, rate, dataset_size, batch_size, steps), delta)
-
-
-def default_claim(
-    claim_sampler: str,
-    sampler: str,
-    options: dict[str, Any] | None,
-    *,
-    noise_multiplier: float,
-    dataset_size: int,
-    batch_size: int,
-    steps: int,
-    delta: float,
-) -> Claim:
-    """The claim a ledger would make for ``claim_sampler`` (:func:`accounted_epsilon`), at q = a Poisson
-    sampler's own ``sample_rate`` when the claim is Poisson too, else B/n."""
-    own_rate = (options or {}).get("sample_rate")
-    if claim_sampler == "poisson" and sampler == "poisson" and own_rate is not None:
-        rate = float(own_rate)
-    else:
-        rate = batch_size / dataset_size
-    epsilon = accounted_epsilon(
-        claim_sampler,
-        noise_multiplier=noise_multiplier,
-        dataset_size=dataset_size,
-        batch_size=batch_size,
-        steps=steps,
-        delta=delta,
-        sample_rate=rate,
-    )
-    q = "B/n" if rate == batch_size / dataset_size else f"{rate:g} (the sampler's sample_rate)"
-    return Claim(epsilon, delta, f"PLD accountant assuming '{claim_sampler}' sampling, q = {q}, {steps} steps")
 
 
 def bgm_assumptions(audited: AuditedSampler) -> list[str]:
@@ -109,52 +83,98 @@ def simulate_bgm(
     return scores, timing
 
 
-def audit_bgm(
-    sampler: str,
-    *,
-    dataset_size: int,
-    batch_size: int,
-    epochs: int,
-    noise_multiplier: float,
-    observations: int,
-    delta: float,
-    statistics: AuditStatistics = AuditStatistics(),
-    epsilon_claimed: float | None = None,
-    claim_basis: str | None = None,
-    claim_sampler: str = "poisson",
-    options: dict[str, Any] | None = None,
-    seed: int = 0,
-    backend: str = "auto",
-    progress: bool = True,
-) -> tuple[AuditResult, GameScores]:
-    """Audit the BGM run with ``sampler``; the claim defaults to the PLD ε accounted for ``claim_sampler``."""
-    sizes = {"dataset_size": dataset_size, "batch_size": batch_size, "noise_multiplier": noise_multiplier}
-    audited = audited_sampler(sampler, epochs=epochs, options=options, seed=seed, **sizes)
-    steps = audited.steps_per_epoch * epochs
-    if epsilon_claimed is None:
-        claim = default_claim(claim_sampler, sampler, options, steps=steps, delta=delta, **sizes)
-    else:
-        claim = Claim(epsilon_claimed, delta, claim_basis or "given")
+@dataclass(frozen=True)
+class BgmAudit:
+    """What one audit of the batched Gaussian mechanism plays: the sampler with its ``options`` (e.g.
+    ``sample_rate``, ``last_batch``, ``buffer_size``), the run's sizes and σ, the number of games, the
+    statistics, and the claim judged at ``delta``: ``claim`` when given (e.g. the ledger's ε), else the
+    PLD ε accounted for ``claim_sampler`` (:func:`default_claim`)."""
+
+    sampler: str
+    dataset_size: int
+    batch_size: int
+    epochs: int
+    noise_multiplier: float
+    observations: int
+    delta: float
+    statistics: AuditStatistics = AuditStatistics()
+    claim: Claim | None = None
+    claim_sampler: str = "poisson"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    backend: str = "auto"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.claim is not None and self.claim.delta != self.delta:
+            raise ParamsError(
+                f"audit: the claim's delta = {self.claim.delta} is invalid: it must equal the audit's delta = {self.delta}"
+            )
+
+    def audited(self) -> AuditedSampler:
+        """Where the audited record lands under the sampler, and the exact score of the pair."""
+        return audited_sampler(
+            self.sampler,
+            dataset_size=self.dataset_size,
+            batch_size=self.batch_size,
+            epochs=self.epochs,
+            noise_multiplier=self.noise_multiplier,
+            options=dict(self.options),
+            seed=self.seed,
+        )
+
+    def run_setting(self, steps: dict[str, int]) -> dict[str, Any]:
+        """The run's sizes and σ as an audit's ``setting`` records them, with its number of ``steps`` (keyed
+        as that audit counts them)."""
+        return {
+            "dataset_size": self.dataset_size,
+            "batch_size": self.batch_size,
+            "epochs": self.epochs,
+            **steps,
+            "noise_multiplier": self.noise_multiplier,
+        }
+
+    def judged_claim(self, steps: int) -> Claim:
+        """The claim given, or the one a ledger would make for ``claim_sampler`` (the PLD ε, as
+        :func:`accounted_epsilon`, of a run of ``steps`` steps), at q = a Poisson sampler's own ``sample_rate`` when the claim is
+        Poisson too, else B/n."""
+        if self.claim is not None:
+            return self.claim
+        own_rate = self.options.get("sample_rate")
+        if self.claim_sampler == "poisson" and self.sampler == "poisson" and own_rate is not None:
+            rate = float(own_rate)
+        else:
+            rate = self.batch_size / self.dataset_size
+        _check_claim_sampler(self.claim_sampler)
+        run = PldRun(self.noise_multiplier, self.claim_sampler, 1, rate, self.dataset_size, self.batch_size, steps)
+        epsilon = pld_epsilon(run, self.delta)
+        q = "B/n" if rate == self.batch_size / self.dataset_size else f"{rate:g} (the sampler's sample_rate)"
+        basis = f"PLD accountant assuming '{self.claim_sampler}' sampling, q = {q}, {steps} steps"
+        return Claim(epsilon, self.delta, basis)
+
+
+def audit_bgm(config: BgmAudit) -> tuple[AuditResult, GameScores]:
+    """Audit the BGM run ``config`` plays; the claim defaults to the PLD ε accounted for its ``claim_sampler``."""
+    audited = config.audited()
+    claim = config.judged_claim(audited.steps_per_epoch * config.epochs)
     started = time.perf_counter()
-    scores, timing = simulate_bgm(audited, observations, seed=seed, backend=backend, progress=progress)
+    scores, timing = simulate_bgm(
+        audited, config.observations, seed=config.seed, backend=config.backend, progress=config.progress
+    )
     setting = {
-        "dataset_size": dataset_size,
-        "batch_size": batch_size,
-        "epochs": epochs,
-        "steps_per_epoch": audited.steps_per_epoch,
-        "noise_multiplier": noise_multiplier,
-        "options": dict(options or {}),
-        "seed": seed,
-        "backend": select_backend(backend).name,
+        **config.run_setting({"steps_per_epoch": audited.steps_per_epoch}),
+        "options": dict(config.options),
+        "seed": config.seed,
+        "backend": select_backend(config.backend).name,
         "pair": audited.pair,
         "placement": audited.placement,
     }
     result = conclude(
         scores,
         claim,
-        statistics,
+        config.statistics,
         audit="bgm",
-        sampler=sampler,
+        sampler=config.sampler,
         setting=setting,
         assumptions=bgm_assumptions(audited),
         timing=timing,

@@ -21,7 +21,7 @@ because the games are real training runs.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,11 +31,10 @@ from torch import nn
 from tqdm import tqdm
 
 from dpledger.audit.backend import select_backend
-from dpledger.audit.bgm import audit_bgm, default_claim
-from dpledger.audit.estimate import AuditStatistics
+from dpledger.audit.bgm import BgmAudit, audit_bgm
 from dpledger.audit.models import BgmModel, SlotModel
-from dpledger.audit.result import AuditResult, Claim, conclude
-from dpledger.audit.samplers import TARGET_INDEX, audited_sampler
+from dpledger.audit.result import AuditResult, conclude
+from dpledger.audit.samplers import TARGET_INDEX
 from dpledger.audit.simulate import GameScores
 from dpledger.engine import BKEngine
 from dpledger.errors import ParamsError
@@ -53,31 +52,17 @@ SHIFTS = {"natural": (1.0, 0.0), "partially-informed": (2.0, 1.0)}
 
 @dataclass(frozen=True)
 class DpsgdAudit:
-    """What one DP-SGD audit plays: the threat model, the sampler with the options the training schedule
-    used (e.g. ``last_batch``, ``pad_truncate``, ``buffer_size``), the run's sizes and σ, the statistics,
-    and the claim judged (``epsilon_claimed``, e.g. the ledger's ε described by ``claim_basis``; by
-    default the Poisson PLD ε at the same σ, q = B/n and number of steps)."""
+    """What one DP-SGD audit plays: the threat model, the clip norm C and learning rate of every training
+    run, and ``mechanism``, the batched Gaussian mechanism the runs release (the sampler with the options
+    the training schedule used, e.g. ``last_batch``, ``pad_truncate``, ``buffer_size``; ``dataset_size``
+    the first n training rows; σ, epochs, games, statistics, seed and the claim judged, by default the
+    PLD ε of ``claim_sampler`` at the same σ, sample rate and number of steps). The worst-case threat
+    model audits ``mechanism`` itself."""
 
+    mechanism: BgmAudit
     threat_model: str = "partially-informed"
-    sampler: str = "shuffle"
-    observations: int = 1000
-    epochs: int = 1
-    batch_size: int = 64
-    noise_multiplier: float = 1.0
     clip_norm: float = 1.0
     lr: float = 0.5
-    dataset_size: int | None = None
-    """The first n training rows (default: all)."""
-    delta: float = 1e-5
-    statistics: AuditStatistics = AuditStatistics()
-    seed: int = 0
-    progress: bool = True
-    sampler_options: Mapping[str, Any] | None = None
-    epsilon_claimed: float | None = None
-    claim_basis: str | None = None
-
-    def sampler_kwargs(self) -> dict[str, Any]:
-        return dict(self.sampler_options or {})
 
 
 @dataclass(frozen=True)
@@ -125,8 +110,9 @@ def train_workload(data_params: Any, train_params: Any, seed: int) -> Workload:
 def canary_outputs(
     config: DpsgdAudit, workload: Workload, *, present: bool, canary: torch.Tensor, seed: int
 ) -> np.ndarray:
-    """One game: a DP-SGD run on D (``present``) or D' over ``workload``'s first ``config.dataset_size``
-    rows; returns o_t = ⟨g̃_t, ĝ⟩/C² for every step."""
+    """One game: a DP-SGD run on D (``present``) or D' over ``workload``'s first ``dataset_size`` rows;
+    returns o_t = ⟨g̃_t, ĝ⟩/C² for every step."""
+    mechanism = config.mechanism
     torch.manual_seed(seed)
     model = workload.build().train()
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=config.lr)
@@ -134,22 +120,21 @@ def canary_outputs(
         model,
         optimizer,
         clip_norm=config.clip_norm,
-        noise_multiplier=config.noise_multiplier,
-        normalizer=config.batch_size,
+        noise_multiplier=mechanism.noise_multiplier,
+        normalizer=mechanism.batch_size,
         seed=seed,
     )
     pieces = [
         piece.reshape(p.shape)
         for piece, p in zip(torch.split(canary, [p.numel() for p in engine.params]), engine.params)
     ]
-    n = config.dataset_size or workload.x.shape[0]
     batches = build_sampler(
-        config.sampler,
-        dataset_size=n,
-        batch_size=config.batch_size,
-        epochs=config.epochs,
+        mechanism.sampler,
+        dataset_size=mechanism.dataset_size,
+        batch_size=mechanism.batch_size,
+        epochs=mechanism.epochs,
         seed=seed,
-        **config.sampler_kwargs(),
+        **mechanism.options,
     ).batches()
     outputs = []
     for batch in batches:
@@ -169,32 +154,28 @@ def canary_outputs(
     return np.asarray(outputs)
 
 
-def audit_dpsgd(config: DpsgdAudit = DpsgdAudit(), workload: Workload | None = None) -> AuditResult:
+def audit_dpsgd(config: DpsgdAudit, workload: Workload | None = None) -> AuditResult:
     """Audit DP-SGD under ``config`` on ``workload`` (default: the MLP on digits, :func:`digits_workload`)."""
     _refuse_bad(config)
-    workload = workload or digits_workload(config.seed)
-    n = _dataset_size(config, workload)
+    mechanism = config.mechanism
+    workload = workload or digits_workload(mechanism.seed)
+    _check_dataset_size(mechanism, workload)
     if config.threat_model == "worst-case":
-        return _worst_case(config, n)
-    score_model = _score_model(config, n)
+        return _worst_case(config)
+    score_model = _score_model(config)
     canary = _canary(config, workload)
     started = time.perf_counter()
     outputs = _play(config, workload, canary)
     seconds = time.perf_counter() - started
     steps = len(outputs[True][0])
-    claim = _claim(config, n, steps)
     setting = {
         "threat_model": config.threat_model,
         "dataset": workload.name,
-        "dataset_size": n,
-        "batch_size": config.batch_size,
-        "epochs": config.epochs,
-        "steps": steps,
-        "noise_multiplier": config.noise_multiplier,
+        **mechanism.run_setting({"steps": steps}),
         "clip_norm": config.clip_norm,
         "lr": config.lr,
-        "sampler_options": config.sampler_kwargs(),
-        "seed": config.seed,
+        "sampler_options": dict(mechanism.options),
+        "seed": mechanism.seed,
         "trainer": "dpledger.engine.BKEngine (exact per-example clipping, canary hook)",
     }
     assumptions = [
@@ -214,10 +195,10 @@ def audit_dpsgd(config: DpsgdAudit = DpsgdAudit(), workload: Workload | None = N
     }
     return conclude(
         _scores(config, score_model, outputs),
-        claim,
-        config.statistics,
+        mechanism.judged_claim(steps),
+        mechanism.statistics,
         audit=f"dpsgd-{config.threat_model}",
-        sampler=config.sampler,
+        sampler=mechanism.sampler,
         setting=setting,
         assumptions=assumptions,
         timing=timing,
@@ -230,7 +211,7 @@ def _refuse_bad(config: DpsgdAudit) -> None:
         raise ParamsError(
             f"audit: threat_model = {config.threat_model!r} is invalid: allowed values are {', '.join(THREAT_MODELS)}"
         )
-    observations, epochs = config.observations, config.epochs
+    observations, epochs = config.mechanism.observations, config.mechanism.epochs
     refuse_beyond(
         f"audit: dpsgd observations = {observations}",
         observations,
@@ -249,67 +230,48 @@ def _refuse_bad(config: DpsgdAudit) -> None:
         raise ParamsError(f"audit: observations = {observations} is invalid: it must be an even number >= 4")
 
 
-def _dataset_size(config: DpsgdAudit, workload: Workload) -> int:
-    available = workload.x.shape[0]
-    n = available if config.dataset_size is None else config.dataset_size
-    if not config.batch_size <= n <= available:
+def _check_dataset_size(mechanism: BgmAudit, workload: Workload) -> None:
+    available, n = workload.x.shape[0], mechanism.dataset_size
+    if not mechanism.batch_size <= n <= available:
         raise ParamsError(f"audit: dataset_size = {n} is invalid: it must be in [batch_size, {available}]")
-    return n
 
 
-def _worst_case(config: DpsgdAudit, n: int) -> AuditResult:
+def _worst_case(config: DpsgdAudit) -> AuditResult:
     """The worst-case threat model is the batched Gaussian mechanism (002 §5.3), audited as such."""
-    result, _ = audit_bgm(
-        config.sampler,
-        dataset_size=n,
-        batch_size=config.batch_size,
-        epochs=config.epochs,
-        noise_multiplier=config.noise_multiplier,
-        observations=config.observations,
-        delta=config.delta,
-        statistics=config.statistics,
-        epsilon_claimed=config.epsilon_claimed,
-        claim_basis=config.claim_basis,
-        options=config.sampler_kwargs(),
-        seed=config.seed,
-        progress=config.progress,
-    )
+    result, _ = audit_bgm(config.mechanism)
     return replace(result, audit="dpsgd-worst-case")
 
 
-def _score_model(config: DpsgdAudit, n: int) -> BgmModel:
+def _score_model(config: DpsgdAudit) -> BgmModel:
     """The Λ^N / Λ^PI score: the sampler's placement model with the threat model's canary means (where
     the placement has no closed form, the record's memberships in pilot runs of the sampler itself)."""
-    model = audited_sampler(
-        config.sampler,
-        dataset_size=n,
-        batch_size=config.batch_size,
-        epochs=config.epochs,
-        noise_multiplier=config.noise_multiplier,
-        options=config.sampler_kwargs(),
-    ).model
+    model = config.mechanism.audited().model
     present, absent = SHIFTS[config.threat_model]
     return replace(model, shift_present=present, shift_absent=absent)
 
 
 def _canary(config: DpsgdAudit, workload: Workload) -> torch.Tensor:
-    """A random direction of norm C over the model's trainable parameters (seeded by ``config.seed``)."""
-    torch.manual_seed(config.seed)
+    """A random direction of norm C over the model's trainable parameters (seeded by the audit's seed)."""
+    seed = config.mechanism.seed
+    torch.manual_seed(seed)
     numel = sum(p.numel() for p in workload.build().parameters() if p.requires_grad)
-    canary = torch.randn(numel, generator=torch.Generator().manual_seed(config.seed))
+    canary = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
     return canary * (config.clip_norm / canary.norm())
 
 
 def _play(config: DpsgdAudit, workload: Workload, canary: torch.Tensor) -> dict[bool, list[np.ndarray]]:
     """The games, alternating D and D', each with its own seed; one intra-op thread (small per-step tensors)."""
-    games = config.observations // 2
+    games = config.mechanism.observations // 2
     outputs: dict[bool, list[np.ndarray]] = {True: [], False: []}
-    seeds = np.random.SeedSequence(config.seed).generate_state(2 * games)
+    seeds = np.random.SeedSequence(config.mechanism.seed).generate_state(2 * games)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for index in tqdm(
-            range(2 * games), desc=f"audit dpsgd ({config.threat_model})", disable=not config.progress, leave=False
+            range(2 * games),
+            desc=f"audit dpsgd ({config.threat_model})",
+            disable=not config.mechanism.progress,
+            leave=False,
         ):
             present = index % 2 == 0
             outputs[present].append(
@@ -328,22 +290,6 @@ def _scores(config: DpsgdAudit, score_model: BgmModel, outputs: dict[bool, list[
             backend.to_numpy(score_model.score(backend, _as_rows(np.stack(outputs[side]) - background, score_model)))
             for side in (True, False)
         )
-    )
-
-
-def _claim(config: DpsgdAudit, n: int, steps: int) -> Claim:
-    """The claim given, or the Poisson PLD ε at the same σ, sample rate and steps."""
-    if config.epsilon_claimed is not None:
-        return Claim(config.epsilon_claimed, config.delta, config.claim_basis or "given")
-    return default_claim(
-        "poisson",
-        config.sampler,
-        config.sampler_kwargs(),
-        noise_multiplier=config.noise_multiplier,
-        dataset_size=n,
-        batch_size=config.batch_size,
-        steps=steps,
-        delta=config.delta,
     )
 
 

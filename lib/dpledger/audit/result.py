@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -13,55 +14,75 @@ from dpledger.audit.verdict import Verdict, judge
 
 
 @dataclass(frozen=True)
-class AuditResult:
-    """One audit. ``observations`` counts games on D and D' together (2 × games per side)."""
-
-    audit: str
-    sampler: str
-    epsilon_emp: float
-    epsilon_claimed: float
-    claim_basis: str
-    verdict: str
-    observations: int
-    confidence: float
-    delta: float
-    threshold_method: str
-    valid: bool
-    estimate: EpsilonEstimate
-    judgement: Verdict
-    setting: dict[str, Any]
-    assumptions: list[str]
-    timing: dict[str, float] = field(default_factory=dict)
-
-    def summary(self) -> dict[str, Any]:
-        """The flat fields the CLI prints and the stage writes to metrics/audit.json."""
-        return {
-            "epsilon_emp": self.epsilon_emp,
-            "epsilon_claimed": self.epsilon_claimed,
-            "verdict": self.verdict,
-            "observations": self.observations,
-            "confidence": self.confidence,
-            "delta": self.delta,
-            "threshold_method": self.threshold_method,
-            "threshold_valid": self.valid,
-            "sampler": self.sampler,
-            "audit": self.audit,
-            "point_estimate": self.judgement.point_estimate,
-            "observations_needed": self.judgement.observations_needed,
-            **{key: value for key, value in self.timing.items()},
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
 class Claim:
     """The (ε, δ) claim an audit judges, and where ε comes from (e.g. the ledger, or the PLD accountant)."""
 
     epsilon: float
     delta: float
     basis: str
+
+
+# The facts :meth:`AuditResult.summary` starts with (the CLI's lines, metrics/audit.json's first keys).
+SUMMARY_FACTS = ("epsilon_emp", "epsilon_claimed", "verdict", "observations", "confidence", "delta", "threshold_method")
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """One audit: the claim judged, the ε_emp estimate, the verdict, and what the numbers rest on, each fact
+    held once (ε_emp and the threshold method in ``estimate``, the claimed ε and δ in ``claim``, the verdict
+    in ``judgement``). ``observations`` counts games on D and D' together (2 × games per side; a ``split``
+    estimate evaluates on part of them)."""
+
+    audit: str
+    sampler: str
+    claim: Claim
+    estimate: EpsilonEstimate
+    judgement: Verdict
+    observations: int
+    setting: dict[str, Any]
+    assumptions: list[str]
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def facts(self) -> dict[str, Any]:
+        """The flat facts, by the names metrics/audit.json gives them, in its order."""
+        return {
+            "audit": self.audit,
+            "sampler": self.sampler,
+            "epsilon_emp": self.estimate.epsilon,
+            "epsilon_claimed": float(self.claim.epsilon),
+            "claim_basis": self.claim.basis,
+            "verdict": self.judgement.verdict,
+            "observations": self.observations,
+            "confidence": self.estimate.confidence,
+            "delta": self.claim.delta,
+            "threshold_method": self.estimate.method,
+            "valid": self.estimate.valid,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The flat fields the CLI prints and the stage writes to metrics/audit.json."""
+        facts = self.facts()
+        return {
+            **{key: facts[key] for key in SUMMARY_FACTS},
+            "threshold_valid": facts["valid"],
+            "sampler": self.sampler,
+            "audit": self.audit,
+            "point_estimate": self.judgement.point_estimate,
+            "observations_needed": self.judgement.observations_needed,
+            **self.timing,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole record (artifacts/audit/audit.json): the flat facts, then the estimate, the judgement
+        and the setting in full."""
+        return {
+            **self.facts(),
+            "estimate": asdict(self.estimate),
+            "judgement": asdict(self.judgement),
+            "setting": copy.deepcopy(self.setting),
+            "assumptions": list(self.assumptions),
+            "timing": dict(self.timing),
+        }
 
 
 def conclude(
@@ -77,33 +98,9 @@ def conclude(
 ) -> AuditResult:
     """Estimate ε_emp from the game scores and judge it against the claim."""
     estimate = statistics.estimate(scores.present, scores.absent, claim.delta)
-    judgement = judge(
-        estimate.epsilon,
-        claim.epsilon,
-        scores.present,
-        scores.absent,
-        delta=claim.delta,
-        confidence=statistics.confidence,
-        valid=estimate.valid,
-    )
-    return AuditResult(
-        audit=audit,
-        sampler=sampler,
-        epsilon_emp=estimate.epsilon,
-        epsilon_claimed=float(claim.epsilon),
-        claim_basis=claim.basis,
-        verdict=judgement.verdict,
-        observations=2 * scores.games_per_side,
-        confidence=statistics.confidence,
-        delta=claim.delta,
-        threshold_method=statistics.method,
-        valid=estimate.valid,
-        estimate=estimate,
-        judgement=judgement,
-        setting=setting,
-        assumptions=assumptions,
-        timing=timing,
-    )
+    judgement = judge(estimate, claim.epsilon, scores.present, scores.absent)
+    observations = 2 * scores.games_per_side
+    return AuditResult(audit, sampler, claim, estimate, judgement, observations, setting, assumptions, timing)
 
 
 def epsilon_versus_observations(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpledger.audit.estimate import clopper_pearson_upper, count_grid, epsilon_from_rates
+from dpledger.audit.estimate import EpsilonEstimate, clopper_pearson_upper, count_grid, epsilon_from_rates
 
 MIN_POINT_COUNT = 10
 PROJECTION_FACTORS = tuple(2**j for j in range(0, 21, 2))
@@ -82,27 +82,20 @@ def project_epsilon(
     return projection
 
 
-def judge(
-    epsilon_emp: float,
-    epsilon_claimed: float,
-    present: np.ndarray,
-    absent: np.ndarray,
-    *,
-    delta: float,
-    confidence: float,
-    valid: bool,
-) -> Verdict:
-    """The verdict of ε_emp (a lower bound at ``confidence`` when ``valid``) against ``epsilon_claimed``."""
-    estimate = max(point_estimate(present, absent, delta), epsilon_emp)
-    projection = project_epsilon(present, absent, delta=delta, confidence=confidence)
+def judge(estimate: EpsilonEstimate, epsilon_claimed: float, present: np.ndarray, absent: np.ndarray) -> Verdict:
+    """The verdict of ``estimate``'s ε_emp (a lower bound at its confidence when it is valid) against
+    ``epsilon_claimed``, from the scores it was estimated from."""
+    epsilon_emp, delta, valid = estimate.epsilon, estimate.delta, estimate.valid
+    best = max(point_estimate(present, absent, delta), epsilon_emp)
+    projection = project_epsilon(present, absent, delta=delta, confidence=estimate.confidence)
     needed = next((n for n, eps in projection if eps > epsilon_claimed), None)
     if epsilon_emp > epsilon_claimed and valid:
-        return Verdict("contradicted", estimate, needed, projection, "the lower bound on ε exceeds the claim")
+        return Verdict("contradicted", best, needed, projection, "the lower bound on ε exceeds the claim")
     if epsilon_emp > epsilon_claimed:
         note = "ε_emp exceeds the claim, but the uncorrected 'max' threshold method is not a valid bound"
-        return Verdict("inconclusive", estimate, needed, projection, note)
-    if estimate > epsilon_claimed:
+        return Verdict("inconclusive", best, needed, projection, note)
+    if best > epsilon_claimed:
         note = "the point estimate exceeds the claim; more observations may settle it"
-        return Verdict("inconclusive", estimate, needed, projection, note)
+        return Verdict("inconclusive", best, needed, projection, note)
     note = "no evidence against the claim at this number of observations (an audit cannot prove a claim)"
-    return Verdict("consistent", estimate, needed, projection, note)
+    return Verdict("consistent", best, needed, projection, note)

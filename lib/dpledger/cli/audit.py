@@ -90,10 +90,10 @@ def bgm(
     as_json: AsJson = False,
 ) -> None:
     """Audit the batched Gaussian mechanism (Worst-Case threat model) with a sampler; print ε_emp and the verdict."""
-    from dpledger.audit.bgm import CLAIM_ACCOUNTANTS, audit_bgm
+    from dpledger.audit.bgm import CLAIM_ACCOUNTANTS, BgmAudit, audit_bgm
+    from dpledger.audit.result import Claim
     from dpledger.sampling.registry import sampler_class
 
-    statistics = _statistics(threshold, confidence, split_fraction)
     _check_numbers({"--noise-multiplier": noise_multiplier}, {"--delta": delta})
     if steps < 1 or batch_size < 1:
         raise ParamsError(f"--steps = {steps}, --batch-size = {batch_size}: both must be >= 1")
@@ -101,8 +101,7 @@ def bgm(
         raise ParamsError(f"--epsilon-claimed = {epsilon_claimed} is invalid: it must be a finite number > 0")
     own = sampler_class(sampler).accounted_as
     claim = claim_sampler or (own if own in CLAIM_ACCOUNTANTS else "poisson")
-    options = _sampler_options(sampler, buffer_size)
-    result, _ = audit_bgm(
+    config = BgmAudit(
         sampler,
         dataset_size=steps * batch_size,
         batch_size=batch_size,
@@ -110,15 +109,16 @@ def bgm(
         noise_multiplier=noise_multiplier,
         observations=observations,
         delta=delta,
-        statistics=statistics,
-        epsilon_claimed=epsilon_claimed,
+        statistics=_statistics(threshold, confidence, split_fraction),
+        claim=None if epsilon_claimed is None else Claim(epsilon_claimed, delta, "given"),
         claim_sampler=claim,
-        options=options,
+        options=_sampler_options(sampler, buffer_size),
         seed=seed,
         backend=backend,
         progress=not as_json,
     )
-    _print({**result.summary(), "claim_basis": result.claim_basis, "pair": result.setting["pair"]}, as_json)
+    result, _ = audit_bgm(config)
+    _print({**result.summary(), "claim_basis": result.claim.basis, "pair": result.setting["pair"]}, as_json)
 
 
 @audit_app.command("selfcheck")
@@ -177,29 +177,26 @@ def dpsgd(
     as_json: AsJson = False,
 ) -> None:
     """Audit DP-SGD on the embedded digits data with gradient canaries (002 Alg. 1)."""
-    from dpledger.audit.dpsgd import DpsgdAudit, audit_dpsgd
+    from dpledger.audit.bgm import BgmAudit
+    from dpledger.audit.dpsgd import DpsgdAudit, audit_dpsgd, digits_workload
 
-    statistics = _statistics(threshold, confidence)
     _check_numbers({"--noise-multiplier": noise_multiplier, "--clip-norm": clip_norm, "--lr": lr}, {"--delta": delta})
-    result = audit_dpsgd(
-        DpsgdAudit(
-            threat_model=threat_model,
-            sampler=sampler,
-            observations=observations,
-            epochs=epochs,
-            batch_size=batch_size,
-            noise_multiplier=noise_multiplier,
-            clip_norm=clip_norm,
-            lr=lr,
-            dataset_size=dataset_size,
-            delta=delta,
-            statistics=statistics,
-            seed=seed,
-            progress=not as_json,
-            sampler_options=_sampler_options(sampler, buffer_size),
-        )
+    workload = digits_workload(seed)
+    mechanism = BgmAudit(
+        sampler,
+        dataset_size=workload.x.shape[0] if dataset_size is None else dataset_size,
+        batch_size=batch_size,
+        epochs=epochs,
+        noise_multiplier=noise_multiplier,
+        observations=observations,
+        delta=delta,
+        statistics=_statistics(threshold, confidence),
+        options=_sampler_options(sampler, buffer_size),
+        seed=seed,
+        progress=not as_json,
     )
-    _print({**result.summary(), "claim_basis": result.claim_basis}, as_json)
+    result = audit_dpsgd(DpsgdAudit(mechanism, threat_model=threat_model, clip_norm=clip_norm, lr=lr), workload)
+    _print({**result.summary(), "claim_basis": result.claim.basis}, as_json)
 
 
 def register(app: typer.Typer) -> None:

@@ -10,10 +10,9 @@ from typing import Any
 from dpledger import io
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.audit import plots
-from dpledger.audit.bgm import audit_bgm
+from dpledger.audit.bgm import BgmAudit, audit_bgm
 from dpledger.audit.estimate import AuditStatistics
-from dpledger.audit.result import epsilon_versus_observations, tradeoff_points
-from dpledger.audit.samplers import audited_sampler
+from dpledger.audit.result import Claim, epsilon_versus_observations, tradeoff_points
 from dpledger.params import Params
 from dpledger.pipeline import paths
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
@@ -33,32 +32,25 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     audit = params.audit
     record, schedule = _inputs(root)
     check = check_schedule(record.description, schedule, allow_mismatch=True)
-    options = options_for(schedule.sampler, **schedule.sampler_params)
-    bgm_run = {
-        "dataset_size": schedule.dataset_size,
-        "batch_size": record.batch_size,
-        "epochs": record.epochs,
-        "noise_multiplier": record.noise_multiplier,
-        "options": options,
-        "seed": params.seed,
-    }
-    observations = (
-        audit.pattern_observations
-        if audited_sampler(schedule.sampler, **bgm_run).simulated_by_sampler
-        else audit.observations
-    )
-    ledger_basis = f"ledger: {record.accountant} accountant assuming '{record.sampler}' sampling"
+    ledger = f"ledger: {record.accountant} accountant assuming '{record.sampler}' sampling"
     statistics = AuditStatistics(audit.confidence, audit.threshold, audit.split_fraction)
-    result, scores = audit_bgm(
+    mechanism = BgmAudit(
         schedule.sampler,
-        **bgm_run,
-        observations=observations - observations % 2,
+        dataset_size=schedule.dataset_size,
+        batch_size=record.batch_size,
+        epochs=record.epochs,
+        noise_multiplier=record.noise_multiplier,
+        observations=audit.observations,
         delta=record.delta,
         statistics=statistics,
-        epsilon_claimed=record.epsilon,
-        claim_basis=ledger_basis,
+        claim=Claim(record.epsilon, record.delta, ledger),
+        options=options_for(schedule.sampler, **schedule.sampler_params),
+        seed=params.seed,
         backend=audit.backend,
     )
+    observations = audit.pattern_observations if mechanism.audited().simulated_by_sampler else audit.observations
+    mechanism = replace(mechanism, observations=observations - observations % 2)
+    result, scores = audit_bgm(mechanism)
     correlated = (
         []
         if record.mechanism == "identity"
@@ -78,7 +70,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     }
     metrics = {**_flat(result.summary()), "sampler_accounted": record.sampler, "sampler_mismatch": not check.matches}
     if audit.dpsgd:
-        dpsgd = _audit_dpsgd(params, record, schedule, options, ledger_basis, statistics)
+        dpsgd = _audit_dpsgd(params, mechanism)
         details["dpsgd"] = {**dpsgd.to_dict(), "assumptions": list(dpsgd.assumptions) + correlated}
         metrics.update({f"dpsgd_{key}": value for key, value in _flat(dpsgd.summary()).items() if key != "sampler"})
     with io.atomic_dir(root / paths.plots("audit")) as folder:
@@ -87,7 +79,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
             folder,
             tradeoff_points(scores, audit.confidence),
             epsilon_claimed=record.epsilon,
-            epsilon_emp=result.epsilon_emp,
+            epsilon_emp=result.estimate.epsilon,
             delta=record.delta,
             title=title,
         )
@@ -99,33 +91,15 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     return metrics
 
 
-def _audit_dpsgd(
-    params: Params,
-    record: CalibrationRecord,
-    schedule: Schedule,
-    options: dict[str, Any],
-    ledger_basis: str,
-    statistics: AuditStatistics,
-) -> Any:
-    """The DP-SGD canary audit at the ledger's σ, sizes and sampler, on the MLP and digits (``audit.dpsgd_model:
-    digits``) or on the train stage's model, loss and data (``train``: its clip norm and learning rate, SGD)."""
+def _audit_dpsgd(params: Params, mechanism: BgmAudit) -> Any:
+    """The DP-SGD canary audit of the stage's ``mechanism`` (the ledger's σ, sizes, claim and the sampler used)
+    with ``audit.dpsgd_observations`` training runs, on the MLP and digits (``audit.dpsgd_model: digits``) or on
+    the train stage's model, loss and data (``train``: its clip norm and learning rate, SGD)."""
     from dpledger.audit.dpsgd import DpsgdAudit, audit_dpsgd, train_workload
 
     audit = params.audit
     config = DpsgdAudit(
-        threat_model=audit.dpsgd_threat_model,
-        sampler=schedule.sampler,
-        observations=audit.dpsgd_observations,
-        epochs=record.epochs,
-        batch_size=record.batch_size,
-        noise_multiplier=record.noise_multiplier,
-        dataset_size=schedule.dataset_size,
-        delta=record.delta,
-        statistics=statistics,
-        seed=params.seed,
-        sampler_options=options,
-        epsilon_claimed=record.epsilon,
-        claim_basis=ledger_basis,
+        replace(mechanism, observations=audit.dpsgd_observations), threat_model=audit.dpsgd_threat_model
     )
     if audit.dpsgd_model == "digits":
         return audit_dpsgd(config)
