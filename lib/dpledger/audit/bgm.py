@@ -88,7 +88,7 @@ class BgmAudit:
     """What one audit of the batched Gaussian mechanism plays: the sampler with its ``options`` (e.g.
     ``sample_rate``, ``last_batch``, ``buffer_size``), the run's sizes and σ, the number of games, the
     statistics, and the claim judged at ``delta``: ``claim`` when given (e.g. the ledger's ε), else the
-    PLD ε accounted for ``claim_sampler`` (:func:`default_claim`)."""
+    PLD ε accounted for ``claim_sampler`` (:meth:`judged_claim`)."""
 
     sampler: str
     dataset_size: int
@@ -108,7 +108,8 @@ class BgmAudit:
     def __post_init__(self) -> None:
         if self.claim is not None and self.claim.delta != self.delta:
             raise ParamsError(
-                f"audit: the claim's delta = {self.claim.delta} is invalid: it must equal the audit's delta = {self.delta}"
+                f"audit: the claim's delta = {self.claim.delta} is invalid: "
+                f"it must equal the audit's delta = {self.delta}"
             )
 
     def audited(self) -> AuditedSampler:
@@ -135,9 +136,9 @@ class BgmAudit:
         }
 
     def judged_claim(self, steps: int) -> Claim:
-        """The claim given, or the one a ledger would make for ``claim_sampler`` (the PLD ε, as
-        :func:`accounted_epsilon`, of a run of ``steps`` steps), at q = a Poisson sampler's own ``sample_rate`` when the claim is
-        Poisson too, else B/n."""
+        """The claim given, or the one a ledger would make for ``claim_sampler``: the PLD ε (as
+        :func:`accounted_epsilon`) of a run of ``steps`` steps, at q = a Poisson sampler's own ``sample_rate``
+        when the claim is Poisson too, else B/n."""
         if self.claim is not None:
             return self.claim
         own_rate = self.options.get("sample_rate")
