@@ -100,32 +100,13 @@ def test_audit_functions_refuse_huge_runs_at_once():
     from dpledger.audit.dpsgd import DpsgdAudit, audit_dpsgd
     from dpledger.audit.selfcheck import run_selfcheck
 
+    small = BgmAudit(
+        "poisson", dataset_size=100, batch_size=1, epochs=1, noise_multiplier=1.0, observations=2, delta=1e-5
+    )
     with pytest.raises(ParamsError, match="must be at most 100,000,000"):
-        audit_bgm(
-            BgmAudit(
-                "poisson",
-                dataset_size=100,
-                batch_size=1,
-                epochs=1,
-                noise_multiplier=1.0,
-                observations=10**12,
-                delta=1e-5,
-                progress=False,
-            )
-        )
+        audit_bgm(replace(small, observations=10**12, progress=False))
     with pytest.raises(ParamsError, match="draws exceeds the limit of 50,000,000,000 draws"):
-        audit_bgm(
-            BgmAudit(
-                "poisson",
-                dataset_size=10_000,
-                batch_size=1,
-                epochs=100,
-                noise_multiplier=1.0,
-                observations=10**8,
-                delta=1e-5,
-                progress=False,
-            )
-        )
+        audit_bgm(replace(small, dataset_size=10_000, epochs=100, observations=10**8, progress=False))
     digits = BgmAudit(
         "shuffle", dataset_size=64, batch_size=64, epochs=1, noise_multiplier=1.0, observations=1000, delta=1e-5
     )
