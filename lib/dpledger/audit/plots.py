@@ -9,13 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from dpledger import io  # noqa: E402
+from dpledger import io, plotting
 
 
 def region_boundary(fpr: np.ndarray, epsilon: float, delta: float) -> np.ndarray:
@@ -36,24 +32,25 @@ def write_tradeoff(
         np.column_stack([points, claimed]),
     )
     grid = np.geomspace(max(points[:, 0].min(), 1e-9), 1.0, 300)
-    figure, axis = plt.subplots(figsize=(5.5, 4.2))
-    axis.plot(points[:, 0], points[:, 1], label="empirical (raw)", color="tab:blue", alpha=0.5)
-    axis.plot(points[:, 2], points[:, 3], label="empirical (95% CP upper)", color="tab:blue")
-    axis.plot(
-        grid,
-        region_boundary(grid, epsilon_claimed, delta),
-        "--",
-        color="tab:green",
-        label=f"claimed ε = {epsilon_claimed:.3g}",
-    )
-    axis.plot(grid, region_boundary(grid, epsilon_emp, delta), ":", color="tab:red", label=f"ε_emp = {epsilon_emp:.3g}")
-    axis.set_xscale("log")
-    axis.set_xlabel("false positive rate")
-    axis.set_ylabel("false negative rate")
-    axis.set_ylim(0.0, 1.02)
-    axis.set_title(title, fontsize=9)
-    axis.legend(fontsize=8)
-    _save(figure, folder / "tradeoff.png")
+    with plotting.png(folder / "tradeoff.png") as axes:
+        axes.plot(points[:, 0], points[:, 1], label="empirical (raw)", color="tab:blue", alpha=0.5)
+        axes.plot(points[:, 2], points[:, 3], label="empirical (95% CP upper)", color="tab:blue")
+        axes.plot(
+            grid,
+            region_boundary(grid, epsilon_claimed, delta),
+            "--",
+            color="tab:green",
+            label=f"claimed ε = {epsilon_claimed:.3g}",
+        )
+        axes.plot(
+            grid, region_boundary(grid, epsilon_emp, delta), ":", color="tab:red", label=f"ε_emp = {epsilon_emp:.3g}"
+        )
+        axes.set_xscale("log")
+        axes.set_xlabel("false positive rate")
+        axes.set_ylabel("false negative rate")
+        axes.set_ylim(0.0, 1.02)
+        axes.set_title(title)
+        axes.legend()
 
 
 def write_epsilon_vs_observations(
@@ -62,18 +59,11 @@ def write_epsilon_vs_observations(
     """``epsilon_vs_observations.csv`` (observations, epsilon_emp, kind) and its PNG."""
     rows = [[n, eps, "measured"] for n, eps in measured] + [[n, eps, "projected"] for n, eps in projected]
     io.write_csv(folder / "epsilon_vs_observations.csv", ["observations", "epsilon_emp", "kind"], rows)
-    figure, axis = plt.subplots(figsize=(5.5, 4.2))
-    axis.plot(*zip(*measured), "o-", label="measured (prefixes of the games)")
-    axis.plot(*zip(*projected), "s--", alpha=0.7, label="projected (rates observed at N; a floor)")
-    axis.axhline(epsilon_claimed, color="tab:green", linestyle=":", label=f"claimed ε = {epsilon_claimed:.3g}")
-    axis.set_xscale("log")
-    axis.set_xlabel("observations N")
-    axis.set_ylabel("ε_emp (lower bound)")
-    axis.legend(fontsize=8)
-    _save(figure, folder / "epsilon_vs_observations.png")
-
-
-def _save(figure: plt.Figure, path: Path) -> None:
-    with io.atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    plt.close(figure)
+    with plotting.png(folder / "epsilon_vs_observations.png") as axes:
+        axes.plot(*zip(*measured), "o-", label="measured (prefixes of the games)")
+        axes.plot(*zip(*projected), "s--", alpha=0.7, label="projected (rates observed at N; a floor)")
+        axes.axhline(epsilon_claimed, color="tab:green", linestyle=":", label=f"claimed ε = {epsilon_claimed:.3g}")
+        axes.set_xscale("log")
+        axes.set_xlabel("observations N")
+        axes.set_ylabel("ε_emp (lower bound)")
+        axes.legend()

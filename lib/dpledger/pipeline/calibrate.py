@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.figure import Figure
 
-from dpledger import io
+from dpledger import io, plotting
 from dpledger.accounting import (
     ACCOUNTANTS,
     AccountantResult,
@@ -230,62 +229,50 @@ def _metrics(
     return metrics
 
 
-def _save_png(figure: Figure, path: Path) -> None:
-    figure.tight_layout()
-    with io.atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=100)
-
-
 def _write_plots(folder: Path, record: CalibrationRecord, groups: list[GroupEpsilon], rows: list[list]) -> None:
     io.write_csv(folder / "epsilon_vs_step.csv", ["step", "epsilon"], [list(p) for p in record.epsilon_curve])
-    figure = Figure(figsize=(6, 3.5))
-    axes = figure.add_subplot()
-    axes.plot([p[0] for p in record.epsilon_curve], [p[1] for p in record.epsilon_curve], marker="o")
-    axes.set_xlabel("steps taken")
-    axes.set_ylabel(f"ε spent (δ = {record.delta:g})")
-    axes.set_title(f"{record.accountant}, {record.sampler}, σ = {record.noise_multiplier:.4g}")
-    _save_png(figure, folder / "epsilon_vs_step.png")
+    with plotting.png(folder / "epsilon_vs_step.png") as axes:
+        axes.plot([p[0] for p in record.epsilon_curve], [p[1] for p in record.epsilon_curve], marker="o")
+        axes.set_xlabel("steps taken")
+        axes.set_ylabel(f"ε spent (δ = {record.delta:g})")
+        axes.set_title(f"{record.accountant}, {record.sampler}, σ = {record.noise_multiplier:.4g}")
 
     table = [[g.group_size, _cell(g.mog), _cell(g.conversion), _cell(g.linear)] for g in groups]
     io.write_csv(folder / "epsilon_vs_group.csv", ["group_size", "mog", "conversion", "linear"], table)
-    figure = Figure(figsize=(6, 3.5))
-    axes = figure.add_subplot()
-    for index, (label, style) in enumerate(
-        (("mixture of Gaussians", "o-"), ("group conversion", "s--"), ("linear k·ε₁", ":"))
-    ):
-        points = [
-            (row[0], row[index + 1])
-            for row in table
-            if isinstance(row[index + 1], float) and math.isfinite(row[index + 1])
-        ]
-        if points:
-            axes.plot(*zip(*points), style, label=label)
-    axes.set_xlabel("group size k")
-    axes.set_ylabel("ε")
-    axes.set_title(groups[0].note[:70] if groups and groups[0].mog is None else "group-level ε")
-    if axes.get_legend_handles_labels()[0]:
-        axes.legend()
-    _save_png(figure, folder / "epsilon_vs_group.png")
+    with plotting.png(folder / "epsilon_vs_group.png") as axes:
+        for index, (label, style) in enumerate(
+            (("mixture of Gaussians", "o-"), ("group conversion", "s--"), ("linear k·ε₁", ":"))
+        ):
+            points = [
+                (row[0], row[index + 1])
+                for row in table
+                if isinstance(row[index + 1], float) and math.isfinite(row[index + 1])
+            ]
+            if points:
+                axes.plot(*zip(*points), style, label=label)
+        axes.set_xlabel("group size k")
+        axes.set_ylabel("ε")
+        axes.set_title(groups[0].note[:70] if groups and groups[0].mog is None else "group-level ε")
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend()
 
     io.write_csv(
         folder / "rmse_vs_epsilon.csv",
         ["mechanism", "epsilon", "rmse_balls_in_bins", "rmse_unamplified", "noise_multiplier"],
         rows,
     )
-    figure = Figure(figsize=(6, 3.5))
-    axes = figure.add_subplot()
-    for label in dict.fromkeys(row[0] for row in rows):
-        mine = [row for row in rows if row[0] == label]
-        line = axes.plot([r[1] for r in mine], [r[2] for r in mine], marker="o", label=f"{label} (balls-in-bins)")
-        axes.plot([r[1] for r in mine], [r[3] for r in mine], linestyle="--", color=line[0].get_color())
-    axes.set_xscale("log")
-    axes.set_yscale("log")
-    axes.set_xlabel("ε")
-    axes.set_ylabel("prefix-sum RMSE (σ‖AC⁻¹‖_F/√n)")
-    axes.set_title("RMSE vs ε (dashed: unamplified)" if rows else "RMSE vs ε: balls-in-bins sampler only")
-    if rows:
-        axes.legend(fontsize=7)
-    _save_png(figure, folder / "rmse_vs_epsilon.png")
+    with plotting.png(folder / "rmse_vs_epsilon.png") as axes:
+        for label in dict.fromkeys(row[0] for row in rows):
+            mine = [row for row in rows if row[0] == label]
+            line = axes.plot([r[1] for r in mine], [r[2] for r in mine], marker="o", label=f"{label} (balls-in-bins)")
+            axes.plot([r[1] for r in mine], [r[3] for r in mine], linestyle="--", color=line[0].get_color())
+        axes.set_xscale("log")
+        axes.set_yscale("log")
+        axes.set_xlabel("ε")
+        axes.set_ylabel("prefix-sum RMSE (σ‖AC⁻¹‖_F/√n)")
+        axes.set_title("RMSE vs ε (dashed: unamplified)" if rows else "RMSE vs ε: balls-in-bins sampler only")
+        if rows:
+            axes.legend()
 
 
 def _cell(value: float | None) -> float | str:

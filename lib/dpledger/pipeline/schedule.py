@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.figure import Figure
 
-from dpledger import io
+from dpledger import io, plotting
 from dpledger.data import load_data
 from dpledger.params import Params, check_dataset_size
 from dpledger.sampling import Schedule, build_schedule, options_for
@@ -41,17 +40,13 @@ def schedule_from_params(params: Params, dataset_size: int, *, progress: bool = 
 
 
 def _plot_histogram(path: Path, sizes: np.ndarray, counts: np.ndarray, schedule: Schedule, batch_size: int) -> None:
-    figure = Figure(figsize=(6, 3.5))
-    axes = figure.add_subplot()
-    axes.bar(sizes, counts, width=1.0, color="#4c72b0")
-    axes.axvline(batch_size, color="black", linestyle="--", linewidth=1, label=f"B = {batch_size}")
-    axes.set_xlabel("real examples in the batch")
-    axes.set_ylabel("steps")
-    axes.set_title(f"Batch sizes: {schedule.sampler}, {schedule.num_steps} steps")
-    axes.legend()
-    figure.tight_layout()
-    with io.atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=100)
+    with plotting.png(path) as axes:
+        axes.bar(sizes, counts, width=1.0, color="#4c72b0")
+        axes.axvline(batch_size, color="black", linestyle="--", linewidth=1, label=f"B = {batch_size}")
+        axes.set_xlabel("real examples in the batch")
+        axes.set_ylabel("steps")
+        axes.set_title(f"Batch sizes: {schedule.sampler}, {schedule.num_steps} steps")
+        axes.legend()
 
 
 def run(params: Params, root: Path) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dpledger import io
+from dpledger import io, plotting
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.data import Dataset, load_data
 from dpledger.engine import BKEngine, make_optimizer, retain_freed_memory
@@ -342,11 +342,6 @@ def _write_outputs(root: Path, run: Finished, tensors: tuple[torch.Tensor, ...])
 
 
 def _write_plots(folder: Path, history: dict[str, list[float]], metric: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = list(range(1, len(history["loss"]) + 1))
     io.write_csv(
         folder / "loss.csv",
@@ -363,14 +358,10 @@ def _write_plots(folder: Path, history: dict[str, list[float]], metric: str) -> 
         ("loss", [("loss", history["loss"], steps)], "training loss (mean per batch)"),
         (metric, [("train", train, history["eval_step"]), ("test", test, history["eval_step"])], metric),
     ):
-        figure, axis = plt.subplots(figsize=(5, 3.2))
-        for legend, values, xs in series:
-            axis.plot(xs, values, label=legend)
-        axis.set_xlabel("step")
-        axis.set_ylabel(label)
-        if len(series) > 1:
-            axis.legend()
-        figure.tight_layout()
-        with io.atomic_path(folder / f"{name}.png") as tmp:
-            figure.savefig(tmp, format="png", dpi=110)
-        plt.close(figure)
+        with plotting.png(folder / f"{name}.png") as axes:
+            for legend, values, xs in series:
+                axes.plot(xs, values, label=legend)
+            axes.set_xlabel("step")
+            axes.set_ylabel(label)
+            if len(series) > 1:
+                axes.legend()

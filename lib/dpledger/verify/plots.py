@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from matplotlib.figure import Figure as MatplotlibFigure
 from scipy import stats
 
-from dpledger.io import atomic_path, write_csv
+from dpledger import plotting
+from dpledger.io import write_csv
 from dpledger.verify.result import BatteryResult, Curve, Figure
 
 
@@ -48,21 +48,17 @@ def _verdict_label(result: BatteryResult, name: str) -> str:
 
 
 def _write_png(figure: Figure, path: Path, verdict: str) -> Path:
-    fig = MatplotlibFigure(figsize=(6, 4))
-    axis = fig.add_subplot()
-    if figure.kind == "cdf":
-        grid = np.linspace(-4, 4, 200)
-        axis.plot(grid, stats.norm.cdf(grid), "k--", label="N(0, 1)")
-    for curve in figure.curves:
-        style = "o" if figure.kind == "scatter" and curve is figure.curves[0] else "-"
-        axis.plot(curve.x, curve.y, style, label=curve.label, markersize=4)
-    if figure.log_x:
-        axis.set_xscale("log")
-    axis.set_xlabel(figure.xlabel)
-    axis.set_ylabel(figure.ylabel)
-    axis.set_title(f"{figure.title}\n{verdict}" if verdict else figure.title, fontsize=9)
-    axis.legend(fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
+    with plotting.png(path) as axes:
+        if figure.kind == "cdf":
+            grid = np.linspace(-4, 4, 200)
+            axes.plot(grid, stats.norm.cdf(grid), "k--", label="N(0, 1)")
+        for curve in figure.curves:
+            style = "o" if figure.kind == "scatter" and curve is figure.curves[0] else "-"
+            axes.plot(curve.x, curve.y, style, label=curve.label)
+        if figure.log_x:
+            axes.set_xscale("log")
+        axes.set_xlabel(figure.xlabel)
+        axes.set_ylabel(figure.ylabel)
+        axes.set_title(f"{figure.title}\n{verdict}" if verdict else figure.title)
+        axes.legend()
     return path
