@@ -55,37 +55,11 @@ def test_bad_input_is_one_line(args, words):
 
 
 def test_delta_at_least_one_over_n_warns_before_epsilon():
-    result = _run(
-        "epsilon",
-        "--noise-multiplier",
-        "1",
-        "--delta",
-        "0.05",
-        "--dataset-size",
-        "50",
-        "--batch-size",
-        "5",
-        "--epochs",
-        "2",
-    )
+    args = ("epsilon", "--noise-multiplier", "1", "--delta", "0.05", "--dataset-size", "50", "--batch-size", "5")
+    result = _run(*args, "--epochs", "2")
     assert result.exit_code == 0
     assert result.output.splitlines()[0].startswith("WARNING: delta = 0.05 >= 1/n")
-    payload = json.loads(
-        _run(
-            "epsilon",
-            "--noise-multiplier",
-            "1",
-            "--delta",
-            "0.05",
-            "--dataset-size",
-            "50",
-            "--batch-size",
-            "5",
-            "--epochs",
-            "2",
-            "--json",
-        ).output
-    )
+    payload = json.loads(_run(*args, "--epochs", "2", "--json").output)
     assert payload["warnings"]
 
 

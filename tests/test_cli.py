@@ -8,6 +8,18 @@ import sys
 
 import pytest
 
+SMALL_BGM_AUDIT = (
+    "audit",
+    "bgm",
+    "--sampler",
+    "poisson",
+    "--steps",
+    "10",
+    "--noise-multiplier",
+    "1",
+    "--observations",
+    "100",
+)
 COMMANDS = ["stage", "epsilon", "noise", "samplers", "schedule-stats", "verify", "audit", "report"]
 
 
@@ -65,21 +77,7 @@ def test_audit_bgm_refuses_a_non_finite_or_negative_claim(value):
     from dpledger.errors import ParamsError
 
     # nan gave verdict "consistent" and printed NaN (not JSON) with --json
-    result = _invoke(
-        "audit",
-        "bgm",
-        "--sampler",
-        "poisson",
-        "--steps",
-        "10",
-        "--noise-multiplier",
-        "1",
-        "--observations",
-        "100",
-        "--epsilon-claimed",
-        value,
-        "--json",
-    )
+    result = _invoke(*SMALL_BGM_AUDIT, "--epsilon-claimed", value, "--json")
     assert isinstance(result.exception, ParamsError) and result.stdout == ""
     assert str(result.exception).startswith("--epsilon-claimed = ") and "finite number > 0" in str(result.exception)
 
@@ -89,20 +87,7 @@ def test_audit_bgm_refuses_a_non_finite_or_negative_claim(value):
     [
         ["audit", "selfcheck", "--seed", "-1"],
         ["audit", "dpsgd", "--seed", str(2**64)],
-        [
-            "audit",
-            "bgm",
-            "--sampler",
-            "poisson",
-            "--steps",
-            "10",
-            "--noise-multiplier",
-            "1",
-            "--observations",
-            "100",
-            "--seed",
-            str(2**64),
-        ],
+        [*SMALL_BGM_AUDIT, "--seed", str(2**64)],
         ["verify", "--seed", str(2**64 - 1)],
     ],
 )
