@@ -28,8 +28,9 @@ def module_file(name: str) -> Path | None:
 
 def imported_modules(path: Path) -> set[str]:
     """Every module an import statement in ``path`` names, at any depth (function-level imports count:
-    they run when the function does), with ``from m import x`` also naming ``m.x`` in case it is a module; a
-    package that loads its names lazily from a ``_HOMES`` table counts as importing every module it names."""
+    they run when the function does): ``from m import x`` names ``m.x`` where that is one of our modules,
+    else ``m``; a package that loads its names lazily from a ``_HOMES`` table counts as importing every
+    module it names. Parent packages are not named (importing them is the closure's business)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_HOMES" for t in node.targets):
@@ -38,7 +39,9 @@ def imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                names.add(submodule if module_file(submodule) else node.module)
     return names
 
 

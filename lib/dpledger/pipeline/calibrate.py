@@ -33,9 +33,9 @@ from dpledger.accounting.accountants import poisson_at_same_noise
 from dpledger.accounting.allocation import allocation_upper
 from dpledger.accounting.description import vacuous_delta_warning
 from dpledger.accounting.group import GroupEpsilon
+from dpledger.accounting.optimize import RmseSetting, amplified_rmse, optimize_matrix
 from dpledger.data import load_data
 from dpledger.mechanisms import banded_params, coefficients
-from dpledger.mechanisms.optimize import RmseSetting, amplified_rmse, optimize_matrix
 from dpledger.mechanisms.rmse import prefix_rmse
 from dpledger.params import CalibrateParams, Params, check_dataset_size
 from dpledger.pipeline.inputs_check import seal_record

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dpledger import io, plotting
+from dpledger import io, paths, plotting
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.data import Dataset, load_data
 from dpledger.engine import BKEngine, make_optimizer, retain_freed_memory
@@ -41,7 +41,6 @@ from dpledger.engine.device import autocast, select_device
 from dpledger.errors import DpledgerError
 from dpledger.models import Task, build_task_model, task_for
 from dpledger.params import Params
-from dpledger.pipeline import paths
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
 from dpledger.sampling.guard import SamplerCheck, check_schedule

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dpledger.engine.consecutive import (
+from dpledger.verify.consecutive import (
     ConsecutiveRun,
     LossFn,
     consecutive_batches,

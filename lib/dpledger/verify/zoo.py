@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from dpledger.errors import ParamsError
-from dpledger.verify.protocol import Trainer
+from dpledger.verify.consecutive import Trainer
 from dpledger.verify.reference import Flaws, train_with_flaws
 
 
