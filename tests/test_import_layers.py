@@ -4,8 +4,9 @@ The layers, bottom first (a module may import its own package and any strictly l
 sharing a layer may not import each other):
 
  0. ``errors``: the house exception types.
- 1. ``io``, ``paths``, ``plugins``, ``philox_normal``: atomic files, where the stages' outputs live,
-    ``module:callable`` loading and the counter-based noise generator; each needs only ``errors``.
+ 1. ``io``, ``paths``, ``plugins``, ``philox_normal``, ``imports``: atomic files, where the stages'
+    outputs live, ``module:callable`` loading, the counter-based noise generator and the reading of
+    import statements; each needs only ``errors``.
  2. ``plotting``: the shared figure style (writes through ``io``).
  3. ``mechanisms``: correlation matrices, their RMSE, streaming correlated noise.
  4. ``accounting``: the privacy ledger; it describes mechanisms, so it sits above them (and the choice of
@@ -20,19 +21,21 @@ sharing a layer may not import each other):
 12. ``pipeline``: the stage runners, which tie everything together.
 13. ``cli``: the console script.
 
-Import statements are read with the deps test's machinery (tests/test_pipeline_deps.py): function-level
-imports count, and a lazy package (``_HOMES``) imports every module it names.
+Import statements are read by :mod:`dpledger.imports`, the machinery of the deps test and of the train
+stage's code fingerprint: function-level imports count, and a lazy package (``_HOMES``) imports every
+module it names.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from test_pipeline_deps import REPO, imported_modules, module_file
+from dpledger.imports import imported_modules, module_file
+from test_pipeline_deps import REPO, SOURCE_ROOTS
 
 LAYERS = (
     ("errors",),
-    ("io", "paths", "plugins", "philox_normal"),
+    ("io", "paths", "plugins", "philox_normal", "imports"),
     ("plotting",),
     ("mechanisms",),
     ("accounting",),
@@ -74,7 +77,7 @@ def import_graph() -> dict[Path, set[Path]]:
     files = sorted((LIB / "dpledger").rglob("*.py"))
     graph = {}
     for path in files:
-        targets = {module_file(name) for name in imported_modules(path)}
+        targets = {module_file(name, SOURCE_ROOTS) for name in imported_modules(path, SOURCE_ROOTS)}
         graph[path] = {t for t in targets if t is not None and t != path and LIB in t.parents}
     return graph
 

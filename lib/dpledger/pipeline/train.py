@@ -80,15 +80,11 @@ def _load_inputs(params: Params, root: Path) -> tuple[CalibrationRecord, Schedul
 
 
 def _training_code() -> list[Path]:
-    """The source files that decide what a training step computes: a change to any of them starts over."""
-    package = Path(__file__).resolve().parents[1]
-    folders = ("engine", "models", "mechanisms", "sampling", "data")
-    here = Path(__file__).resolve()
-    return [
-        here,
-        here.with_name("distributed.py"),
-        *sorted(f for name in folders for f in (package / name).rglob("*.py")),
-    ]
+    """The source files that decide what a training step computes, a change to any of which starts over:
+    every library file this runner can import, read by the same function that checks dvc.yaml's deps."""
+    from dpledger.imports import import_closure
+
+    return sorted(import_closure([Path(__file__).resolve()]))
 
 
 def _user_files(params: Params) -> list[Path]:
