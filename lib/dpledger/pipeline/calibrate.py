@@ -25,9 +25,9 @@ from dpledger.accounting import (
     CalibrationRecord,
     MechanismDescription,
     calibrate_noise,
-    default_accountant,
     get_accountant,
     group_table,
+    resolve_accountant,
 )
 from dpledger.accounting.accountants import poisson_at_same_noise
 from dpledger.accounting.allocation import allocation_upper
@@ -64,7 +64,7 @@ def accountant_settings(params: Params) -> dict[str, Any]:
 
 def accountant_name(cal: CalibrateParams) -> str:
     """calibrate.accountant, with ``auto`` resolved for the sampler and mechanism."""
-    return default_accountant(cal.sampler, cal.mechanism) if cal.accountant == "auto" else cal.accountant
+    return resolve_accountant(cal.accountant, cal.sampler, cal.mechanism)
 
 
 def choose_matrix(cal: CalibrateParams, description: MechanismDescription, seed: int) -> dict[str, Any]:
