@@ -151,7 +151,7 @@ def test_each_known_circle_still_stands():
 
 def test_the_checks_catch_a_circle_and_an_upward_import():
     engine, report = LIB / "dpledger/engine/bk.py", LIB / "dpledger/report/inputs.py"
-    pipeline, verify = LIB / "dpledger/pipeline/paths.py", LIB / "dpledger/verify/zoo.py"
+    pipeline, verify = LIB / "dpledger/pipeline/paths.py", LIB / "dpledger/verify/flawed_trainers.py"
     assert find_circle({engine: {report}, report: {engine}}) == [engine, report, engine]
     assert upward_imports({report: {pipeline}, verify: {engine}}) == [
         "dpledger.report.inputs -> dpledger.pipeline.paths"

@@ -40,7 +40,7 @@ OPTIONAL_PLACEHOLDERS = ("optimizer",)
 KEYWORDS = ("loss_fn", "clip_norm", "noise_multiplier", "batch_size", "steps", "lr", "seed", "optimizer")
 BUILTIN_TRAINERS = {
     "dpledger": "dpledger.verify.consecutive:train_consecutive",
-    "reference": "dpledger.verify.reference:train",
+    "reference": "dpledger.verify.functorch_trainer:train",
     "opacus": "dpledger.verify.opacus_trainer:train",
     "distributed": "dpledger.verify.distributed_trainer:train",
 }
@@ -51,7 +51,7 @@ LOSS_DESCRIPTION = "per-example loss w·½‖outputs − y‖² with targets[:, 
 def load_trainer(spec: str) -> Trainer:
     """Import a trainer from 'dpledger', 'reference', 'opacus', 'distributed', 'zoo:NAME' or 'module:callable'."""
     if spec.startswith("zoo:"):
-        from dpledger.verify.zoo import zoo_trainer
+        from dpledger.verify.flawed_trainers import zoo_trainer
 
         return zoo_trainer(spec.removeprefix("zoo:"))
     target = BUILTIN_TRAINERS.get(spec, spec)
