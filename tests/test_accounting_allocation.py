@@ -89,7 +89,8 @@ def test_calibrated_sigma_meets_target_and_reports_lower_bound():
 
 
 def test_default_accountant_and_refusals():
-    assert resolve_accountant("auto", "poisson") == "pld" and resolve_accountant("auto", "fixed") == "pld"
+    assert resolve_accountant("auto", "poisson") == "pld"
+    assert resolve_accountant("auto", "fixed") == "pld"
     assert resolve_accountant("auto", "balls-in-bins-redrawn") == "allocation"
     assert resolve_accountant("auto", "balls-in-bins", "identity") == "allocation"
     assert resolve_accountant("auto", "balls-in-bins", "banded") == "montecarlo"

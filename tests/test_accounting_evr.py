@@ -20,7 +20,8 @@ def bernstein_bound(samples: int, delta: float, threshold: float) -> float:
 def test_kl_bound_is_never_weaker_than_bernstein(delta, ratio):
     threshold = ratio * delta
     for samples in (10**4, 10**6, 10**8):
-        assert evr.failure_bound(samples, delta, threshold) <= bernstein_bound(samples, delta, threshold)
+        kl_bound = evr.failure_bound(samples, delta, threshold)
+        assert kl_bound <= bernstein_bound(samples, delta, threshold)
 
 
 def test_sample_count_is_the_fewest_meeting_the_failure_probability():

@@ -1,5 +1,5 @@
-"""The accountants' interface: ``auto`` resolved in one place from what each accountant covers, settings
-checked by name, and the calibration record's typed reads of its description."""
+"""The accountants' interface: ``auto`` resolved in one place from what each accountant covers,
+settings checked by name, and the calibration record's typed reads of its description."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import typing
 
 import pytest
 
-from dpledger.accounting import CalibrationRecord, accountant_of, describe, get_accountant, resolve_accountant
+from dpledger.accounting import (
+    CalibrationRecord,
+    accountant_of,
+    describe,
+    get_accountant,
+    resolve_accountant,
+)
 from dpledger.accounting.accountants import ACCOUNTANTS, AUTO_ORDER, SETTINGS, settings_of
 from dpledger.accounting.description import SAMPLERS
 from dpledger.accounting.record import AccountantResult
@@ -15,7 +21,8 @@ from dpledger.errors import ParamsError
 from dpledger.mechanisms import MECHANISMS
 
 # The table the README and the params' description state: pld for poisson and fixed sampling (a
-# correlated C is then refused by pld itself), allocation for balls-in-bins with C = I, Monte Carlo for C != I.
+# correlated C is then refused by pld itself), allocation for balls-in-bins with C = I, Monte Carlo
+# for C != I.
 DOCUMENTED_AUTO = {
     ("poisson", "identity"): "pld",
     ("fixed", "identity"): "pld",
@@ -68,18 +75,20 @@ def test_the_settings_are_the_accountants_fields():
 
 
 def test_accountant_of_a_result_reads_only_its_settings_from_the_details():
-    result = AccountantResult("pld", 1.0, 1e-5, [], {"discretization": 1e-3, "method": "Poisson-subsampled"})
+    details = {"discretization": 1e-3, "method": "Poisson-subsampled Gaussian"}
+    result = AccountantResult("pld", 1.0, 1e-5, [], details)
     assert accountant_of(result) == get_accountant("pld", discretization=1e-3)
 
 
 def test_the_record_reads_its_description_through_typed_properties():
-    description = describe(sampler="fixed", noise_multiplier=1.3, dataset_size=100, batch_size=10, epochs=2)
+    sizes = {"dataset_size": 100, "batch_size": 10, "epochs": 2}
+    description = describe(sampler="fixed", noise_multiplier=1.3, **sizes)
     record = CalibrationRecord(description, 1.0, 1e-5, "pld", [])
-    described = ("noise_multiplier", "sampler", "steps", "batch_size", "dataset_size", "epochs", "mechanism")
-    for name in (*described, "mechanism_params"):
+    described = ("noise_multiplier", "sampler", "steps", "batch_size", "dataset_size", "epochs")
+    for name in (*described, "mechanism", "mechanism_params"):
         read = getattr(CalibrationRecord, name)
         assert isinstance(read, property) and "return" in typing.get_type_hints(read.fget)
         assert getattr(record, name) == getattr(description, name)
     assert "__getattr__" not in vars(CalibrationRecord)
     with pytest.raises(AttributeError):
-        record.sample_rate  # noqa: B018  (the access is the test: a field the record does not expose)
+        record.sample_rate  # noqa: B018  (the access is the test: the record does not expose it)

@@ -1,4 +1,5 @@
-"""The library's import graph points one way: no import circle, and no module importing from a layer above.
+"""The library's import graph points one way: no import circle, and no module importing from a
+layer above it.
 
 The layers, bottom first (a module may import its own package and any strictly lower layer; packages
 sharing a layer may not import each other):
@@ -9,10 +10,11 @@ sharing a layer may not import each other):
     import statements; each needs only ``errors``.
  2. ``plotting``: the shared figure style (writes through ``io``).
  3. ``mechanisms``: correlation matrices, their RMSE, streaming correlated noise.
- 4. ``accounting``: the privacy ledger; it describes mechanisms, so it sits above them (and the choice of
-    the correlation matrix by the accountant's σ, ``accounting/optimize.py``, is calibration).
+ 4. ``accounting``: the privacy ledger; it describes mechanisms, so it sits above them (and the
+    choice of the correlation matrix by the accountant's σ, ``accounting/optimize.py``, is
+    calibration).
  5. ``sampling``: batch samplers, each stating the accounting law it is accounted as.
- 6. ``params``: the typed schema of params.yaml; it asks the accountants and samplers what is allowed.
+ 6. ``params``: the typed schema of params.yaml; it asks accountants and samplers what is allowed.
  7. ``engine``: the Book-Keeping DP engine.
  8. ``data``: datasets and loaders.
  9. ``models``: the model zoo and tasks (a task knows its data).
@@ -21,9 +23,9 @@ sharing a layer may not import each other):
 12. ``pipeline``: the stage runners, which tie everything together.
 13. ``cli``: the console script.
 
-Import statements are read by :mod:`dpledger.imports`, the machinery of the deps test and of the train
-stage's code fingerprint: function-level imports count, and a lazy package (``_HOMES``) imports every
-module it names.
+Import statements are read by :mod:`dpledger.imports`, the machinery of the deps test and of the
+train stage's code fingerprint: function-level imports count, and a lazy package (``_HOMES``)
+imports every module it names.
 """
 
 from __future__ import annotations
@@ -50,10 +52,13 @@ LAYERS = (
     ("cli",),
 )
 LAYER = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
+REGISTRY_CIRCLE = (
+    "engine/layers/__init__.py defines the registry, then imports its rule modules to register "
+    "them, and each rule module imports the registry back; breaking it means moving the registry "
+    "to engine/layers/registry.py, left to the engine split (issue 26) that owns engine/"
+)
 KNOWN_CIRCLES = {
-    ("dpledger.engine.layers", rule): "engine/layers/__init__.py defines the registry, then imports its rule "
-    "modules to register them, and each rule module imports the registry back; breaking it means moving "
-    "the registry to engine/layers/registry.py, left to the engine split (issue 26) that owns engine/"
+    ("dpledger.engine.layers", rule): REGISTRY_CIRCLE
     for rule in ("conv", "embedding", "hf_conv1d", "linear", "normalization")
 }
 """Import edges (package, module) the circle check skips, each with the reason it still stands."""
@@ -62,7 +67,8 @@ PACKAGE_ROOT = LIB / "dpledger" / "__init__.py"
 
 
 def module_name(path: Path) -> str:
-    """``dpledger.engine.bk`` for lib/dpledger/engine/bk.py, ``dpledger.engine`` for its __init__.py."""
+    """``dpledger.engine.bk`` for lib/dpledger/engine/bk.py, ``dpledger.engine`` for its
+    __init__.py."""
     parts = path.relative_to(LIB).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -73,11 +79,13 @@ def top_package(path: Path) -> str:
 
 
 def import_graph() -> dict[Path, set[Path]]:
-    """Each library file and the library files its import statements name (parent packages left out)."""
+    """Each library file and the library files its import statements name (parent packages left
+    out)."""
     files = sorted((LIB / "dpledger").rglob("*.py"))
     graph = {}
     for path in files:
-        targets = {module_file(name, SOURCE_ROOTS) for name in imported_modules(path, SOURCE_ROOTS)}
+        names = imported_modules(path, SOURCE_ROOTS)
+        targets = {module_file(name, SOURCE_ROOTS) for name in names}
         graph[path] = {t for t in targets if t is not None and t != path and LIB in t.parents}
     return graph
 
@@ -126,8 +134,9 @@ def upward_imports(graph: dict[Path, set[Path]]) -> list[str]:
 
 
 def test_every_library_package_has_a_layer():
-    packages = {top_package(path) for path in (LIB / "dpledger").rglob("*.py") if path != PACKAGE_ROOT}
-    assert sorted(packages - set(LAYER)) == [], "add the new package to LAYERS (and to the docstring)"
+    files = (LIB / "dpledger").rglob("*.py")
+    packages = {top_package(path) for path in files if path != PACKAGE_ROOT}
+    assert sorted(packages - set(LAYER)) == [], "add the new package to LAYERS and the docstring"
 
 
 def test_the_package_root_imports_nothing_of_ours():
@@ -144,14 +153,16 @@ def test_no_module_imports_from_a_layer_above():
 
 
 def test_each_known_circle_still_stands():
-    graph = {module_name(source): {module_name(t) for t in targets} for source, targets in import_graph().items()}
-    gone = [edge for edge in KNOWN_CIRCLES if f"{edge[0]}.{edge[1]}" not in graph.get(edge[0], set())]
+    edges = import_graph().items()
+    graph = {module_name(source): {module_name(t) for t in targets} for source, targets in edges}
+    gone = [(package, m) for package, m in KNOWN_CIRCLES if f"{package}.{m}" not in graph[package]]
     assert gone == [], f"remove {gone} from KNOWN_CIRCLES: the import is gone"
 
 
 def test_the_checks_catch_a_circle_and_an_upward_import():
     engine, report = LIB / "dpledger/engine/bk.py", LIB / "dpledger/report/inputs.py"
-    pipeline, verify = LIB / "dpledger/pipeline/paths.py", LIB / "dpledger/verify/flawed_trainers.py"
+    pipeline = LIB / "dpledger/pipeline/paths.py"
+    verify = LIB / "dpledger/verify/flawed_trainers.py"
     assert find_circle({engine: {report}, report: {engine}}) == [engine, report, engine]
     assert upward_imports({report: {pipeline}, verify: {engine}}) == [
         "dpledger.report.inputs -> dpledger.pipeline.paths"

@@ -10,9 +10,10 @@ guessing; :func:`require_support` turns that into an :class:`UnsupportedMechanis
 | ``allocation`` | balls-in-bins-redrawn, balls-in-bins (C = I) | no        | no           |
 | ``montecarlo`` | balls-in-bins (any C >= 0), balls-in-bins-redrawn (C = I) | no | yes    |
 
-``auto`` (:func:`resolve_accountant`) picks the first of pld, allocation, montecarlo that covers the sampler
-and mechanism, as each one's :meth:`unsupported` says: today pld for poisson/fixed, allocation for
-balls-in-bins with C = I (deterministic and tighter than Monte Carlo) and montecarlo for correlated noise.
+``auto`` (:func:`resolve_accountant`) picks the first of pld, allocation, montecarlo that covers the
+sampler and mechanism, as each one's :meth:`unsupported` says: today pld for poisson/fixed,
+allocation for balls-in-bins with C = I (deterministic and tighter than Monte Carlo), montecarlo for
+correlated noise.
 """
 
 from __future__ import annotations
@@ -475,8 +476,8 @@ ACCOUNTANT_TYPES: dict[str, type] = {
 }
 ACCOUNTANTS = tuple(ACCOUNTANT_TYPES)
 AUTO_ORDER = ("pld", "allocation", "montecarlo")
-"""The accountants ``auto`` may stand for, tightest first: the deterministic PLD and allocation bounds
-before the sampled Monte Carlo one (rdp is only pld's looser cross-check)."""
+"""The accountants ``auto`` may stand for, tightest first: the deterministic PLD and allocation
+bounds before the sampled Monte Carlo one (rdp is only pld's looser cross-check)."""
 
 
 def settings_of(name: str) -> tuple[str, ...]:
@@ -485,26 +486,30 @@ def settings_of(name: str) -> tuple[str, ...]:
 
 
 SETTINGS = tuple(sorted({setting for name in ACCOUNTANTS for setting in settings_of(name)}))
-"""Every setting some accountant takes (a caller may hand one bundle of them to any accountant)."""
+"""Every setting some accountant takes (a caller may hand one bundle of them to any one)."""
 
 
 def get_accountant(name: str, **settings: Any) -> Accountant:
-    """The accountant called ``name`` configured with those of ``settings`` it takes (:func:`settings_of`);
-    the others must be settings of another accountant (one bundle serves all), else the call is refused."""
+    """The accountant called ``name`` configured with those of ``settings`` it takes
+    (:func:`settings_of`); the others must be settings of another accountant (one bundle serves
+    all), else the call is refused."""
     if name not in ACCOUNTANT_TYPES:
-        raise ParamsError(f"accountant = {name!r} is invalid: allowed values are auto, {', '.join(ACCOUNTANTS)}")
+        allowed = ", ".join(ACCOUNTANTS)
+        raise ParamsError(f"accountant = {name!r} is invalid: allowed values are auto, {allowed}")
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
-        raise ParamsError(f"accountant settings {unknown} are unknown: allowed are {', '.join(SETTINGS)}")
+        allowed = ", ".join(SETTINGS)
+        raise ParamsError(f"accountant settings {unknown} are unknown: allowed are {allowed}")
     own = settings_of(name)
     return ACCOUNTANT_TYPES[name](**{key: value for key, value in settings.items() if key in own})
 
 
 def accountant_of(result: AccountantResult) -> Accountant:
-    """The accountant configured as it was for ``result``: its settings read from the result's details
-    (which also hold what it found, such as a PLD's method or a Monte Carlo δ estimate)."""
+    """The accountant configured as it was for ``result``: its settings read from the result's
+    details (which also hold what it found, such as a PLD's method or a Monte Carlo δ estimate)."""
     own = settings_of(result.accountant)
-    return get_accountant(result.accountant, **{k: v for k, v in result.details.items() if k in own})
+    settings = {key: value for key, value in result.details.items() if key in own}
+    return get_accountant(result.accountant, **settings)
 
 
 def _covers(name: str, sampler: str, mechanism: str) -> bool:
@@ -513,9 +518,9 @@ def _covers(name: str, sampler: str, mechanism: str) -> bool:
 
 
 def resolve_accountant(name: str, sampler: str, mechanism: str = "identity") -> str:
-    """``name``, or for ``auto`` the first of :data:`AUTO_ORDER` whose :meth:`unsupported` accepts the
-    sampler with the mechanism. Where none does, the most general one that accepts the sampler (the last
-    of the order), so that its refusal says what to change."""
+    """``name``, or for ``auto`` the first of :data:`AUTO_ORDER` whose :meth:`unsupported` accepts
+    the sampler with the mechanism. Where none does, the most general one that accepts the sampler
+    (the last of the order), so that its refusal says what to change."""
     if name != "auto":
         return name
     covering = [candidate for candidate in AUTO_ORDER if _covers(candidate, sampler, mechanism)]

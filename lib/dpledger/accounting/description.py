@@ -127,7 +127,7 @@ class MechanismDescription:
         return differences
 
 
-def describe(
+def describe(  # noqa: C901  (one consistency check per pair of given sizes)
     *,
     sampler: str,
     noise_multiplier: float = 1.0,

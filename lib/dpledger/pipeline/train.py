@@ -80,8 +80,9 @@ def _load_inputs(params: Params, root: Path) -> tuple[CalibrationRecord, Schedul
 
 
 def _training_code() -> list[Path]:
-    """The source files that decide what a training step computes, a change to any of which starts over:
-    every library file this runner can import, read by the same function that checks dvc.yaml's deps."""
+    """The source files that decide what a training step computes, a change to any of which starts
+    over: every library file this runner can import, found by the function that checks the deps of
+    dvc.yaml."""
     from dpledger.imports import import_closure
 
     return sorted(import_closure([Path(__file__).resolve()]))
