@@ -88,7 +88,7 @@ def test_calibrated_sigma_meets_target_and_reports_lower_bound():
     assert slightly_less.details["epsilon_lower"] > 2.0 * 0.97
 
 
-def test_default_accountant_and_refusals():
+def test_auto_accountant_and_refusals():
     assert resolve_accountant("auto", "poisson") == "pld"
     assert resolve_accountant("auto", "fixed") == "pld"
     assert resolve_accountant("auto", "balls-in-bins-redrawn") == "allocation"
