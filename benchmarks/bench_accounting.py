@@ -35,9 +35,7 @@ from dpledger.accounting import describe, group_table
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.accountants import PldAccountant
 from dpledger.accounting.calibrate import calibrate_noise
-from dpledger.accounting.pld import gaussian_noise_for
-from dpledger.mechanisms import banded_params, coefficients
-from dpledger.mechanisms.optimize import (
+from dpledger.accounting.optimize import (
     RmseSetting,
     amplified_rmse,
     best_bands,
@@ -46,6 +44,8 @@ from dpledger.mechanisms.optimize import (
     optimize_matrix,
     unamplified_rmse,
 )
+from dpledger.accounting.pld import gaussian_noise_for
+from dpledger.mechanisms import banded_params, coefficients
 from dpledger.mechanisms.rmse import prefix_rmse
 
 BINS, EPOCHS, DELTA = 128, 16, 1e-5

@@ -422,7 +422,11 @@ def time_ghost_norms(repeats: int) -> dict[str, dict[str, float]]:
     for d, p in ((dim, 3 * dim), (dim, dim), (dim, 4 * dim), (4 * dim, dim)):
         a, b = torch.randn(batch, steps, d), torch.randn(batch, steps, p)
         results[f"linear {d}->{p}"] = _interleaved_medians(
-            {"dpledger": lambda: linear.sequence_ghost_norm(a, b), "full Grams": lambda: full_grams(a, b)}, repeats
+            {
+                "dpledger": lambda a=a, b=b: linear.sequence_ghost_norm(a, b),
+                "full Grams": lambda a=a, b=b: full_grams(a, b),
+            },
+            repeats,
         )
     table = nn.Embedding(1000, dim)
     tokens, b = torch.randint(0, 1000, (batch, steps)), torch.randn(batch, steps, dim)

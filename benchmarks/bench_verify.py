@@ -18,10 +18,10 @@ import time
 import torch
 
 from dpledger.verify.battery import run_battery
+from dpledger.verify.flawed_trainers import ZOO
 from dpledger.verify.protocol import load_trainer
 from dpledger.verify.self_check import CORRECT_TRAINERS, classified_correctly
 from dpledger.verify.task import make_task, weighted_half_mse
-from dpledger.verify.zoo import ZOO
 
 PAPER_STEPS = 8 + 100 + 500
 """000 App. D: T1 8 steps, T2 100 steps, T3 5 models × 10 steps × 10 C values."""

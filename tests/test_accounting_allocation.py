@@ -7,9 +7,9 @@ import pytest
 from dpledger.accounting import (
     AllocationAccountant,
     calibrate_noise,
-    default_accountant,
     describe,
     get_accountant,
+    resolve_accountant,
 )
 from dpledger.accounting import calibrate as calibration_module
 from dpledger.accounting import montecarlo as mc
@@ -88,11 +88,12 @@ def test_calibrated_sigma_meets_target_and_reports_lower_bound():
     assert slightly_less.details["epsilon_lower"] > 2.0 * 0.97
 
 
-def test_default_accountant_and_refusals():
-    assert default_accountant("poisson") == "pld" and default_accountant("fixed") == "pld"
-    assert default_accountant("balls-in-bins-redrawn") == "allocation"
-    assert default_accountant("balls-in-bins", "identity") == "allocation"
-    assert default_accountant("balls-in-bins", "banded") == "montecarlo"
+def test_auto_accountant_and_refusals():
+    assert resolve_accountant("auto", "poisson") == "pld"
+    assert resolve_accountant("auto", "fixed") == "pld"
+    assert resolve_accountant("auto", "balls-in-bins-redrawn") == "allocation"
+    assert resolve_accountant("auto", "balls-in-bins", "identity") == "allocation"
+    assert resolve_accountant("auto", "balls-in-bins", "banded") == "montecarlo"
     banded = describe(
         sampler="balls-in-bins", batches_per_epoch=4, epochs=2, mechanism="banded", mechanism_params={"bands": 2}
     )

@@ -14,11 +14,11 @@ import yaml
 
 from byo_helpers import text_project, tiny_lm
 from dpledger.data import load_data
-from dpledger.engine import train_consecutive
 from dpledger.errors import ParamsError
 from dpledger.models import build_task_model, task_for
 from dpledger.params import load_params
 from dpledger.pipeline import run_stage
+from dpledger.verify.consecutive import train_consecutive
 from dpledger.verify.task import (
     WeightedTaskLoss,
     model_task,

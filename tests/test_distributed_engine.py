@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from dpledger.engine import BKEngine
-from dpledger.engine.consecutive import train_consecutive
 from dpledger.engine.distributed import GroupSum, share_bounds
 from dpledger.errors import DpledgerError
 from dpledger.mechanisms import banded_params
 from dpledger.pipeline.distributed import spawn_ranks
 from dpledger.verify import distributed_trainer
+from dpledger.verify.consecutive import train_consecutive
 from dpledger.verify.task import make_task, weighted_half_mse
 
 CPU = torch.device("cpu")

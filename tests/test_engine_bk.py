@@ -15,10 +15,10 @@ from dpledger.engine import (
     ReferenceTrainer,
     UnsupportedLayerError,
     make_optimizer,
-    train_consecutive,
 )
 from dpledger.errors import ParamsError
 from dpledger.models import build_model
+from dpledger.verify.consecutive import train_consecutive
 from test_engine_helpers import bk_clipped_sum, cross_entropy, naive_clipped_sum, relative_error
 
 

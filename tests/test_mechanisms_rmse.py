@@ -7,11 +7,7 @@ import pytest
 import torch
 
 from dpledger.accounting import montecarlo as mc
-from dpledger.accounting.pld import gaussian_noise_for
-from dpledger.errors import ParamsError
-from dpledger.mechanisms import banded_params, coefficients, dense_matrix
-from dpledger.mechanisms.matrices import blt_coefficients
-from dpledger.mechanisms.optimize import (
+from dpledger.accounting.optimize import (
     RmseSetting,
     _blt,
     _implicit_gradient,
@@ -23,6 +19,10 @@ from dpledger.mechanisms.optimize import (
     optimize_matrix,
     unamplified_rmse,
 )
+from dpledger.accounting.pld import gaussian_noise_for
+from dpledger.errors import ParamsError
+from dpledger.mechanisms import banded_params, coefficients, dense_matrix
+from dpledger.mechanisms.matrices import blt_coefficients
 from dpledger.mechanisms.rmse import prefix_error_norm, prefix_error_norm_torch, prefix_rmse
 
 

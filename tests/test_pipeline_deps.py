@@ -3,65 +3,23 @@ covered by one of its deps, and no code dep is unused (so `dvc repro` reruns exa
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 import yaml
+
+from dpledger.imports import import_closure
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE_ROOTS = {"dpledger": REPO / "lib", "stages": REPO}
 STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 
 
-def module_file(name: str) -> Path | None:
-    """The file of module ``name`` if it is ours (dpledger.* or stages.*), else None."""
-    root = SOURCE_ROOTS.get(name.split(".")[0])
-    if root is None:
-        return None
-    base = root.joinpath(*name.split("."))
-    for candidate in (base / "__init__.py", base.with_suffix(".py")):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def imported_modules(path: Path) -> set[str]:
-    """Every module an import statement in ``path`` names, at any depth (function-level imports count:
-    they run when the function does), with ``from m import x`` also naming ``m.x`` in case it is a module; a
-    package that loads its names lazily from a ``_HOMES`` table counts as importing every module it names."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_HOMES" for t in node.targets):
-            package = ".".join(path.relative_to(SOURCE_ROOTS["dpledger"]).parent.parts)
-            names |= {f"{package}.{home.value}" for home in node.value.values}  # a lazy package (PEP 562)
-        elif isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
-    return names
-
-
-def import_closure(start: list[Path]) -> set[Path]:
-    """Our files reachable from ``start``; importing a.b.c runs a/__init__.py and a/b/__init__.py too."""
-    seen: set[Path] = set()
-    todo = list(start)
-    while todo:
-        path = todo.pop()
-        if path in seen:
-            continue
-        seen.add(path)
-        for name in imported_modules(path):
-            parts = name.split(".")
-            todo += [f for i in range(1, len(parts) + 1) if (f := module_file(".".join(parts[:i]))) and f not in seen]
-    return seen
-
-
 def stage_closure(stage: str) -> set[Path]:
     """The stage entrypoint's closure, plus its runner: ``run_stage`` imports dpledger.pipeline.<stage> by name."""
     start = [REPO / "stages" / f"{stage}.py"]
     runner = REPO / "lib/dpledger/pipeline" / f"{stage}.py"
-    return import_closure(start + ([runner] if runner.is_file() else []))
+    return import_closure(start + ([runner] if runner.is_file() else []), SOURCE_ROOTS)
 
 
 def code_deps(stage: str) -> list[Path]:
@@ -95,3 +53,14 @@ def test_no_code_dep_is_unused(stage):
         str(dep.relative_to(REPO)) for dep in code_deps(stage) if not any(f == dep or dep in f.parents for f in closure)
     ]
     assert unused == [], f"dvc.yaml stage {stage} lists code it never imports: {unused}"
+
+
+def test_the_training_fingerprint_covers_every_library_file_the_train_stage_imports():
+    from dpledger.pipeline import train
+
+    code = {path.resolve() for path in train._training_code()}
+    library = [path for path in stage_closure("train") if (REPO / "lib") in path.parents]
+    missing = sorted(str(path.relative_to(REPO)) for path in library if path.resolve() not in code)
+    assert missing == [], f"a change to {missing} would not restart a resumed training run"
+    noise_generator = REPO / "lib/dpledger/philox_normal.py"  # left engine/ once, and was missed
+    assert noise_generator.resolve() in code

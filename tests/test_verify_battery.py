@@ -3,9 +3,9 @@
 import pytest
 
 from dpledger.verify.battery import TEST_NAMES, run_battery
+from dpledger.verify.flawed_trainers import ZOO, zoo_trainer
 from dpledger.verify.protocol import load_trainer
 from dpledger.verify.self_check import classified_correctly, self_check
-from dpledger.verify.zoo import ZOO, zoo_trainer
 
 MAX_TRAINING_STEPS = 400
 

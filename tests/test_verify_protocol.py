@@ -8,8 +8,8 @@ import torch
 
 from dpledger.errors import ParamsError
 from dpledger.verify.errors import TrainerError
+from dpledger.verify.functorch_trainer import train
 from dpledger.verify.protocol import CommandTrainer, load_trainer, parse_command_template
-from dpledger.verify.reference import train
 from dpledger.verify.runner import BatteryConfig, Runner
 from dpledger.verify.task import flat_parameters, make_task, weighted_half_mse
 
@@ -35,7 +35,7 @@ def test_load_trainer_resolves_builtins_zoo_and_module_paths():
     [
         ("not-a-spec", ParamsError),
         ("no_such_module:train", TrainerError),
-        ("dpledger.verify.reference:no_such", TrainerError),
+        ("dpledger.verify.functorch_trainer:no_such", TrainerError),
         (f"{__name__}:missing_keywords", TrainerError),
         ("zoo:no_such_bug", ParamsError),
     ],

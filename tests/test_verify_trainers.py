@@ -7,7 +7,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from dpledger.verify import opacus_trainer
-from dpledger.verify.reference import Flaws, train, train_with_flaws
+from dpledger.verify.functorch_trainer import Flaws, train, train_with_flaws
 from dpledger.verify.task import flat_parameters, make_task, per_example_gradient_norms, weighted_half_mse
 
 

@@ -66,12 +66,6 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         tmp.write_text(text)
 
 
-def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-
-
 def write_npz(path: str | os.PathLike[str], **arrays: np.ndarray) -> None:
     """Save arrays to a compressed ``.npz`` atomically."""
     with atomic_path(path) as tmp:

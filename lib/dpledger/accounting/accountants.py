@@ -10,22 +10,24 @@ guessing; :func:`require_support` turns that into an :class:`UnsupportedMechanis
 | ``allocation`` | balls-in-bins-redrawn, balls-in-bins (C = I) | no        | no           |
 | ``montecarlo`` | balls-in-bins (any C >= 0), balls-in-bins-redrawn (C = I) | no | yes    |
 
-``auto`` (:func:`default_accountant`) picks pld for poisson/fixed, allocation for balls-in-bins with C = I
-(deterministic and tighter than Monte Carlo) and montecarlo for correlated noise.
+``auto`` (:func:`resolve_accountant`) picks the first of pld, allocation, montecarlo that covers the
+sampler and mechanism, as each one's :meth:`unsupported` says: today pld for poisson/fixed,
+allocation for balls-in-bins with C = I (deterministic and tighter than Monte Carlo), montecarlo for
+correlated noise.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
 
 import torch
 
 from dpledger.accounting import evr, importance
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.allocation import LOWER_GRID_FACTOR, allocation_epsilon, allocation_on_grid
-from dpledger.accounting.description import MechanismDescription
+from dpledger.accounting.description import MechanismDescription, describe
 from dpledger.accounting.pld import (
     DISCRETIZATION,
     PldRun,
@@ -38,8 +40,6 @@ from dpledger.accounting.pld import (
 from dpledger.accounting.record import AccountantResult
 from dpledger.errors import DpledgerError, ParamsError, UnsupportedMechanismError
 from dpledger.mechanisms import coefficients
-
-ACCOUNTANTS = ("pld", "rdp", "allocation", "montecarlo")
 
 EVR_ATTEMPTS = 3
 VERIFICATIONS = ("auto", "plain", "importance")
@@ -468,27 +468,66 @@ def poisson_at_same_noise(description: MechanismDescription, delta: float) -> fl
     return pld_epsilon(PldRun(d.noise_multiplier, "poisson", 1, d.sample_rate, None, None, d.steps), delta)
 
 
-def default_accountant(sampler: str, mechanism: str = "identity") -> str:
-    """The accountant ``auto`` stands for: pld for poisson and fixed, allocation for balls-in-bins with C = I
-    (deterministic, and tighter than Monte Carlo), montecarlo for correlated noise."""
-    if sampler in ("poisson", "fixed"):
-        return "pld"
-    return "allocation" if mechanism == "identity" else "montecarlo"
+ACCOUNTANT_TYPES: dict[str, type] = {
+    "pld": PldAccountant,
+    "rdp": RdpAccountant,
+    "allocation": AllocationAccountant,
+    "montecarlo": MonteCarloAccountant,
+}
+ACCOUNTANTS = tuple(ACCOUNTANT_TYPES)
+AUTO_ORDER = ("pld", "allocation", "montecarlo")
+"""The accountants ``auto`` may stand for, tightest first: the deterministic PLD and allocation
+bounds before the sampled Monte Carlo one (rdp is only pld's looser cross-check)."""
 
 
-def get_accountant(name: str, **settings) -> Accountant:
-    """The accountant called ``name``; Monte Carlo settings (samples, failure_probability, verify_samples,
-    seed, evr_delta_ratio, device, verification) and the PLD discretization are picked from ``settings``."""
-    if name == "pld":
-        return PldAccountant(**{k: v for k, v in settings.items() if k == "discretization"})
-    if name == "rdp":
-        return RdpAccountant()
-    if name == "allocation":
-        return AllocationAccountant()
-    if name == "montecarlo":
-        keys = ("samples", "failure_probability", "verify_samples", "seed", "evr_delta_ratio", "device", "verification")
-        return MonteCarloAccountant(**{k: v for k, v in settings.items() if k in keys})
-    raise ParamsError(f"accountant = {name!r} is invalid: allowed values are auto, {', '.join(ACCOUNTANTS)}")
+def settings_of(name: str) -> tuple[str, ...]:
+    """The settings accountant ``name`` takes: its dataclass fields less its name."""
+    return tuple(f.name for f in fields(ACCOUNTANT_TYPES[name]) if f.name != "name")
+
+
+SETTINGS = tuple(sorted({setting for name in ACCOUNTANTS for setting in settings_of(name)}))
+"""Every setting some accountant takes (a caller may hand one bundle of them to any one)."""
+
+
+def get_accountant(name: str, **settings: Any) -> Accountant:
+    """The accountant called ``name`` configured with those of ``settings`` it takes
+    (:func:`settings_of`); the others must be settings of another accountant (one bundle serves
+    all), else the call is refused."""
+    if name not in ACCOUNTANT_TYPES:
+        allowed = ", ".join(ACCOUNTANTS)
+        raise ParamsError(f"accountant = {name!r} is invalid: allowed values are auto, {allowed}")
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        allowed = ", ".join(SETTINGS)
+        raise ParamsError(f"accountant settings {unknown} are unknown: allowed are {allowed}")
+    own = settings_of(name)
+    return ACCOUNTANT_TYPES[name](**{key: value for key, value in settings.items() if key in own})
+
+
+def accountant_of(result: AccountantResult) -> Accountant:
+    """The accountant configured as it was for ``result``: its settings read from the result's
+    details (which also hold what it found, such as a PLD's method or a Monte Carlo δ estimate)."""
+    own = settings_of(result.accountant)
+    settings = {key: value for key, value in result.details.items() if key in own}
+    return get_accountant(result.accountant, **settings)
+
+
+def _covers(name: str, sampler: str, mechanism: str) -> bool:
+    probe = describe(sampler=sampler, dataset_size=2, batch_size=1, epochs=1, mechanism=mechanism)
+    return get_accountant(name).unsupported(probe) is None
+
+
+def resolve_accountant(name: str, sampler: str, mechanism: str = "identity") -> str:
+    """``name``, or for ``auto`` the first of :data:`AUTO_ORDER` whose :meth:`unsupported` accepts
+    the sampler with the mechanism. Where none does, the most general one that accepts the sampler
+    (the last of the order), so that its refusal says what to change."""
+    if name != "auto":
+        return name
+    covering = [candidate for candidate in AUTO_ORDER if _covers(candidate, sampler, mechanism)]
+    if covering:
+        return covering[0]
+    fallback = [candidate for candidate in AUTO_ORDER if _covers(candidate, sampler, "identity")]
+    return fallback[-1] if fallback else AUTO_ORDER[0]
 
 
 def require_support(accountant: Accountant, description: MechanismDescription) -> None:

@@ -42,7 +42,7 @@ class Calibration:
     result: AccountantResult
 
 
-def calibrate_noise(
+def calibrate_noise(  # noqa: C901  (validation, then one bracketed search per accountant kind)
     accountant: Accountant,
     description: MechanismDescription,
     epsilon: float,
@@ -93,7 +93,7 @@ def calibrate_noise(
     return Calibration(high, accountant.epsilon(description.with_noise(high), delta))
 
 
-def _calibrate_allocation(
+def _calibrate_allocation(  # noqa: C901  (a staged secant/Newton search, see docstring)
     accountant: AllocationAccountant, description: MechanismDescription, epsilon: float, delta: float, tolerance: float
 ) -> Calibration:
     """σ whose dominating bound on the claim's grid (loss interval 0.07·ε, at most 0.1) lies in

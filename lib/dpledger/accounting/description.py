@@ -98,9 +98,6 @@ class MechanismDescription:
         """The same mechanism stopped after ``steps`` steps (epochs rounded up for balls-in-bins)."""
         return replace(self, steps=steps, epochs=max(1, math.ceil(steps / self.batches_per_epoch)))
 
-    def with_group(self, group_size: int) -> "MechanismDescription":
-        return replace(self, group_size=group_size)
-
     def sampling_sentence(self) -> str:
         """How batches are drawn, in the ledger's words (see :data:`ACCOUNTED_SAMPLINGS`)."""
         return ACCOUNTED_SAMPLINGS[self.sampler].sentence(self)
@@ -130,7 +127,7 @@ class MechanismDescription:
         return differences
 
 
-def describe(
+def describe(  # noqa: C901  (one consistency check per pair of given sizes)
     *,
     sampler: str,
     noise_multiplier: float = 1.0,

@@ -32,9 +32,3 @@ def failure_bound(samples: int, delta: float, threshold: float) -> float:
 def samples_for(failure: float, delta: float, threshold: float) -> int:
     """The fewest fresh samples whose :func:`failure_bound` is at most ``failure``."""
     return math.ceil(math.log(1.0 / failure) / kl_bernoulli(threshold, delta))
-
-
-def bernstein_bound(samples: int, delta: float, threshold: float) -> float:
-    """Bernstein's bound for the same event (Var W <= E W): the looser one the KL bound replaces."""
-    gap = delta - threshold
-    return math.exp(-samples * gap**2 / (2 * delta + 2 * gap / 3))

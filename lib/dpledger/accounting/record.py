@@ -9,17 +9,6 @@ from typing import Any
 from dpledger import io
 from dpledger.accounting.description import MechanismDescription
 
-DESCRIBED = (
-    "noise_multiplier",
-    "sampler",
-    "steps",
-    "batch_size",
-    "dataset_size",
-    "epochs",
-    "mechanism",
-    "mechanism_params",
-)
-
 
 @dataclass(frozen=True)
 class AccountantResult:
@@ -52,12 +41,39 @@ class CalibrationRecord:
     group: list[dict[str, Any]] = field(default_factory=list)
     epsilon_curve: list[tuple[int, float]] = field(default_factory=list)
 
-    def __getattr__(self, name: str) -> Any:
-        """``noise_multiplier``, ``sampler``, ``steps``, ``batch_size``, ``dataset_size``, ``epochs``,
-        ``mechanism`` and ``mechanism_params`` are the description's fields, read through the record."""
-        if name in DESCRIBED:
-            return getattr(self.description, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    # The description's fields, read through the record (typed properties, not copies).
+    @property
+    def noise_multiplier(self) -> float:
+        """σ: noise std over the clipping norm."""
+        return self.description.noise_multiplier
+
+    @property
+    def sampler(self) -> str:
+        return self.description.sampler
+
+    @property
+    def steps(self) -> int:
+        return self.description.steps
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.description.batch_size
+
+    @property
+    def dataset_size(self) -> int | None:
+        return self.description.dataset_size
+
+    @property
+    def epochs(self) -> int:
+        return self.description.epochs
+
+    @property
+    def mechanism(self) -> str:
+        return self.description.mechanism
+
+    @property
+    def mechanism_params(self) -> dict[str, Any]:
+        return self.description.mechanism_params
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -171,15 +171,11 @@ class RunOptions:
 
     def chosen_accountant(self, description):
         """The accountant named by --accountant (``auto`` resolved for the description) with these settings."""
-        from dpledger.accounting import default_accountant, get_accountant
+        from dpledger.accounting import get_accountant, resolve_accountant
 
         if not 1e-6 <= self.discretization <= 1e-1:
             raise ParamsError(f"--discretization = {self.discretization} is invalid: it must lie in [1e-6, 0.1]")
-        name = (
-            default_accountant(description.sampler, description.mechanism)
-            if self.accountant == "auto"
-            else self.accountant
-        )
+        name = resolve_accountant(self.accountant, description.sampler, description.mechanism)
         return get_accountant(
             name,
             samples=self.samples,

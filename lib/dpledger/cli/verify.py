@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from dpledger.errors import ParamsError
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:  # noqa: C901  (typer command: options, two modes)
     """Add ``verify`` to the ``dpledger`` app."""
 
     @app.command("verify")

@@ -11,7 +11,6 @@ Standalone use (see README, section train)::
 from dpledger.engine.allocator import retain_freed_memory
 from dpledger.engine.bk import BKEngine, UnsupportedLayerError
 from dpledger.engine.clipping import CLIPPING_MODES, clip_factors
-from dpledger.engine.consecutive import consecutive_batches, consecutive_indices, train_consecutive
 from dpledger.engine.noise import NoiseSource
 from dpledger.engine.optimizers import OPTIMIZERS, make_optimizer
 from dpledger.engine.reference import ReferenceTrainer, clipped_sum, per_example_gradients
@@ -22,9 +21,6 @@ __all__ = [
     "UnsupportedLayerError",
     "CLIPPING_MODES",
     "clip_factors",
-    "consecutive_batches",
-    "consecutive_indices",
-    "train_consecutive",
     "NoiseSource",
     "OPTIMIZERS",
     "make_optimizer",

@@ -22,9 +22,9 @@ from dpledger.sampling.registry import SAMPLERS
 def coverage_refusal(accountant: str, sampler: str, mechanism: str = "identity") -> str | None:
     """Why ``accountant`` (``auto`` resolved) cannot account ``sampler`` with ``mechanism``, in its own words
     (:meth:`unsupported`), or None where it can."""
-    from dpledger.accounting.accountants import default_accountant, get_accountant
+    from dpledger.accounting.accountants import get_accountant, resolve_accountant
 
-    name = default_accountant(sampler, mechanism) if accountant == "auto" else accountant
+    name = resolve_accountant(accountant, sampler, mechanism)
     probe = describe(sampler=sampler, dataset_size=2, batch_size=1, epochs=1, mechanism=mechanism)
     return get_accountant(name).unsupported(probe)
 

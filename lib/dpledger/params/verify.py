@@ -45,7 +45,9 @@ class VerifyParams(Section):
         try:
             arguments = shlex.split(value)
         except ValueError as error:
-            raise PydanticCustomError("command", "it cannot be split into arguments ({reason})", {"reason": str(error)})
+            raise PydanticCustomError(
+                "command", "it cannot be split into arguments ({reason})", {"reason": str(error)}
+            ) from None
         if not arguments:
             raise PydanticCustomError("command", "it is empty: give a command, or null to use verify.trainer")
         return value

@@ -7,14 +7,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dpledger import io
+from dpledger import io, paths
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.audit import plots
 from dpledger.audit.bgm import BgmAudit, audit_bgm
 from dpledger.audit.estimate import AuditStatistics
 from dpledger.audit.result import Claim, epsilon_versus_observations, tradeoff_points
 from dpledger.params import Params
-from dpledger.pipeline import paths
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
 from dpledger.sampling.guard import check_schedule
 from dpledger.sampling.registry import options_for

@@ -25,17 +25,17 @@ from dpledger.accounting import (
     CalibrationRecord,
     MechanismDescription,
     calibrate_noise,
-    default_accountant,
     get_accountant,
     group_table,
+    resolve_accountant,
 )
 from dpledger.accounting.accountants import poisson_at_same_noise
 from dpledger.accounting.allocation import allocation_upper
 from dpledger.accounting.description import vacuous_delta_warning
 from dpledger.accounting.group import GroupEpsilon
+from dpledger.accounting.optimize import RmseSetting, amplified_rmse, optimize_matrix
 from dpledger.data import load_data
 from dpledger.mechanisms import banded_params, coefficients
-from dpledger.mechanisms.optimize import RmseSetting, amplified_rmse, optimize_matrix
 from dpledger.mechanisms.rmse import prefix_rmse
 from dpledger.params import CalibrateParams, Params, check_dataset_size
 from dpledger.pipeline.inputs_check import seal_record
@@ -64,7 +64,7 @@ def accountant_settings(params: Params) -> dict[str, Any]:
 
 def accountant_name(cal: CalibrateParams) -> str:
     """calibrate.accountant, with ``auto`` resolved for the sampler and mechanism."""
-    return default_accountant(cal.sampler, cal.mechanism) if cal.accountant == "auto" else cal.accountant
+    return resolve_accountant(cal.accountant, cal.sampler, cal.mechanism)
 
 
 def choose_matrix(cal: CalibrateParams, description: MechanismDescription, seed: int) -> dict[str, Any]:

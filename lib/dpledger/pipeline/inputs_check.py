@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 
 from dpledger import io
-from dpledger.accounting import MonteCarloAccountant, get_accountant
+from dpledger.accounting import MonteCarloAccountant, accountant_of, get_accountant
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.errors import DpledgerError
 from dpledger.sampling.schedule import Schedule
@@ -79,7 +79,7 @@ def reproduce_claim(record: CalibrationRecord, stage: str) -> float | None:
     """ε of the record's accountant at the record's σ and sampler description, or None for Monte Carlo
     (checked by the seal); refuses, with one line, a record whose claimed ε differs."""
     chosen = next((r for r in record.accountants if r.accountant == record.accountant), None)
-    accountant = get_accountant(record.accountant, **(chosen.details if chosen else {}))
+    accountant = accountant_of(chosen) if chosen else get_accountant(record.accountant)
     if isinstance(accountant, MonteCarloAccountant):
         return None
     try:

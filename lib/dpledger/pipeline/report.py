@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dpledger import io
+from dpledger import io, paths
 from dpledger.params import Params
-from dpledger.pipeline import paths
 from dpledger.report import write_report
 
 

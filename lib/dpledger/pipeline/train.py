@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dpledger import io, plotting
+from dpledger import io, paths, plotting
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.data import Dataset, load_data
 from dpledger.engine import BKEngine, make_optimizer, retain_freed_memory
@@ -41,7 +41,6 @@ from dpledger.engine.device import autocast, select_device
 from dpledger.errors import DpledgerError
 from dpledger.models import Task, build_task_model, task_for
 from dpledger.params import Params
-from dpledger.pipeline import paths
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
 from dpledger.sampling.guard import SamplerCheck, check_schedule
@@ -81,15 +80,12 @@ def _load_inputs(params: Params, root: Path) -> tuple[CalibrationRecord, Schedul
 
 
 def _training_code() -> list[Path]:
-    """The source files that decide what a training step computes: a change to any of them starts over."""
-    package = Path(__file__).resolve().parents[1]
-    folders = ("engine", "models", "mechanisms", "sampling", "data")
-    here = Path(__file__).resolve()
-    return [
-        here,
-        here.with_name("distributed.py"),
-        *sorted(f for name in folders for f in (package / name).rglob("*.py")),
-    ]
+    """The source files that decide what a training step computes, a change to any of which starts
+    over: every library file this runner can import, found by the function that checks the deps of
+    dvc.yaml."""
+    from dpledger.imports import import_closure
+
+    return sorted(import_closure([Path(__file__).resolve()]))
 
 
 def _user_files(params: Params) -> list[Path]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpledger.pipeline import paths
+from dpledger import paths
 
 UPSTREAM_STAGES = ("calibrate", "schedule", "train", "verify", "audit")
 DETAIL_FILES = {

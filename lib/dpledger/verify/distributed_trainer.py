@@ -32,10 +32,10 @@ import torch.multiprocessing as mp
 from torch import Tensor, nn
 
 from dpledger.engine.bk import BKEngine
-from dpledger.engine.consecutive import ConsecutiveRun, protocol_trainer
 from dpledger.engine.distributed import GroupSum, share_bounds
 from dpledger.engine.noise import NoiseSource
 from dpledger.engine.optimizers import make_optimizer
+from dpledger.verify.consecutive import ConsecutiveRun, protocol_trainer
 from dpledger.verify.errors import TrainerError
 
 WORLD_SIZE = 2

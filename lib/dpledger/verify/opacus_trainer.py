@@ -11,7 +11,7 @@ import warnings
 import torch
 from torch import nn
 
-from dpledger.engine.consecutive import (
+from dpledger.verify.consecutive import (
     ConsecutiveRun,
     LossFn,
     consecutive_batches,

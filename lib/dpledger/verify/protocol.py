@@ -7,7 +7,7 @@ Callable::
 
 trains ``model`` in place with DP-SGD on consecutive batches: ``inputs`` has ``steps·batch_size`` rows
 and step t uses rows ``t·B … (t+1)·B − 1`` (no sampling in test mode; built-in trainers take them from
-:func:`dpledger.engine.consecutive.consecutive_batches`). ``loss_fn(outputs, targets)``
+:func:`dpledger.verify.consecutive.consecutive_batches`). ``loss_fn(outputs, targets)``
 returns per-example losses. The update is 000 Alg. 1: ``θ ← θ − lr·(1/B)(Σ clip_C(g_b) + N(0, (σC)² I))``
 (SGD) or the same private gradient handed to Adam; ``seed`` seeds the noise.
 
@@ -24,15 +24,14 @@ import shlex
 import string
 import subprocess
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from dpledger.engine.consecutive import ConsecutiveRun, LossFn
 from dpledger.errors import ParamsError
+from dpledger.verify.consecutive import ConsecutiveRun, LossFn, Trainer
 from dpledger.verify.errors import TrainerError
 from dpledger.verify.task import weighted_half_mse
 
@@ -40,8 +39,8 @@ PLACEHOLDERS = ("init", "data", "out", "clip_norm", "noise_multiplier", "batch_s
 OPTIONAL_PLACEHOLDERS = ("optimizer",)
 KEYWORDS = ("loss_fn", "clip_norm", "noise_multiplier", "batch_size", "steps", "lr", "seed", "optimizer")
 BUILTIN_TRAINERS = {
-    "dpledger": "dpledger.engine:train_consecutive",
-    "reference": "dpledger.verify.reference:train",
+    "dpledger": "dpledger.verify.consecutive:train_consecutive",
+    "reference": "dpledger.verify.functorch_trainer:train",
     "opacus": "dpledger.verify.opacus_trainer:train",
     "distributed": "dpledger.verify.distributed_trainer:train",
 }
@@ -49,15 +48,10 @@ MODEL_DESCRIPTION = "torch.nn.Sequential(Linear(8, 16), Tanh(), Linear(16, 2))"
 LOSS_DESCRIPTION = "per-example loss w·½‖outputs − y‖² with targets[:, :-1] = y and targets[:, -1] = w"
 
 
-Trainer = Callable[..., None]
-"""A DP-SGD trainer under test: a callable with the signature in the module docstring (the built-in ones
-get it from :func:`dpledger.engine.consecutive.protocol_trainer`)."""
-
-
 def load_trainer(spec: str) -> Trainer:
     """Import a trainer from 'dpledger', 'reference', 'opacus', 'distributed', 'zoo:NAME' or 'module:callable'."""
     if spec.startswith("zoo:"):
-        from dpledger.verify.zoo import zoo_trainer
+        from dpledger.verify.flawed_trainers import zoo_trainer
 
         return zoo_trainer(spec.removeprefix("zoo:"))
     target = BUILTIN_TRAINERS.get(spec, spec)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from dpledger.verify.battery import run_battery
+from dpledger.verify.flawed_trainers import ZOO, zoo_member
 from dpledger.verify.protocol import load_trainer
 from dpledger.verify.result import BatteryResult
-from dpledger.verify.zoo import ZOO, zoo_member
 
 CORRECT_TRAINERS = ("dpledger", "reference", "opacus")
 

@@ -1,4 +1,5 @@
-"""The zoo: deliberately broken trainers, each the reference trainer with one flaw, and the test meant to catch it.
+"""The zoo (``zoo:NAME``): deliberately flawed trainers, each the verify stage's reference trainer
+(:mod:`dpledger.verify.functorch_trainer`) with one flaw, and the tests meant to catch it.
 
 It lives in the library (not only in tests) so that ``dpledger verify --self-check`` can show, on the
 user's own machine and torch version, that the battery flags every known bug and passes correct trainers.
@@ -10,8 +11,8 @@ from dataclasses import dataclass
 from functools import partial
 
 from dpledger.errors import ParamsError
-from dpledger.verify.protocol import Trainer
-from dpledger.verify.reference import Flaws, train_with_flaws
+from dpledger.verify.consecutive import Trainer
+from dpledger.verify.functorch_trainer import Flaws, train_with_flaws
 
 
 @dataclass(frozen=True)

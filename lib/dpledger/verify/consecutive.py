@@ -1,4 +1,9 @@
-"""The trainer-under-test protocol of the verify stage: DP-SGD on consecutive batches, no sampling."""
+"""The trainer-under-test protocol of the verify stage: DP-SGD on consecutive batches, no sampling.
+
+The protocol's types (:class:`ConsecutiveRun`, ``LossFn``, ``Trainer``) live here, below both
+:mod:`dpledger.verify.protocol` (which loads trainers) and the flawed trainers it can load, so
+neither imports the other back.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +35,10 @@ def consecutive_batches(
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 """``loss_fn(outputs, targets)``: per-example losses."""
+
+Trainer = Callable[..., None]
+"""A DP-SGD trainer under test: a callable with the signature of :mod:`dpledger.verify.protocol`
+(the built-in ones get it from :func:`protocol_trainer`)."""
 
 
 @dataclass(frozen=True)

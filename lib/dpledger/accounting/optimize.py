@@ -17,7 +17,8 @@ Optimization uses Adam on log RMSE (the paper uses plain gradient descent) with 
 at every step (reusing one small sample set overfits C to it: σ looks smaller on those samples than on
 fresh ones) and returns the last iterate; intermediate σ values need not be accurate (the final C is
 recalibrated by the accountant, with EVR).
-Uses ``dpledger.accounting.montecarlo`` (not imported by ``dpledger.mechanisms`` itself).
+It lives in ``accounting`` because σ(C) is calibration: the correlation matrices and their RMSE stay
+in ``dpledger.mechanisms``, which imports nothing of the accounting.
 """
 
 from __future__ import annotations

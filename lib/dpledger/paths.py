@@ -1,7 +1,9 @@
-"""Where each stage's outputs live under the project root: declared once, read by the stages and the report.
+"""Where each stage's outputs live under the project root: declared once, read by the stages and
+the report.
 
-The same paths appear in ``dvc.yaml`` (outs, metrics, plots); ``tests/test_pipeline_paths.py`` keeps
-the two in step.
+It sits at the package root, below both ``pipeline`` (which writes these files) and ``report``
+(which reads them), so the report never imports the pipeline. The same paths appear in
+``dvc.yaml`` (outs, metrics, plots).
 """
 
 from __future__ import annotations

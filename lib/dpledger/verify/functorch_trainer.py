@@ -1,8 +1,10 @@
 """A short exact DP-SGD trainer (torch.func per-example gradients) whose flaws can be switched on.
 
-With the default :class:`Flaws` it is correct (000 Alg. 1) and serves as the battery's reference; each
-flaw reproduces one implementation bug, so the zoo of broken trainers is this one function with
-different flags rather than copies with small variations.
+With the default :class:`Flaws` it is correct (000 Alg. 1) and serves as the battery's
+``reference`` trainer; each flaw reproduces one implementation bug, so the deliberately flawed
+trainers (:mod:`dpledger.verify.flawed_trainers`) are this one function with different flags rather
+than copies with small variations. (The engine's correct per-example oracle is
+:mod:`dpledger.engine.reference`.)
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dpledger.engine.consecutive import (
+from dpledger.verify.consecutive import (
     ConsecutiveRun,
     LossFn,
     consecutive_batches,
