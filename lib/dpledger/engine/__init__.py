@@ -13,7 +13,7 @@ from dpledger.engine.bk import BKEngine, UnsupportedLayerError
 from dpledger.engine.clipping import CLIPPING_MODES, clip_factors
 from dpledger.engine.consecutive import consecutive_batches, consecutive_indices, train_consecutive
 from dpledger.engine.noise import NoiseSource
-from dpledger.engine.optimizers import OPTIMIZERS, make_optimizer
+from dpledger.engine.optimizers import LR_SCHEDULES, OPTIMIZERS, LrSchedule, make_optimizer, make_scheduler
 from dpledger.engine.reference import ReferenceTrainer, clipped_sum, per_example_gradients
 from dpledger.engine.validators import replace_batchnorm
 
@@ -27,7 +27,10 @@ __all__ = [
     "train_consecutive",
     "NoiseSource",
     "OPTIMIZERS",
+    "LR_SCHEDULES",
+    "LrSchedule",
     "make_optimizer",
+    "make_scheduler",
     "ReferenceTrainer",
     "clipped_sum",
     "per_example_gradients",

@@ -44,7 +44,7 @@ def battery_task(params: Params) -> SyntheticTask:
     data = load_data(params.data, params.seed)
     task = task_for(tp.model, tp.task, data)
     torch.manual_seed(params.seed)
-    model = build_task_model(tp.model, tp.model_options, task, data)
+    model = build_task_model(tp.model, tp.model_options, task, data, lora=tp.lora)
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
     try:
         return model_task(model, task, x, y, f"train.model = {tp.model!r} ({task.name})")
