@@ -1,5 +1,6 @@
 """AdamW, weight decay and learning-rate schedules counted in logical steps: the schedules against
-transformers' own, the optimizers against torch's on the same gradients, and a resumed run bit-identical."""
+transformers' own, the optimizers against torch's on the same gradients, and a resumed run
+bit-identical."""
 
 from __future__ import annotations
 
@@ -32,16 +33,16 @@ def _lrs(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> list[fl
     return lrs
 
 
+def _sgd() -> torch.optim.SGD:
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.3)
+
+
 @pytest.mark.parametrize("kind", ["constant", "linear", "cosine"])
 @pytest.mark.parametrize("warmup", [0, 1, 7])
 def test_lr_schedules_equal_the_transformers_schedules_to_the_bit(kind, warmup):
     total = 23
-    ours = make_scheduler(
-        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.3), kind, warmup, total
-    )
-    theirs = TRANSFORMERS_SCHEDULES[kind](
-        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.3), warmup, total
-    )
+    ours = make_scheduler(_sgd(), kind, warmup, total)
+    theirs = TRANSFORMERS_SCHEDULES[kind](_sgd(), warmup, total)
     assert _lrs(ours, total + 2) == _lrs(theirs, total + 2)
 
 
@@ -63,7 +64,8 @@ def test_linear_schedule_is_the_closed_form():
 
 
 def test_constant_schedule_without_warmup_leaves_sgd_bit_for_bit_unchanged():
-    """The defaults (sgd, constant, no warm-up): the scheduler changes no number of the default pipeline."""
+    """The defaults (sgd, constant, no warm-up): the scheduler changes no number of the default
+    pipeline."""
     torch.manual_seed(0)
     plain, scheduled = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
     scheduled.load_state_dict(plain.state_dict())
@@ -82,8 +84,9 @@ def test_constant_schedule_without_warmup_leaves_sgd_bit_for_bit_unchanged():
 
 @pytest.mark.parametrize("name", ["adamw", "adam", "momentum"])
 def test_optimizers_with_weight_decay_step_like_torch_on_the_engine_gradient(name):
-    """With σ = 0 and a clip norm no gradient reaches, the engine's p.grad is the batch mean gradient: our
-    optimizer and schedule then move the weights exactly as torch's own optimizer and LambdaLR."""
+    """With σ = 0 and a clip norm no gradient reaches, the engine's p.grad is the batch mean
+    gradient: our optimizer and schedule then move the weights exactly as torch's own optimizer and
+    LambdaLR."""
     torch.manual_seed(1)
     model, twin = torch.nn.Linear(5, 3).double(), torch.nn.Linear(5, 3).double()
     twin.load_state_dict(model.state_dict())
@@ -136,7 +139,8 @@ def _final_state(root):
 
 
 def test_a_killed_run_with_warmup_and_decay_resumes_bit_identically(tmp_path, monkeypatch):
-    """The schedule's position is restored from the checkpoint: a fresh LambdaLR would restart the warm-up."""
+    """The schedule's position is restored from the checkpoint: a fresh LambdaLR would restart the
+    warm-up."""
     from dpledger.pipeline import train as train_stage
 
     settings = {
@@ -170,6 +174,5 @@ def test_a_killed_run_with_warmup_and_decay_resumes_bit_identically(tmp_path, mo
     key = json.loads((killed / "artifacts/train/checkpoint.json").read_text())["fingerprint"]
     saved = load_checkpoint(killed / "artifacts/train/checkpoint.json", key)
     assert saved["scheduler"]["last_epoch"] == 22  # one scheduler step per logical step
-    assert (
-        saved["optimizer"]["param_groups"][0]["lr"] == 0.01 * LrSchedule("linear", 4, 22)(22) == 0.0
-    )
+    final_lr = saved["optimizer"]["param_groups"][0]["lr"]
+    assert final_lr == 0.01 * LrSchedule("linear", 4, 22)(22) == 0.0

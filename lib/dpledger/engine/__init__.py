@@ -13,7 +13,13 @@ from dpledger.engine.bk import BKEngine, UnsupportedLayerError
 from dpledger.engine.clipping import CLIPPING_MODES, clip_factors
 from dpledger.engine.consecutive import consecutive_batches, consecutive_indices, train_consecutive
 from dpledger.engine.noise import NoiseSource
-from dpledger.engine.optimizers import LR_SCHEDULES, OPTIMIZERS, LrSchedule, make_optimizer, make_scheduler
+from dpledger.engine.optimizers import (
+    LR_SCHEDULES,
+    OPTIMIZERS,
+    LrSchedule,
+    make_optimizer,
+    make_scheduler,
+)
 from dpledger.engine.reference import ReferenceTrainer, clipped_sum, per_example_gradients
 from dpledger.engine.validators import replace_batchnorm
 

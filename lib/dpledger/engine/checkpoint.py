@@ -97,7 +97,8 @@ def save_checkpoint(
     weights = ledger_file.with_name(_weights_name(ledger_file, ledger.steps_done))
     with io.atomic_path(weights) as tmp:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-        torch.save({**state, "scheduler": scheduler.state_dict() if scheduler is not None else None}, tmp)
+        state["scheduler"] = scheduler.state_dict() if scheduler is not None else None
+        torch.save(state, tmp)
     record = {**asdict(ledger), "weights_file": weights.name, "weights_sha256": _file_digest(weights)}
     io.write_json(ledger_file, record)
     for old in ledger_file.parent.iterdir():
@@ -138,7 +139,8 @@ def load_checkpoint(ledger_file: Path, expected_fingerprint: str) -> dict[str, A
             f"train: {path} cannot be loaded ({(str(error).splitlines() or [type(error).__name__])[0][:120]}); "
             f"delete {path.parent} to start over from step 0"
         ) from None
-    return {"ledger": ledger, **{part: state.get(part) for part in ("model", "optimizer", "scheduler")}}
+    parts = ("model", "optimizer", "scheduler")
+    return {"ledger": ledger, **{part: state.get(part) for part in parts}}
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:

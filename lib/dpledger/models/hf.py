@@ -79,10 +79,16 @@ def _supported_tasks(config: Any) -> list[str]:
 
 
 def load_hf_model(
-    options: dict[str, Any], task: str, *, text: bool, num_labels: int | None, lora: LoraParams | None = None
+    options: dict[str, Any],
+    task: str,
+    *,
+    text: bool,
+    num_labels: int | None,
+    lora: LoraParams | None = None,
 ) -> nn.Module:
-    """The model for ``task`` in float32 and train mode, with a LoRA adapter (models/lora.py) when ``lora``
-    is set or ``path`` is a peft adapter folder; every bad option is one line naming its key."""
+    """The model for ``task`` in float32 and train mode, with a LoRA adapter (models/lora.py) when
+    ``lora`` is set or ``path`` is a peft adapter folder; every bad option is one line naming its
+    key."""
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ParamsError(
@@ -128,15 +134,22 @@ def load_hf_model(
     return model.train()
 
 
-def _check_lora(options: dict[str, Any], init: str, adapter: str | None, lora: LoraParams | None) -> None:
-    """LoRA fine-tunes pretrained weights, from ``train.lora`` or from an adapter folder, not both."""
+def _check_lora(
+    options: dict[str, Any],
+    init: str,
+    adapter: str | None,
+    lora: LoraParams | None,
+) -> None:
+    """LoRA fine-tunes pretrained weights, from ``train.lora`` or from an adapter folder, not
+    both."""
     if lora is not None and adapter is not None:
         raise ParamsError(
-            f"params: train.lora is invalid with train.model_options.path = {adapter!r}: that folder is a peft "
-            "adapter already (its own rank and targets apply); remove train.lora"
+            f"params: train.lora is invalid with train.model_options.path = {adapter!r}: that "
+            "folder is a peft adapter already (its own rank and targets apply); remove train.lora"
         )
     if (lora is not None or adapter is not None) and init != "pretrained":
         raise ParamsError(
-            f"params: train.model_options.init = {init!r} is invalid with LoRA: an adapter fine-tunes pretrained "
-            "weights (set model_options.path to a local save_pretrained folder, init: pretrained)"
+            f"params: train.model_options.init = {init!r} is invalid with LoRA: an adapter "
+            "fine-tunes pretrained weights (set model_options.path to a local save_pretrained "
+            "folder, init: pretrained)"
         )

@@ -1,16 +1,18 @@
-"""LoRA on an ``hf`` model (peft): a fresh adapter from ``train.lora``, or a saved adapter folder given as
-``train.model_options.path``; either way only the adapter (and, for classification, the new head) is trained.
+"""LoRA on an ``hf`` model (peft): a fresh adapter from ``train.lora``, or a saved adapter folder
+given as ``train.model_options.path``; either way only the adapter (and, for classification, the new
+head) is trained.
 
-peft freezes every base weight; the adapter's ``lora_A`` and ``lora_B`` are ``nn.Linear`` layers, which the
-BK engine trains with its Linear rule, and peft's copy of a classification head (``modules_to_save``) is one
-too. An adapter folder names its base model in ``adapter_config.json`` (``base_model_name_or_path``): it must
-be a local ``save_pretrained`` folder, read relative to the working directory (the project root) or to the
-adapter folder; nothing is downloaded.
+peft freezes every base weight; the adapter's ``lora_A`` and ``lora_B`` are ``nn.Linear`` layers,
+which the BK engine trains with its Linear rule, and peft's copy of a classification head
+(``modules_to_save``) is one too. An adapter folder names its base model in ``adapter_config.json``
+(``base_model_name_or_path``): it must be a local ``save_pretrained`` folder, read relative to the
+working directory (the project root) or to the adapter folder; nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +31,11 @@ def _adapter_config(folder: str) -> dict[str, Any]:
     try:
         config = json.loads((Path(folder) / ADAPTER_CONFIG).read_text())
     except (OSError, ValueError) as error:
-        raise ParamsError(
-            f"{where}: {ADAPTER_CONFIG} cannot be read ({type(error).__name__})"
-        ) from None
+        reason = type(error).__name__
+        raise ParamsError(f"{where}: {ADAPTER_CONFIG} cannot be read ({reason})") from None
     if not isinstance(config, dict) or config.get("peft_type") != "LORA":
         kind = config.get("peft_type") if isinstance(config, dict) else None
-        raise ParamsError(
-            f"{where}: a {kind} adapter; dpledger trains LoRA adapters (peft_type LORA)"
-        )
+        raise ParamsError(f"{where}: its peft_type is {kind}; dpledger trains LoRA adapters")
     if config.get("lora_dropout", 0.0) != 0.0:
         raise ParamsError(
             f"{where}: its lora_dropout is {config['lora_dropout']}; LoRA dropout must be 0 "
@@ -46,16 +45,18 @@ def _adapter_config(folder: str) -> dict[str, Any]:
 
 
 def adapter_base(folder: str) -> str:
-    """The local folder of the base model an adapter folder was trained on; one line if it is not local."""
+    """The local folder of the base model an adapter folder was trained on; one line if it is not
+    local."""
     base = _adapter_config(folder).get("base_model_name_or_path")
     candidates = [Path(base), Path(folder) / base] if isinstance(base, str) and base else []
     for candidate in candidates:
         if (candidate / "config.json").is_file():
             return str(candidate)
     raise ParamsError(
-        f"params: train.model_options.path = {folder!r} is a peft adapter whose base model {base!r} "
-        f"({ADAPTER_CONFIG}: base_model_name_or_path) is not a local save_pretrained folder (relative to the "
-        "project or to the adapter); save the base model locally and point base_model_name_or_path at it"
+        f"params: train.model_options.path = {folder!r} is a peft adapter whose base model "
+        f"{base!r} ({ADAPTER_CONFIG}: base_model_name_or_path) is not a local save_pretrained "
+        "folder (relative to the project or to the adapter); save the base model locally and point "
+        "base_model_name_or_path at it"
     )
 
 
@@ -88,7 +89,10 @@ def add_lora(model: nn.Module, lora: LoraParams, task: str) -> nn.Module:
         task_type=_peft_task(task),
     )
     try:
-        return get_peft_model(model, config)
+        # peft's notice that it sets fan_in_fan_out for GPT-2's Conv1D layers, as it should
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")
+            return get_peft_model(model, config)
     except (ValueError, KeyError, TypeError) as error:
         lines = str(error).strip().splitlines()
         raise ParamsError(
@@ -98,15 +102,16 @@ def add_lora(model: nn.Module, lora: LoraParams, task: str) -> nn.Module:
 
 
 def load_adapter(model: nn.Module, folder: str, base: str, task: str) -> nn.Module:
-    """The base ``model`` (loaded from ``base``, see :func:`adapter_base`) with the saved adapter of ``folder``,
-    trainable (training continues from it); the adapter now names ``base`` as resolved here."""
+    """The base ``model`` (loaded from ``base``, see :func:`adapter_base`) with the saved adapter of
+    ``folder``, trainable (training continues from it); the adapter now names ``base`` as resolved
+    here."""
     from peft import PeftModel
 
     saved_task = _adapter_config(folder).get("task_type")
     if saved_task != _peft_task(task):
         raise ParamsError(
-            f"params: train.model_options.path = {folder!r} is invalid for train.task = {task!r}: the adapter "
-            f"was saved for task_type {saved_task!r} (needs {PEFT_TASKS[task]!r})"
+            f"params: train.model_options.path = {folder!r} is invalid for train.task = {task!r}: "
+            f"the adapter was saved for task_type {saved_task!r} (needs {PEFT_TASKS[task]!r})"
         )
     adapted = PeftModel.from_pretrained(model, folder, is_trainable=True)
     adapted.peft_config["default"].base_model_name_or_path = base

@@ -1,16 +1,17 @@
-"""The published model: ``artifacts/model/``, a folder to share, written by the train stage after training.
+"""The published model: ``artifacts/model/``, a folder to share, written by the train stage after
+training.
 
-- ``hf`` model: ``save_pretrained`` (config.json, model.safetensors) with the data's tokenizer when there is
-  one (``data.tokenizer``), loadable by ``AutoModelFor...from_pretrained``.
+- ``hf`` model: ``save_pretrained`` (config.json, model.safetensors) with the data's tokenizer when
+  there is one (``data.tokenizer``), loadable by ``AutoModelFor...from_pretrained``.
 - LoRA (``train.lora`` or an adapter folder as input): the adapter only (adapter_config.json,
-  adapter_model.safetensors, loadable by ``PeftModel.from_pretrained`` on the base model it names), and with
-  ``train.export_merged`` also ``merged/``: the base model reloaded from its folder with the saved adapter
-  merged in (``merge_and_unload``), a plain transformers checkpoint.
+  adapter_model.safetensors, loadable by ``PeftModel.from_pretrained`` on the base model it names),
+  and with ``train.export_merged`` also ``merged/``: the base model reloaded from its folder with
+  the saved adapter merged in (``merge_and_unload``), a plain transformers checkpoint.
 - zoo and plugin models: ``model.pt`` (the state dict, as ``artifacts/train/model.pt``).
 
-Every folder gets the model card ``README.md`` (:mod:`dpledger.models.model_card`). Weights are copied to
-the CPU before saving, so the files load on a machine without the training device. The folder is replaced
-as a whole (``io.atomic_dir``): no file of an earlier run survives in it.
+Every folder gets the model card ``README.md`` (:mod:`dpledger.models.model_card`). Weights are
+copied to the CPU before saving, so the files load on a machine without the training device. The
+folder is replaced as a whole (``io.atomic_dir``): no file of an earlier run survives in it.
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ MERGED = "merged"
 
 
 def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {
-        name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()
-    }
+    state = model.state_dict()
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
 
 
 def _save_tokenizer(tokenizer: str | None, folder: Path) -> None:
@@ -47,7 +47,8 @@ def _save_tokenizer(tokenizer: str | None, folder: Path) -> None:
 
 
 def _merged(adapter_folder: Path, model: nn.Module) -> nn.Module:
-    """The base model, reloaded from its local folder on the CPU, with the saved adapter merged in."""
+    """The base model, reloaded from its local folder on the CPU, with the saved adapter merged
+    in."""
     from peft import PeftModel
 
     base = model.get_base_model()
@@ -61,38 +62,33 @@ def _files(model: nn.Module, tokenizer: str | None, merged: bool) -> tuple[str, 
     if is_peft(model):
         source = model.peft_config["default"].base_model_name_or_path
         files = [
-            "`adapter_config.json`, `adapter_model.safetensors`: the LoRA adapter only; load it with "
+            "`adapter_config.json`, `adapter_model.safetensors`: the LoRA adapter only; load it "
+            "with "
             f"`PeftModel.from_pretrained(base, folder)` on the base model in `{source}`"
         ]
         if merged:
-            files.append(
-                f"`{MERGED}/`: the base model with the adapter merged in (`from_pretrained`)"
-            )
+            files.append(f"`{MERGED}/`: the base with the adapter merged in (`from_pretrained`)")
     elif hasattr(model, "save_pretrained"):
-        files = [
-            "`config.json`, `model.safetensors`: the model (`AutoModelFor...from_pretrained(folder)`)"
-        ]
+        files = ["`config.json`, `model.safetensors`: `AutoModelFor...from_pretrained(folder)`"]
     else:
-        files = [
-            f"`model.pt`: the state dict of dpledger's `{type(model).__name__}` (`torch.load`)"
-        ]
+        files = [f"`model.pt`: the state dict of a `{type(model).__name__}` (`torch.load`)"]
     if tokenizer is not None:
         files.append("the tokenizer files (`AutoTokenizer.from_pretrained(folder)`)")
     return (*files, "`README.md`: this card")
 
 
 def _library(model: nn.Module) -> str:
-    return (
-        "peft"
-        if is_peft(model)
-        else "transformers"
-        if hasattr(model, "save_pretrained")
-        else "pytorch"
-    )
+    if is_peft(model):
+        return "peft"
+    return "transformers" if hasattr(model, "save_pretrained") else "pytorch"
 
 
 def publish(
-    folder: Path, model: nn.Module, facts: CardFacts, tokenizer: str | None, merged: bool
+    folder: Path,
+    model: nn.Module,
+    facts: CardFacts,
+    tokenizer: str | None,
+    merged: bool,
 ) -> None:
     """Write the published folder (see the module docstring); the card's file list and library are
     filled in here."""
@@ -107,9 +103,8 @@ def publish(
         else:
             torch.save(_cpu_state(model), tmp / "model.pt")
         _save_tokenizer(tokenizer, tmp)
-        card = model_card(
-            replace(facts, files=_files(model, tokenizer, merged), library=_library(model))
-        )
+        files = _files(model, tokenizer, merged)
+        card = model_card(replace(facts, files=files, library=_library(model)))
         (tmp / "README.md").write_text(card, encoding="utf-8")
 
 
@@ -132,8 +127,8 @@ def publish_run(
     metrics: dict[str, Any],
     trainable: int,
 ) -> None:
-    """The train stage's call: the published folder of a finished run, with its card (``trainable``: the
-    number of parameters the engine trained; it froze them all for ghost differentiation)."""
+    """The train stage's call: the published folder of a finished run, with its card (``trainable``:
+    the number of parameters the engine trained; it froze them all for ghost differentiation)."""
     facts = CardFacts(
         train=params.train,
         data_name=params.data.name,

@@ -42,8 +42,9 @@ def task_for(model: str, task: str, data: Dataset) -> Task:
 def build_task_model(
     model: str, options: dict[str, Any], task: Task, data: Dataset, lora: LoraParams | None = None
 ) -> nn.Module:
-    """An initialised model for ``task`` on ``data`` (seed torch beforehand for reproducible weights), with
-    a LoRA adapter where ``lora`` is set (hf models only; the params schema refuses it elsewhere)."""
+    """An initialised model for ``task`` on ``data`` (seed torch beforehand for reproducible
+    weights), with a LoRA adapter where ``lora`` is set (hf models only; the params schema refuses
+    it elsewhere)."""
     text = data.name == "text"
     classes = data.vocab_size if task.name == "causal-lm" else data.num_classes
     if model == "hf":

@@ -35,13 +35,24 @@ class TrainParams(Section):
     optimizer: Literal["sgd", "momentum", "adam", "adamw"] = "sgd"
     momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="for optimizer: momentum")
     weight_decay: float = Field(
-        default=0.0, ge=0.0, allow_inf_nan=False, description="torch's weight_decay (decoupled for adamw)"
+        default=0.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="torch's weight_decay (decoupled for adamw)",
     )
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
-        default="constant", description="lr after the warm-up, per logical step: constant or decay to 0"
+        default="constant",
+        description="lr after the warm-up, per logical step: constant or decay to 0",
     )
-    warmup_steps: int = Field(default=0, ge=0, description="logical steps of linear warm-up from 0 to lr")
-    lora: LoraParams | None = Field(default=None, description="hf models: train a LoRA adapter only (peft)")
+    warmup_steps: int = Field(
+        default=0,
+        ge=0,
+        description="logical steps of linear warm-up from 0 to lr",
+    )
+    lora: LoraParams | None = Field(
+        default=None,
+        description="hf models: train a LoRA adapter only (peft)",
+    )
     export_merged: bool = Field(
         default=False, description="LoRA: also publish the base model with the adapter merged in"
     )

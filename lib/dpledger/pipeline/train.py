@@ -41,6 +41,7 @@ from dpledger.engine.checkpoint import (
 from dpledger.engine.device import autocast, select_device
 from dpledger.errors import DpledgerError
 from dpledger.models import Task, build_task_model, task_for
+from dpledger.models.lora import adapter_base, is_adapter_folder
 from dpledger.models.publish import publish_run
 from dpledger.params import Params
 from dpledger.pipeline import paths
@@ -95,8 +96,11 @@ def _training_code() -> list[Path]:
 
 
 def _user_files(params: Params) -> list[Path]:
-    """The user's tokenizer and model checkpoint: new weights start over, too."""
-    folders = [params.data.tokenizer, params.train.model_options.get("path") if params.train.model == "hf" else None]
+    """The user's tokenizer and model checkpoint (an adapter's base model too): new weights start
+    over, too."""
+    model = params.train.model_options.get("path") if params.train.model == "hf" else None
+    base = adapter_base(model) if is_adapter_folder(model) else None
+    folders = [params.data.tokenizer, model, base]
     files: list[Path] = []
     for folder in (Path(f) for f in folders if isinstance(f, str) and Path(f).is_dir()):
         files += sorted(f for f in folder.rglob("*") if f.is_file())
@@ -167,8 +171,8 @@ def _resume(
     scheduler: LRScheduler,
     engine: BKEngine,
 ) -> Ledger:
-    """The saved ledger (model, optimizer, schedule and engine restored) when a checkpoint of the same inputs exists,
-    else a fresh one."""
+    """The saved ledger (model, optimizer, schedule and engine restored) when a checkpoint of the
+    same inputs exists, else a fresh one."""
     history: dict[str, list[float]] = {
         "loss": [],
         "epsilon": [],
@@ -229,10 +233,21 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     if device.type == "cpu":
         retain_freed_memory()
     tp = params.train
-    model, task, optimizer, scheduler, engine = _build(params, record, schedule, data, device, ranks)
+    built = _build(params, record, schedule, data, device, ranks)
+    model, task, optimizer, scheduler, engine = built
     checkpoint_path = root / OUT / "checkpoint.json"
     key = _input_fingerprint(params, root, data)
-    ledger = _resume(key, checkpoint_path, record, schedule, task, model, optimizer, scheduler, engine)
+    ledger = _resume(
+        key,
+        checkpoint_path,
+        record,
+        schedule,
+        task,
+        model,
+        optimizer,
+        scheduler,
+        engine,
+    )
     resumed_from = ledger.steps_done
     ranks.check_same_start(resumed_from, model, device)
 
@@ -286,7 +301,8 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     metrics = _write_outputs(
         root, Finished(ledger, record, check, model, task, engine, resumed_from), (x_train, y_train, x_test, y_test)
     )
-    publish_run(root / paths.PUBLISHED_DIR, model, params, record, ledger, check, metrics, engine.numel)
+    published = root / paths.PUBLISHED_DIR
+    publish_run(published, model, params, record, ledger, check, metrics, engine.numel)
     return metrics
 
 
