@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -169,7 +170,7 @@ def _one_line_refusal(match: str, call) -> None:
 def test_an_unusable_adapter_folder_is_one_line(bases, tmp_path, config, match):
     adapter = _save_adapter(bases, tmp_path / "adapter", **config)
     options = {"path": str(adapter)}
-    call = lambda: load_hf_model(options, "causal-lm", text=True, num_labels=None)  # noqa: E731
+    call = partial(load_hf_model, options, "causal-lm", text=True, num_labels=None)
     _one_line_refusal(match, call)
 
 
@@ -191,14 +192,14 @@ def test_an_unusable_adapter_folder_is_one_line(bases, tmp_path, config, match):
 )
 def test_lora_on_random_weights_or_missing_layers_is_one_line(bases, options, lora, match):
     options = {"path": str(bases / "lm"), **options} if "config" not in options else options
-    call = lambda: load_hf_model(options, "causal-lm", text=True, num_labels=None, lora=lora)  # noqa: E731
+    call = partial(load_hf_model, options, "causal-lm", text=True, num_labels=None, lora=lora)
     _one_line_refusal(match, call)
 
 
 def test_lora_and_an_adapter_folder_together_are_one_line(bases, tmp_path):
     adapter = _save_adapter(bases, tmp_path / "adapter")
     options = {"path": str(adapter)}
-    call = lambda: load_hf_model(options, "causal-lm", text=True, num_labels=None, lora=_lora())  # noqa
+    call = partial(load_hf_model, options, "causal-lm", text=True, num_labels=None, lora=_lora())
     _one_line_refusal(
         r"train.lora is invalid with train.model_options.path = .*: that folder is a peft adapter",
         call,
