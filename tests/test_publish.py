@@ -195,3 +195,18 @@ def test_the_card_of_a_run_whose_sampler_differs_from_the_accounted_one_says_so(
     check = SamplerCheck("poisson", "shuffle", allowed_mismatch=True)
     body = model_card(_facts(check))
     assert f"**Warning: {check.warning()}**" in body and "the two match" not in body
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_model_trained_on_cuda_is_published_from_cpu_copies(lm, tmp_path):
+    """artifacts/train/model.pt keeps the device's tensors; the published files hold CPU tensors, so
+    they load on a machine without the training device."""
+    zoo = tmp_path / "zoo"
+    zoo.mkdir()
+    run_stage("train", make_project(zoo, epochs=1, train={"device": "cuda"}), zoo)
+    state = torch.load(zoo / PUBLISHED / "model.pt", weights_only=True)
+    assert state and all(value.device.type == "cpu" for value in state.values())
+    root = _lm_run(tmp_path / "lora", lm, device="cuda", lora={"rank": 4}, export_merged=True)
+    base = AutoModelForCausalLM.from_pretrained(lm / "model", local_files_only=True)
+    _generates(PeftModel.from_pretrained(base, root / PUBLISHED).eval(), root / PUBLISHED)
