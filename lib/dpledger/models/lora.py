@@ -12,6 +12,7 @@ working directory (the project root) or to the adapter folder; nothing is downlo
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,10 @@ def adapter_base(folder: str) -> str:
 
 
 def is_peft(model: nn.Module) -> bool:
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
+    """Whether ``model`` is a peft model; peft (an optional dependency) is not imported for this: a
+    model cannot be one unless peft was imported to build it."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def _peft_task(task: str) -> str:
