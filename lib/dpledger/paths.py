@@ -16,6 +16,7 @@ CALIBRATION = CALIBRATION_DIR / "calibration.json"
 SCHEDULE_DIR = ARTIFACTS / "schedule"
 SCHEDULE_HEADER = SCHEDULE_DIR / "schedule.json"
 TRAIN_DIR = ARTIFACTS / "train"
+PUBLISHED_DIR = ARTIFACTS / "model"  # the model to share, with its card (models/publish.py)
 VERIFY_DIR = ARTIFACTS / "verify"
 VERIFY = VERIFY_DIR / "verify.json"
 AUDIT_DIR = ARTIFACTS / "audit"

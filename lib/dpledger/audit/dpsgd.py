@@ -103,7 +103,13 @@ def train_workload(data_params: Any, train_params: Any, seed: int) -> Workload:
         torch.as_tensor(data.x_train),
         torch.as_tensor(data.y_train),
         task,
-        lambda: build_task_model(train_params.model, train_params.model_options, task, data),
+        lambda: build_task_model(
+            train_params.model,
+            train_params.model_options,
+            task,
+            data,
+            lora=train_params.lora,
+        ),
     )
 
 

@@ -12,7 +12,13 @@ from dpledger.engine.allocator import retain_freed_memory
 from dpledger.engine.bk import BKEngine, UnsupportedLayerError
 from dpledger.engine.clipping import CLIPPING_MODES, clip_factors
 from dpledger.engine.noise import NoiseSource
-from dpledger.engine.optimizers import OPTIMIZERS, make_optimizer
+from dpledger.engine.optimizers import (
+    LR_SCHEDULES,
+    OPTIMIZERS,
+    LrSchedule,
+    make_optimizer,
+    make_scheduler,
+)
 from dpledger.engine.reference import ReferenceTrainer, clipped_sum, per_example_gradients
 from dpledger.engine.validators import replace_batchnorm
 
@@ -23,7 +29,10 @@ __all__ = [
     "clip_factors",
     "NoiseSource",
     "OPTIMIZERS",
+    "LR_SCHEDULES",
+    "LrSchedule",
     "make_optimizer",
+    "make_scheduler",
     "ReferenceTrainer",
     "clipped_sum",
     "per_example_gradients",

@@ -1,6 +1,7 @@
 """Checkpoints that carry the privacy ledger, so a killed run resumes and never spends privacy twice.
 
-A checkpoint is two files: the weights ``checkpoint-step<N>.pt`` (model and optimizer state only: tensors,
+A checkpoint is two files: the weights ``checkpoint-step<N>.pt`` (model, optimizer and learning-rate
+schedule state only: tensors,
 numbers and strings, read with ``torch.load(weights_only=True)``, so no code in it can run) and the ledger
 ``checkpoint.json`` beside it: logical steps taken = the schedule position reached (the noise of step t is a
 function of (seed, t), so no RNG state beyond it), the per-step history, a fingerprint of every input, and the
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 
 from dpledger import io
 from dpledger.errors import DpledgerError
@@ -84,13 +86,19 @@ def _file_digest(path: Path) -> str:
 
 
 def save_checkpoint(
-    ledger_file: Path, ledger: Ledger, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ledger_file: Path,
+    ledger: Ledger,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler | None = None,
 ) -> None:
     """Write this step's weights file, then the ledger naming it (each atomically), then delete older weights
     files: the ledger on disk always names an intact weights file."""
     weights = ledger_file.with_name(_weights_name(ledger_file, ledger.steps_done))
     with io.atomic_path(weights) as tmp:
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        state["scheduler"] = scheduler.state_dict() if scheduler is not None else None
+        torch.save(state, tmp)
     record = {**asdict(ledger), "weights_file": weights.name, "weights_sha256": _file_digest(weights)}
     io.write_json(ledger_file, record)
     for old in ledger_file.parent.iterdir():
@@ -131,7 +139,8 @@ def load_checkpoint(ledger_file: Path, expected_fingerprint: str) -> dict[str, A
             f"train: {path} cannot be loaded ({(str(error).splitlines() or [type(error).__name__])[0][:120]}); "
             f"delete {path.parent} to start over from step 0"
         ) from None
-    return {"ledger": ledger, "model": state["model"], "optimizer": state["optimizer"]}
+    parts = ("model", "optimizer", "scheduler")
+    return {"ledger": ledger, **{part: state.get(part) for part in parts}}
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 
 from dpledger.errors import ParamsError
+from dpledger.models.lora import adapter_base, add_lora, is_adapter_folder, load_adapter
+from dpledger.params.lora import LoraParams
 
 OPTIONS = ("path", "init", "config")
 HEADS = {  # task -> (transformers auto class, mapping that lists the configs it supports)
@@ -76,8 +78,17 @@ def _supported_tasks(config: Any) -> list[str]:
     return [task for task, (_, mapping) in HEADS.items() if type(config) in getattr(auto, mapping)]
 
 
-def load_hf_model(options: dict[str, Any], task: str, *, text: bool, num_labels: int | None) -> nn.Module:
-    """The model for ``task`` in float32 and train mode; every bad option is one line naming its key."""
+def load_hf_model(
+    options: dict[str, Any],
+    task: str,
+    *,
+    text: bool,
+    num_labels: int | None,
+    lora: LoraParams | None = None,
+) -> nn.Module:
+    """The model for ``task`` in float32 and train mode, with a LoRA adapter (models/lora.py) when
+    ``lora`` is set or ``path`` is a peft adapter folder; every bad option is one line naming its
+    key."""
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ParamsError(
@@ -90,6 +101,10 @@ def load_hf_model(options: dict[str, Any], task: str, *, text: bool, num_labels:
         raise ParamsError(
             f"params: train.model_options.init = {init!r} is invalid: allowed values are pretrained (with path), random"
         )
+    adapter = options["path"] if is_adapter_folder(options.get("path")) else None
+    _check_lora(options, init, adapter, lora)
+    if adapter is not None:
+        options = {**options, "path": adapter_base(adapter)}
     config = _config(options, num_labels)
     head = head_for(task, text)
     supported = _supported_tasks(config)
@@ -112,4 +127,29 @@ def load_hf_model(options: dict[str, Any], task: str, *, text: bool, num_labels:
             f"params: train.model_options.path = {options.get('path')!r} is invalid: not a transformers "
             f"checkpoint ({_first_line(error)})"
         ) from None
+    if adapter is not None:
+        model = load_adapter(model, adapter, options["path"], head)
+    elif lora is not None:
+        model = add_lora(model, lora, head)
     return model.train()
+
+
+def _check_lora(
+    options: dict[str, Any],
+    init: str,
+    adapter: str | None,
+    lora: LoraParams | None,
+) -> None:
+    """LoRA fine-tunes pretrained weights, from ``train.lora`` or from an adapter folder, not
+    both."""
+    if lora is not None and adapter is not None:
+        raise ParamsError(
+            f"params: train.lora is invalid with train.model_options.path = {adapter!r}: that "
+            "folder is a peft adapter already (its own rank and targets apply); remove train.lora"
+        )
+    if (lora is not None or adapter is not None) and init != "pretrained":
+        raise ParamsError(
+            f"params: train.model_options.init = {init!r} is invalid with LoRA: an adapter "
+            "fine-tunes pretrained weights (set model_options.path to a local save_pretrained "
+            "folder, init: pretrained)"
+        )

@@ -14,6 +14,7 @@ from dpledger.models.hf import load_hf_model
 from dpledger.models.plugin import load_plugin_model
 from dpledger.models.tasks import Task
 from dpledger.models.zoo import MODELS, build_model
+from dpledger.params.lora import LoraParams
 
 TEXT_TASKS = ("causal-lm", "sequence-classification")
 
@@ -38,12 +39,17 @@ def task_for(model: str, task: str, data: Dataset) -> Task:
     return Task(task, keyword_images=model == "hf" and not text)
 
 
-def build_task_model(model: str, options: dict[str, Any], task: Task, data: Dataset) -> nn.Module:
-    """An initialised model for ``task`` on ``data`` (seed torch beforehand for reproducible weights)."""
+def build_task_model(
+    model: str, options: dict[str, Any], task: Task, data: Dataset, lora: LoraParams | None = None
+) -> nn.Module:
+    """An initialised model for ``task`` on ``data`` (seed torch beforehand for reproducible
+    weights), with a LoRA adapter where ``lora`` is set (hf models only; the params schema refuses
+    it elsewhere)."""
     text = data.name == "text"
     classes = data.vocab_size if task.name == "causal-lm" else data.num_classes
     if model == "hf":
-        built = load_hf_model(options, task.name, text=text, num_labels=None if task.name == "causal-lm" else classes)
+        num_labels = None if task.name == "causal-lm" else classes
+        built = load_hf_model(options, task.name, text=text, num_labels=num_labels, lora=lora)
     elif model in MODELS:
         built = build_model(model, data.input_shape, data.num_classes, **options)
     else:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from dpledger.params.core import Section
+from dpledger.params.lora import LoraParams, is_adapter_folder
 from dpledger.plugins import PLUGIN_PATTERN
 
 ZOO_MODELS = ("mlp", "cnn", "transformer")
@@ -31,8 +32,30 @@ class TrainParams(Section):
         default=0.01, gt=0.0, allow_inf_nan=False, description="γ of automatic clipping R/(‖g‖+γ)"
     )
     lr: float = Field(default=0.5, gt=0.0, allow_inf_nan=False)
-    optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
+    optimizer: Literal["sgd", "momentum", "adam", "adamw"] = "sgd"
     momentum: float = Field(default=0.9, ge=0.0, lt=1.0, description="for optimizer: momentum")
+    weight_decay: float = Field(
+        default=0.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="torch's weight_decay (decoupled for adamw)",
+    )
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        default="constant",
+        description="lr after the warm-up, per logical step: constant or decay to 0",
+    )
+    warmup_steps: int = Field(
+        default=0,
+        ge=0,
+        description="logical steps of linear warm-up from 0 to lr",
+    )
+    lora: LoraParams | None = Field(
+        default=None,
+        description="hf models: train a LoRA adapter only (peft)",
+    )
+    export_merged: bool = Field(
+        default=False, description="LoRA: also publish the base model with the adapter merged in"
+    )
     physical_batch_size: int | None = Field(
         default=None, ge=1, description="split each logical batch into physical batches of at most this size"
     )
@@ -61,5 +84,27 @@ class TrainParams(Section):
                 "model",
                 "allowed values are {allowed}, hf or a plugin module:callable",
                 {"allowed": ", ".join(ZOO_MODELS)},
+            )
+        return value
+
+    @field_validator("lora")
+    @classmethod
+    def _lora_on_hf(cls, value: LoraParams | None, info: ValidationInfo) -> LoraParams | None:
+        model = info.data.get("model")
+        if value is not None and model != "hf":
+            raise PydanticCustomError(
+                "lora", "LoRA adapts an hf model (train.model: hf), not '{model}'", {"model": model}
+            )
+        return value
+
+    @field_validator("export_merged")
+    @classmethod
+    def _merged_needs_lora(cls, value: bool, info: ValidationInfo) -> bool:
+        adapter = is_adapter_folder((info.data.get("model_options") or {}).get("path"))
+        if value and info.data.get("lora") is None and not adapter:
+            raise PydanticCustomError(
+                "export_merged",
+                "merged weights are a LoRA export: set train.lora or give a peft adapter folder as "
+                "train.model_options.path",
             )
         return value

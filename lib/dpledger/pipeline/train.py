@@ -24,12 +24,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 from tqdm import tqdm
 
 from dpledger import io, paths, plotting
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.data import Dataset, load_data
-from dpledger.engine import BKEngine, make_optimizer, retain_freed_memory
+from dpledger.engine import BKEngine, make_optimizer, make_scheduler, retain_freed_memory
 from dpledger.engine.checkpoint import (
     Ledger,
     fingerprint,
@@ -40,6 +41,8 @@ from dpledger.engine.checkpoint import (
 from dpledger.engine.device import autocast, select_device
 from dpledger.errors import DpledgerError
 from dpledger.models import Task, build_task_model, task_for
+from dpledger.models.lora import adapter_base, is_adapter_folder
+from dpledger.models.publish import publish_run
 from dpledger.params import Params
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
@@ -89,8 +92,11 @@ def _training_code() -> list[Path]:
 
 
 def _user_files(params: Params) -> list[Path]:
-    """The user's tokenizer and model checkpoint: new weights start over, too."""
-    folders = [params.data.tokenizer, params.train.model_options.get("path") if params.train.model == "hf" else None]
+    """The user's tokenizer and model checkpoint (an adapter's base model too): new weights start
+    over, too."""
+    model = params.train.model_options.get("path") if params.train.model == "hf" else None
+    base = adapter_base(model) if is_adapter_folder(model) else None
+    folders = [params.data.tokenizer, model, base]
     files: list[Path] = []
     for folder in (Path(f) for f in folders if isinstance(f, str) and Path(f).is_dir()):
         files += sorted(f for f in folder.rglob("*") if f.is_file())
@@ -122,13 +128,15 @@ def _noise_seed(seed: int) -> int:
 
 def _build(
     params: Params, record: CalibrationRecord, schedule: Schedule, data: Dataset, device: torch.device, ranks: Ranks
-) -> tuple[torch.nn.Module, Task, torch.optim.Optimizer, BKEngine]:
-    """Model (seeded), its task, optimizer and engine."""
+) -> tuple[torch.nn.Module, Task, torch.optim.Optimizer, LRScheduler, BKEngine]:
+    """Model (seeded), its task, optimizer, learning-rate schedule (in logical steps) and engine."""
     tp = params.train
     task = task_for(tp.model, tp.task, data)
     torch.manual_seed(params.seed)
-    model = build_task_model(tp.model, tp.model_options, task, data).to(device)
-    optimizer = make_optimizer(tp.optimizer, [p for p in model.parameters() if p.requires_grad], tp.lr, tp.momentum)
+    model = build_task_model(tp.model, tp.model_options, task, data, lora=tp.lora).to(device)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(tp.optimizer, trainable, tp.lr, tp.momentum, tp.weight_decay)
+    scheduler = make_scheduler(optimizer, tp.lr_schedule, tp.warmup_steps, schedule.num_steps)
     engine = BKEngine(
         model,
         optimizer,
@@ -145,7 +153,7 @@ def _build(
         secure_noise=tp.secure_noise,
         process_group=ranks.group,
     )
-    return model, task, optimizer, engine
+    return model, task, optimizer, scheduler, engine
 
 
 def _resume(
@@ -156,10 +164,11 @@ def _resume(
     task: Task,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
     engine: BKEngine,
 ) -> Ledger:
-    """The saved ledger (model, optimizer and engine restored) when a checkpoint of the same inputs exists,
-    else a fresh one."""
+    """The saved ledger (model, optimizer, schedule and engine restored) when a checkpoint of the
+    same inputs exists, else a fresh one."""
     history: dict[str, list[float]] = {
         "loss": [],
         "epsilon": [],
@@ -174,6 +183,7 @@ def _resume(
         return Ledger(0, schedule.num_steps, 0.0, record.delta, record.noise_multiplier, key, history=history)
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
     engine.load_state_dict(
         {"steps_taken": saved["ledger"].steps_done, "nonfinite_examples": saved["ledger"].nonfinite_examples}
     )
@@ -219,10 +229,21 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     if device.type == "cpu":
         retain_freed_memory()
     tp = params.train
-    model, task, optimizer, engine = _build(params, record, schedule, data, device, ranks)
+    built = _build(params, record, schedule, data, device, ranks)
+    model, task, optimizer, scheduler, engine = built
     checkpoint_path = root / OUT / "checkpoint.json"
     key = _input_fingerprint(params, root, data)
-    ledger = _resume(key, checkpoint_path, record, schedule, task, model, optimizer, engine)
+    ledger = _resume(
+        key,
+        checkpoint_path,
+        record,
+        schedule,
+        task,
+        model,
+        optimizer,
+        scheduler,
+        engine,
+    )
     resumed_from = ledger.steps_done
     ranks.check_same_start(resumed_from, model, device)
 
@@ -246,6 +267,7 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
         loss_sum = _private_step(
             engine, task, model, x_train, y_train, rows, weights, tp.physical_batch_size, device, tp.precision
         )
+        scheduler.step()  # one learning-rate step per logical (engine) step
         loss_sum, real = ranks.total([loss_sum, real], device)
         examples += int(real)
         history["loss"].append(loss_sum / real if real else float("nan"))
@@ -267,14 +289,17 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
                 history=history,
                 nonfinite_examples=engine.nonfinite_examples,
             )
-            save_checkpoint(checkpoint_path, ledger, model, optimizer)
+            save_checkpoint(checkpoint_path, ledger, model, optimizer, scheduler)
         bar.update(1)
     bar.close()
     if not ranks.writes:
         return {}
-    return _write_outputs(
+    metrics = _write_outputs(
         root, Finished(ledger, record, check, model, task, engine, resumed_from), (x_train, y_train, x_test, y_test)
     )
+    published = root / paths.PUBLISHED_DIR
+    publish_run(published, model, params, record, ledger, check, metrics, engine.numel)
+    return metrics
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,15 @@ def battery_task(params: Params) -> SyntheticTask:
 
     from dpledger.data import load_data
     from dpledger.models import build_task_model, task_for
+    from dpledger.params.lora import is_adapter_folder
 
     tp = params.train
+    if tp.lora is not None or is_adapter_folder(tp.model_options.get("path")):
+        raise ParamsError(
+            "params: verify.model = 'train' is invalid with LoRA: the battery's predictions "
+            "assume every parameter is trained and LoRA freezes the base weights; use "
+            "verify.model: synthetic"
+        )
     data = load_data(params.data, params.seed)
     task = task_for(tp.model, tp.task, data)
     torch.manual_seed(params.seed)
