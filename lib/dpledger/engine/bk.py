@@ -28,7 +28,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpledger.engine import validators
+from dpledger.engine import capture, validators
 from dpledger.engine.clipping import clip_factors, group_threshold, nonfinite_rows
 from dpledger.engine.distributed import GroupSum, group_sum
 from dpledger.engine.layers import LayerRule, add_weighted_sum, generic, ghost_dot, rule_for
@@ -66,6 +66,7 @@ class _GenericCall:
     layout: generic.Layout
     outputs: list[Tensor | None]
     out_grads: list[Tensor | None]
+    output_versions: list[int | None]
     autocast: list[tuple[str, torch.dtype]] = field(default_factory=list)
 
 
@@ -292,8 +293,9 @@ class BKEngine:
         return [m for m in self.model.modules() if id(m) in self._module_names]
 
     def _origin(self, like: Tensor) -> Tensor:
-        """A zero leaf that requires grad, added to a layer output that would otherwise not need a
-        gradient (the first layers), so the backward graph reaches every layer (003 §3.2 origin trick)."""
+        """A zero-dimensional leaf that requires grad, an input of the tap on a layer output that would otherwise
+        not need a gradient (the first layers), so the backward graph reaches every layer (003 §3.2 origin
+        trick)."""
         key = (like.device, like.dtype)
         if key not in self._origins:
             self._origins[key] = torch.zeros((), device=like.device, dtype=like.dtype, requires_grad=True)
@@ -364,20 +366,19 @@ class BKEngine:
             raise UnsupportedLayerError(
                 f"engine: layer {name} ({type(module).__name__}) was called without a tensor input or output"
             )
-        if not output.requires_grad:
-            output = output + self._origin(output)
         if inputs.dim() and inputs.shape[0] == 1 and output.dim() and output.shape[0] == 1:
             inputs, output = self._broadcast(inputs, 0), self._broadcast(output, 0)
         version = inputs._version
-        if id(module) in self._sequence_first and inputs.dim() > 1:  # (T, B, ...): the rules want batch first
+        sequence_first = id(module) in self._sequence_first and inputs.dim() > 1  # (T, B, ...): rules want B first
+        if sequence_first:
             inputs = inputs.transpose(0, 1)
-            call = _Call(name, module, rule, self._layer_params[id(module)], inputs.detach(), version=version)
-            output.register_hook(lambda grad: self._take_backprops(call, grad.transpose(0, 1)))
-        else:
-            call = _Call(name, module, rule, self._layer_params[id(module)], inputs.detach(), version=version)
-            output.register_hook(lambda grad: self._take_backprops(call, grad))
+        call = _Call(name, module, rule, self._layer_params[id(module)], inputs.detach(), version=version)
         self._calls.append(call)
-        return output
+        return capture.tap(
+            output,
+            lambda grad: self._take_backprops(call, grad.transpose(0, 1) if sequence_first else grad),
+            self._origin(output),
+        )
 
     def _record_generic(
         self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -399,6 +400,7 @@ class BKEngine:
             layout=layout,
             outputs=[None] * len(leaves),
             out_grads=[None] * len(leaves),
+            output_versions=[None] * len(leaves),
             autocast=[
                 (device, torch.get_autocast_dtype(device))
                 for device in ("cpu", "cuda")
@@ -408,13 +410,14 @@ class BKEngine:
         for k, leaf in enumerate(leaves):
             if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
                 continue
-            # A fresh node (a view, or the origin added): a hook on the module's own tensor would also collect the
-            # gradient of the module's internal uses of it (attention weights it multiplies by the values), which
-            # the re-run forward counts again.
-            leaf = leaf.view_as(leaf) if leaf.requires_grad else leaf + self._origin(leaf)
-            leaf = leaves[k] = self._broadcast(leaf, layout.outputs[k])
+            # A fresh node (capture.tap): a hook on the module's own tensor would also collect the gradient of the
+            # module's internal uses of it (attention weights it multiplies by the values), which the re-run
+            # forward counts again, and would miss the gradient when the output is changed in place afterwards.
+            leaf = self._broadcast(leaf, layout.outputs[k])
+            sink = lambda grad, k=k: call.out_grads.__setitem__(k, grad.detach())  # noqa: E731
+            leaf = leaves[k] = capture.tap(leaf, sink, self._origin(leaf))
             call.outputs[k] = leaf.detach()
-            leaf.register_hook(lambda grad, k=k: call.out_grads.__setitem__(k, grad.detach()))
+            call.output_versions[k] = leaf._version
         self._calls.append(call)
         return tree_unflatten(leaves, spec)
 
@@ -428,6 +431,7 @@ class BKEngine:
             with contextlib.ExitStack() as stack:
                 for device, dtype in call.autocast:
                     stack.enter_context(torch.autocast(device, dtype=dtype))
+                self._refresh_changed_outputs(call)
                 return generic.per_example_grads(
                     call.module, call.params, call.args, call.kwargs, call.layout, call.outputs, call.out_grads, batch
                 )
@@ -441,6 +445,17 @@ class BKEngine:
             ) from error
         finally:
             self._recomputing = False
+
+    @staticmethod
+    def _refresh_changed_outputs(call: _GenericCall) -> None:
+        """Outputs changed in place after the layer returned them (``o += h``; their gradients are still exact,
+        ``capture.tap``) are recomputed for the batch from the unchanged inputs, so that the per-example
+        recomputation is still checked against what the layer produced."""
+        changed = [k for k, v in enumerate(call.output_versions) if v is not None and call.outputs[k]._version != v]
+        if changed:
+            fresh = generic.batch_outputs(call.module, call.args, call.kwargs)
+            for k in changed:
+                call.outputs[k] = fresh[k]
 
     def _take_backprops(self, call: _Call, grad: Tensor) -> None:
         """Backward hook: this call's per-example norms now, so instantiated layers free a and b at once."""

@@ -185,6 +185,13 @@ def per_example_grads(
     return grads
 
 
+def batch_outputs(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The flattened outputs of ``module`` re-run on the whole batch (no gradient), for checking the
+    per-example recomputation where the saved outputs were changed in place after the call."""
+    with torch.no_grad():
+        return tree_flatten(module(*args, **kwargs))[0]
+
+
 def _close(recomputed: Tensor, saved: Tensor) -> bool:
     """Same up to rounding: relative 1e-6 in float64, 1e-3 in float32, 3e-2 in half precision. Non-finite
     entries must be non-finite in both (an example with a NaN input is then dropped by the engine, not
