@@ -28,7 +28,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpledger.engine import capture, validators
+from dpledger.engine import capture, parametrized, validators
 from dpledger.engine.clipping import clip_factors, group_threshold, nonfinite_rows
 from dpledger.engine.distributed import GroupSum, group_sum
 from dpledger.engine.layers import LayerRule, add_weighted_sum, generic, ghost_dot, rule_for
@@ -261,7 +261,9 @@ class BKEngine:
                 continue
             children = generic.claimed_children(module)
             claimed.update(id(getattr(module, child)) for child in children)
+            claimed.update(id(m) for m in getattr(module, "parametrizations", nn.Module()).modules())
             own = [(attr, p) for attr, p in module.named_parameters(recurse=False) if id(p) in trainable]
+            own += [(path, p) for path, p in parametrized.originals(module) if id(p) in trainable]
             own += [
                 (f"{child}.{attr}", p)
                 for child in children
@@ -273,7 +275,11 @@ class BKEngine:
             label = f"{layer_name or '<model>'} ({type(module).__name__})"
             rule = None if children else rule_for(module)
             refusal = validators.layer_refusal(
-                module, label, [f"{layer_name}.{attr}".lstrip(".") for attr, _ in own], rule, [attr for attr, _ in own]
+                module,
+                label,
+                [f"{layer_name}.{attr}".lstrip(".") for attr, _ in own],
+                rule,
+                list(dict.fromkeys(parametrized.rule_name(attr) for attr, _ in own)),
             )
             if refusal:
                 raise UnsupportedLayerError(refusal)
@@ -344,13 +350,15 @@ class BKEngine:
         )
         self._model_batch = None if first is None else first.shape[0]
 
-    def _broadcast(self, tensor: Tensor, dim: int) -> Tensor:
+    def _broadcast(self, tensor: Tensor, dim: int, name: str) -> Tensor:
         """A tensor of size 1 along the batch dimension ``dim`` while the batch has B > 1 examples (BERT's
         position embeddings, T5's relative position bias) as B copies, so that its gradient is each example's
         own rather than their sum; downstream it broadcasts the same."""
         batch = self._model_batch
         if batch is None or batch <= 1 or tensor.dim() <= dim or tensor.shape[dim] != 1:
             return tensor
+        if self._check is not None:  # the first pass: a model that cannot take the expanded tensor is named
+            self._check.broadcast.append(name)
         return tensor.expand(*tensor.shape[:dim], batch, *tensor.shape[dim + 1 :]).contiguous()
 
     def _forward_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
@@ -367,18 +375,23 @@ class BKEngine:
                 f"engine: layer {name} ({type(module).__name__}) was called without a tensor input or output"
             )
         if inputs.dim() and inputs.shape[0] == 1 and output.dim() and output.shape[0] == 1:
-            inputs, output = self._broadcast(inputs, 0), self._broadcast(output, 0)
+            inputs, output = self._broadcast(inputs, 0, name), self._broadcast(output, 0, name)
         version = inputs._version
         sequence_first = id(module) in self._sequence_first and inputs.dim() > 1  # (T, B, ...): rules want B first
+        rows = self._model_batch and rule.rowwise and validators.flattened_rows(inputs, output, self._model_batch)
         if sequence_first:
             inputs = inputs.transpose(0, 1)
+        elif rows:  # (B·k, ...) rows of a batch-first tensor: (B, k, ...) for the rule
+            inputs = inputs.unflatten(0, (-1, rows))
         call = _Call(name, module, rule, self._layer_params[id(module)], inputs.detach(), version=version)
         self._calls.append(call)
-        return capture.tap(
-            output,
-            lambda grad: self._take_backprops(call, grad.transpose(0, 1) if sequence_first else grad),
-            self._origin(output),
-        )
+
+        def sink(grad: Tensor) -> None:
+            self._take_backprops(
+                call, grad.transpose(0, 1) if sequence_first else grad.unflatten(0, (-1, rows)) if rows else grad
+            )
+
+        return capture.tap(output, sink, self._origin(output))
 
     def _record_generic(
         self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -413,7 +426,7 @@ class BKEngine:
             # A fresh node (capture.tap): a hook on the module's own tensor would also collect the gradient of the
             # module's internal uses of it (attention weights it multiplies by the values), which the re-run
             # forward counts again, and would miss the gradient when the output is changed in place afterwards.
-            leaf = self._broadcast(leaf, layout.outputs[k])
+            leaf = self._broadcast(leaf, layout.outputs[k], name)
             sink = lambda grad, k=k: call.out_grads.__setitem__(k, grad.detach())  # noqa: E731
             leaf = leaves[k] = capture.tap(leaf, sink, self._origin(leaf))
             call.outputs[k] = leaf.detach()
@@ -485,7 +498,9 @@ class BKEngine:
             state.ghost_calls.append(call)
             names -= {"weight"}
         if names:
-            instantiated = call.rule.per_example_grads(call.module, call.activations, call.backprops, names)
+            instantiated = parametrized.per_example_grads(
+                call.rule, call.module, call.activations, call.backprops, names
+            )
             for attr, grads in instantiated.items():
                 key = id(call.params[attr])
                 state.per_example[key] = state.per_example[key] + grads if key in state.per_example else grads
@@ -527,7 +542,8 @@ class BKEngine:
             raise ParamsError(
                 f"engine: layer {state.mismatch.name} ({type(state.mismatch.module).__name__}) saw batch dimension "
                 f"{state.mismatch.activations.shape[0]} but there are {batch} losses; its input must be batch-first "
-                "(or of size 1 there, shared by the batch)"
+                "(or of size 1 there, shared by the batch), or its rows a contiguous view of a batch-first tensor "
+                "(x.view(-1, d) of x (B, T, d)), where the engine can prove which example each row belongs to"
             )
         if state.modified is not None:
             call = state.modified

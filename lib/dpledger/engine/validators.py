@@ -115,6 +115,42 @@ def in_place_message(label: str) -> str:
     )
 
 
+def flattened_rows(inputs: Tensor, output: object, batch: int) -> int | None:
+    """k when the (B·k, ...) rows of ``inputs`` provably belong to the examples in order, k rows each: ``inputs``
+    is a contiguous view covering all of a contiguous tensor whose leading dimension is the batch (x.view(-1, d)
+    of x (B, T, d)), so row r lies inside example r // k's memory; None otherwise (the layer is then refused).
+    As everywhere in the engine, a leading dimension of size B is taken to be the batch."""
+    base = inputs._base
+    rows = inputs.shape[0] if inputs.dim() > 1 else 0
+    if (
+        base is None
+        or not rows
+        or rows == batch
+        or rows % batch
+        or base.dim() == 0
+        or base.shape[0] != batch
+        or not (base.is_contiguous() and inputs.is_contiguous())
+        or inputs.data_ptr() != base.data_ptr()
+        or inputs.numel() != base.numel()
+        or not isinstance(output, Tensor)
+        or output.dim() == 0
+        or output.shape[0] != rows
+    ):
+        return None
+    return rows // batch
+
+
+def broadcast_failure_message(layers: list[str], error: Exception) -> str:
+    """The model failed after the engine expanded a batch-size-1 layer output to the batch (so that each example
+    gets its own gradient): its code folds that tensor with the batch in a way the engine cannot follow."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (
+        f"engine: the model fails ({first}) on the output of layer {', '.join(dict.fromkeys(layers))} (one of "
+        "them), which sees inputs of batch size 1 shared by the batch and whose output the engine expands to the "
+        "batch so each example gets its own gradient; freeze that layer's parameters (requires_grad=False)"
+    )
+
+
 _GRADIENT_FREE = {Tensor.detach, Tensor.detach_, Tensor.data.__get__, Tensor.grad.__get__}
 
 
@@ -129,10 +165,16 @@ class OutsideUses(TorchFunctionMode):
         self.names = names
         self.running: list[frozenset[int]] = []  # parameter ids of the hooked layers whose forward is running
         self.found: str | None = None
+        self.broadcast: list[str] = []  # layers whose batch-size-1 outputs the engine expanded to the batch
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        result = func(*args, **kwargs)
+        try:
+            result = func(*args, **kwargs)
+        except (RuntimeError, IndexError) as error:
+            if self.broadcast:
+                raise UnsupportedLayerError(broadcast_failure_message(self.broadcast, error)) from error
+            raise
         if (
             self.found is None
             and torch.is_grad_enabled()
