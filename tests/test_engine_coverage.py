@@ -18,17 +18,16 @@ from test_engine_helpers import check_every_parameter, compare, sum_loss
 
 
 class _FlatRows(nn.Module):
-    """Linear and LayerNorm on x.view(-1, d): rows of a batch-first tensor, provably example-major."""
+    """LayerNorm on x.view(-1, d) (rows proved by the view), a Linear on its output (rows of a proved layer) and a
+    head after tanh (through an elementwise operation): OPT's MLP layout."""
 
     def __init__(self, dim: int = 4) -> None:
         super().__init__()
         self.proj, self.norm, self.head = nn.Linear(dim, 6), nn.LayerNorm(dim), nn.Linear(6, 2)
 
     def forward(self, x):
-        batch, steps, dim = x.shape
-        normed = self.norm(x.view(-1, dim)).view(batch, steps, dim)
-        rows = self.proj(torch.tanh(normed).view(-1, dim))
-        return self.head(torch.tanh(rows).view(batch, steps, -1))
+        rows = self.proj(self.norm(x.view(-1, x.shape[-1])))
+        return self.head(torch.tanh(rows)).view(x.shape[0], x.shape[1], -1)
 
 
 @pytest.mark.parametrize("ghost", ["always", "never"])
@@ -39,11 +38,11 @@ def test_layers_on_tokens_flattened_to_rows_are_exact(ghost):
 
 
 class _UnprovenRows(_FlatRows):
-    """The rows reach ``head`` through a non-view (tanh of rows): which example a row belongs to is not proved."""
+    """Rows in time-major order (reshape copies x.transpose(0, 1)): taking them as example-major would be wrong."""
 
     def forward(self, x):
-        rows = torch.tanh(self.proj(self.norm(x.reshape(-1, x.shape[-1]))))
-        return self.head(rows).view(x.shape[0], -1, 2)
+        rows = self.proj(self.norm(x.transpose(0, 1).reshape(-1, x.shape[-1])))
+        return self.head(torch.tanh(rows)).view(x.shape[1], x.shape[0], -1).transpose(0, 1)
 
 
 def test_rows_whose_examples_cannot_be_proved_are_refused_naming_the_layer():

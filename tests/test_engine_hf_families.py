@@ -1,11 +1,12 @@
 """The BK engine on more `transformers` families (issue 26): tiny random configs built here, nothing downloaded.
 
-Beyond tests/test_engine_hf_models.py: encoders (DistilBERT, ALBERT, ELECTRA, DeBERTa-v2), decoder-only LMs with
-rotary (GPT-NeoX with parallel attention, Mistral, Qwen2, Phi, GPT-J), ALiBi (BLOOM, Falcon), learned positions
-(OPT), encoder-decoders (BART, Whisper), vision with windows and relative position bias (Swin, BEiT) and audio
-(Wav2Vec2, with its weight_norm positional convolution). Each in float64, eager attention, dropout off, against a
-naive per-example autograd loop: the whole clipped sum to 1e-10 relative and every trainable parameter one by one
-(``check_every_parameter``). DeBERTa-v2, Swin and OPT are refused by name (``REFUSED``).
+Beyond tests/test_engine_hf_models.py: encoders (DistilBERT, ALBERT, ELECTRA), decoder-only LMs with rotary
+(GPT-NeoX with parallel attention, Mistral, Qwen2, Phi, GPT-J), ALiBi (BLOOM, Falcon), learned positions (OPT,
+whose MLP runs on tokens flattened to rows), encoder-decoders (BART, Whisper), vision with relative position
+bias and layer scale (BEiT) and audio (Wav2Vec2, with its weight_norm positional convolution). Each in float64,
+eager attention, dropout off, against a naive per-example autograd loop: the whole clipped sum to 1e-10 relative
+and every trainable parameter one by one (``check_every_parameter``). DeBERTa-v2 and Swin (windowed attention)
+are refused by name (``REFUSED``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpledger.engine import BKEngine, UnsupportedLayerError
-from dpledger.errors import ParamsError
 from test_engine_helpers import check_every_parameter
 
 transformers = pytest.importorskip("transformers")
@@ -38,16 +38,22 @@ class _Logits(nn.Module):
 
 
 class _Seq2Seq(nn.Module):
-    """Encoder-decoder: ``inputs`` is (encoder input, decoder ids) stacked; the decoder ids are the last T."""
+    """BART: the first T ids of each row are the encoder input, the last T the decoder input."""
 
-    def __init__(self, model: nn.Module, key: str) -> None:
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        self.model, self.key = model, key
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids[:, :-T], decoder_input_ids=ids[:, -T:]).logits
+
+
+class _Speech2Text(_Seq2Seq):
+    """Whisper: (B, mel bins, frames + T) features whose last T columns of bin 0 carry the decoder ids."""
 
     def forward(self, inputs):
-        encoder = inputs[..., :-T] if self.key == "input_ids" else inputs[:, :, :-1]
-        decoder = inputs[:, 0, -T:].long() if self.key != "input_ids" else inputs[:, -T:]
-        return self.model(**{self.key: encoder}, decoder_input_ids=decoder).logits
+        features, ids = inputs[..., :-T], inputs[:, 0, -T:].long()
+        return self.model(input_features=features, decoder_input_ids=ids).logits
 
 
 def lm_loss(logits, ids):
@@ -95,6 +101,33 @@ def _classifier(cls: str, config: str, seed: int, inputs=None, key="input_ids", 
 
 def _image(seed: int, size: int = 8) -> torch.Tensor:
     return torch.randn(B, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def _whisper(seed: int):
+    model = _model(
+        "WhisperForConditionalGeneration",
+        "WhisperConfig",
+        vocab_size=VOCAB,
+        num_mel_bins=4,
+        d_model=8,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=16,
+        decoder_ffn_dim=16,
+        max_source_positions=4,
+        max_target_positions=16,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=1,
+        decoder_start_token_id=0,
+    )
+    ids = _tokens(seed)
+    features = torch.randn(B, 4, 8, generator=torch.Generator().manual_seed(seed))
+    inputs = torch.cat([features, ids[:, None, :].expand(B, 4, T).to(features.dtype)], dim=-1)
+    return _Speech2Text(model), lm_loss, inputs, ids
 
 
 ROTARY = dict(DECODER, num_key_value_heads=1, max_position_embeddings=32)
@@ -234,12 +267,12 @@ FAMILIES = {
                 activation_dropout=0.0,
                 pad_token_id=1,
             ),
-            "input_ids",
         ),
         seq2seq_loss,
         _tokens(22, 2 * T),
         _tokens(22, 2 * T),
     ),
+    "whisper": lambda: _whisper(26),
     "swin": lambda: _classifier(
         "SwinForImageClassification",
         "SwinConfig",
@@ -310,8 +343,6 @@ REFUSED = {
     "deberta-v2": (UnsupportedLayerError, r"on the output of layer .*pos_key_proj"),
     # Swin adds a (1, heads, N, N) relative position bias to the attention of B·windows rows.
     "swin": (UnsupportedLayerError, r"on the output of layer .*relative_position_bias"),
-    # OPT flattens tokens to rows; fc2 sees activation(fc1(rows)), not a view of a batch-first tensor.
-    "opt": (ParamsError, r"layer model\.model\.decoder\.layers\.\d\.fc2 \(Linear\) saw batch dimension 18"),
 }
 """Families refused today, each by one dpledger error naming the layer (never a raw error from inside the
 engine): where the engine cannot prove which example a row of a layer's input belongs to."""

@@ -212,6 +212,7 @@ class BKEngine:
         self._pending = False
         self._recomputing = False
         self._model_batch: int | None = None
+        self._row_sources: dict[int, tuple[Any, int]] = {}  # this forward's taps of proved (B·k)-row outputs: k
         self._handles = [
             module.register_forward_hook(self._forward_hook, with_kwargs=True) for module in self._hooked_modules()
         ]
@@ -349,6 +350,7 @@ class BKEngine:
             (leaf for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, Tensor) and leaf.dim()), None
         )
         self._model_batch = None if first is None else first.shape[0]
+        self._row_sources = {}
 
     def _broadcast(self, tensor: Tensor, dim: int, name: str) -> Tensor:
         """A tensor of size 1 along the batch dimension ``dim`` while the batch has B > 1 examples (BERT's
@@ -378,7 +380,14 @@ class BKEngine:
             inputs, output = self._broadcast(inputs, 0, name), self._broadcast(output, 0, name)
         version = inputs._version
         sequence_first = id(module) in self._sequence_first and inputs.dim() > 1  # (T, B, ...): rules want B first
-        rows = self._model_batch and rule.rowwise and validators.flattened_rows(inputs, output, self._model_batch)
+        rows = (
+            self._model_batch
+            and rule.rowwise
+            and (
+                validators.flattened_rows(inputs, output, self._model_batch)
+                or validators.rows_of_proved_rows(inputs, output, self._model_batch, self._row_sources)
+            )
+        )
         if sequence_first:
             inputs = inputs.transpose(0, 1)
         elif rows:  # (B·k, ...) rows of a batch-first tensor: (B, k, ...) for the rule
@@ -391,7 +400,10 @@ class BKEngine:
                 call, grad.transpose(0, 1) if sequence_first else grad.unflatten(0, (-1, rows)) if rows else grad
             )
 
-        return capture.tap(output, sink, self._origin(output))
+        tapped = capture.tap(output, sink, self._origin(output))
+        if rows:  # its output rows are proved example-major too: layers after elementwise ops may use them
+            self._row_sources[id(tapped.grad_fn)] = (tapped.grad_fn, rows)
+        return tapped
 
     def _record_generic(
         self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any

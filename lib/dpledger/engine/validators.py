@@ -140,6 +140,33 @@ def flattened_rows(inputs: Tensor, output: object, batch: int) -> int | None:
     return rows // batch
 
 
+ROW_PRESERVING = frozenset(
+    f"{name}Backward0"
+    for name in ("Relu", "Gelu", "Tanh", "Sigmoid", "Silu", "Elu", "LeakyRelu", "Hardtanh", "Softplus", "Neg", "Clone")
+) | {"ToCopyBackward0"}
+"""Autograd nodes of unary elementwise operations: row r of their output depends on row r of their one input."""
+
+
+def rows_of_proved_rows(
+    inputs: Tensor, output: object, batch: int, sources: dict[int, tuple[object, int]]
+) -> int | None:
+    """k when ``inputs`` (B·k, ...) is the output of a layer whose rows were proved example-major (``sources``:
+    id of its output's tap node -> (node, k)), through unary elementwise operations only (OPT's
+    fc2(relu(fc1(rows)))); None otherwise. Any other operation on the way (a binary one, a view, an in-place
+    copy) could move rows between examples, so it ends the proof."""
+    rows = inputs.shape[0] if inputs.dim() > 1 else 0
+    if not rows or rows % batch or not isinstance(output, Tensor) or output.dim() == 0 or output.shape[0] != rows:
+        return None
+    node = inputs.grad_fn
+    while node is not None and id(node) not in sources:
+        parents = [parent for parent, _ in node.next_functions if parent is not None]
+        if type(node).__name__ not in ROW_PRESERVING or len(parents) != 1:
+            return None
+        node = parents[0]
+    source, per_example = sources.get(id(node), (None, 0))
+    return per_example if node is not None and source is node and per_example * batch == rows else None
+
+
 def broadcast_failure_message(layers: list[str], error: Exception) -> str:
     """The model failed after the engine expanded a batch-size-1 layer output to the batch (so that each example
     gets its own gradient): its code folds that tensor with the batch in a way the engine cannot follow."""
