@@ -229,7 +229,7 @@ class BKEngine:
             model.register_forward_hook(self._end_check, always_call=True),
         ]
         for module in self._hooked_modules():
-            own = frozenset(id(p) for p in self._layer_params[id(module)].values())
+            own = frozenset(id(p) for p in self._layer_params[id(module)].values()), self._rules[id(module)] == GENERIC
             self._check_handles += [
                 module.register_forward_pre_hook(lambda m, i, own=own: self._enter_layer(own)),
                 module.register_forward_hook(lambda m, i, o: self._leave_layer(), always_call=True),
@@ -261,7 +261,7 @@ class BKEngine:
             if id(module) in claimed:
                 continue
             children = generic.claimed_children(module)
-            claimed.update(id(getattr(module, child)) for child in children)
+            claimed.update(id(m) for child in children for m in getattr(module, child).modules())
             claimed.update(id(m) for m in getattr(module, "parametrizations", nn.Module()).modules())
             own = [(attr, p) for attr, p in module.named_parameters(recurse=False) if id(p) in trainable]
             own += [(path, p) for path, p in parametrized.originals(module) if id(p) in trainable]
@@ -324,7 +324,7 @@ class BKEngine:
             self._check = validators.OutsideUses({id(p): o.name for p, o in zip(self.params, self._owner_list())})
             self._check.__enter__()
 
-    def _enter_layer(self, own: frozenset[int]) -> None:
+    def _enter_layer(self, own: tuple[frozenset[int], bool]) -> None:
         if self._check is not None:
             self._check.running.append(own)
 

@@ -178,6 +178,14 @@ def broadcast_failure_message(layers: list[str], error: Exception) -> str:
     )
 
 
+def _allowed(running: list[tuple[frozenset[int], bool]]) -> frozenset[int]:
+    """The parameters a differentiable operation may use now: the innermost running layer's, and those of every
+    enclosing generic-rule layer (re-running its whole forward per example differentiates nested uses too, e.g.
+    DeBERTa's relative embeddings passed down to its attention layers)."""
+    inner = running[-1][0] if running else frozenset()
+    return inner.union(*(own for own, generic in running if generic))
+
+
 _GRADIENT_FREE = {Tensor.detach, Tensor.detach_, Tensor.data.__get__, Tensor.grad.__get__}
 
 
@@ -190,7 +198,8 @@ class OutsideUses(TorchFunctionMode):
     def __init__(self, names: dict[int, str]) -> None:
         super().__init__()
         self.names = names
-        self.running: list[frozenset[int]] = []  # parameter ids of the hooked layers whose forward is running
+        # (parameter ids, generic rule?) of the hooked layers whose forward is running, innermost last
+        self.running: list[tuple[frozenset[int], bool]] = []
         self.found: str | None = None
         self.broadcast: list[str] = []  # layers whose batch-size-1 outputs the engine expanded to the batch
 
@@ -210,7 +219,7 @@ class OutsideUses(TorchFunctionMode):
                 isinstance(r, Tensor) and (r.is_floating_point() or r.is_complex()) for r in tree_flatten(result)[0]
             )
         ):
-            allowed = self.running[-1] if self.running else frozenset()
+            allowed = _allowed(self.running)
             for value in tree_flatten((args, kwargs))[0]:
                 if isinstance(value, Tensor) and id(value) in self.names and id(value) not in allowed:
                     self.found = self.names[id(value)]
