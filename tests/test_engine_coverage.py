@@ -165,3 +165,23 @@ def test_spectral_norm_in_training_mode_is_exact_against_per_example_copies():
     engine.private_step(sum_loss(model(inputs), targets))
     for got, want in zip([p.grad for p in engine.params], expected):
         assert float((got - want).abs().max()) <= 1e-10 * float(want.abs().max())
+
+
+class _UnbatchedInput(nn.Module):
+    """A Linear applied to an unbatched vector whose size happens to equal the batch size (4)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale, self.head = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(x * self.scale(torch.ones(4)))
+
+
+@pytest.mark.parametrize("ghost", ["always", "never"])
+def test_a_rule_given_an_input_it_cannot_split_is_refused_naming_the_layer(ghost):
+    model = _UnbatchedInput()
+    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0, ghost=ghost)
+    losses = sum_loss(model(torch.randn(4, 3, 4)), torch.randn(4, 3, 2))
+    with pytest.raises(UnsupportedLayerError, match=r"layer scale \(Linear\): its per-example rule .*\(4,\)"):
+        engine.backward(losses)

@@ -395,10 +395,17 @@ class BKEngine:
         call = _Call(name, module, rule, self._layer_params[id(module)], inputs.detach(), version=version)
         self._calls.append(call)
 
+        shape = tuple(inputs.shape)
+
         def sink(grad: Tensor) -> None:
-            self._take_backprops(
-                call, grad.transpose(0, 1) if sequence_first else grad.unflatten(0, (-1, rows)) if rows else grad
-            )
+            grad = grad.transpose(0, 1) if sequence_first else grad.unflatten(0, (-1, rows)) if rows else grad
+            try:
+                self._take_backprops(call, grad)
+            except torch.OutOfMemoryError:
+                raise
+            except (RuntimeError, IndexError) as error:  # a rule given a layout it does not know: name the layer
+                label = f"{name} ({type(module).__name__})"
+                raise UnsupportedLayerError(validators.rule_failure_message(label, shape, error)) from error
 
         tapped = capture.tap(output, sink, self._origin(output))
         if rows:  # its output rows are proved example-major too: layers after elementwise ops may use them

@@ -167,6 +167,16 @@ def rows_of_proved_rows(
     return per_example if node is not None and source is node and per_example * batch == rows else None
 
 
+def rule_failure_message(label: str, shape: tuple[int, ...], error: Exception) -> str:
+    """A layer's per-example rule raised on the input it was given (e.g. an unbatched vector whose size happens
+    to be the batch size): one line naming the layer instead of torch's error from inside the engine."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (
+        f"engine: layer {label}: its per-example rule cannot use its input of shape {shape} ({first}); "
+        "its input must be batch-first (B, ...), or of batch size 1 shared by the batch"
+    )
+
+
 def broadcast_failure_message(layers: list[str], error: Exception) -> str:
     """The model failed after the engine expanded a batch-size-1 layer output to the batch (so that each example
     gets its own gradient): its code folds that tensor with the batch in a way the engine cannot follow."""
