@@ -28,7 +28,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpledger.engine import validators
+from dpledger.engine import capture, parametrized, validators
 from dpledger.engine.clipping import clip_factors, group_threshold, nonfinite_rows
 from dpledger.engine.distributed import GroupSum, group_sum
 from dpledger.engine.layers import LayerRule, add_weighted_sum, generic, ghost_dot, rule_for
@@ -66,6 +66,7 @@ class _GenericCall:
     layout: generic.Layout
     outputs: list[Tensor | None]
     out_grads: list[Tensor | None]
+    output_versions: list[int | None]
     autocast: list[tuple[str, torch.dtype]] = field(default_factory=list)
 
 
@@ -211,6 +212,7 @@ class BKEngine:
         self._pending = False
         self._recomputing = False
         self._model_batch: int | None = None
+        self._row_sources: dict[int, tuple[Any, int]] = {}  # this forward's taps of proved (B·k)-row outputs: k
         self._handles = [
             module.register_forward_hook(self._forward_hook, with_kwargs=True) for module in self._hooked_modules()
         ]
@@ -227,7 +229,7 @@ class BKEngine:
             model.register_forward_hook(self._end_check, always_call=True),
         ]
         for module in self._hooked_modules():
-            own = frozenset(id(p) for p in self._layer_params[id(module)].values())
+            own = frozenset(id(p) for p in self._layer_params[id(module)].values()), self._rules[id(module)] == GENERIC
             self._check_handles += [
                 module.register_forward_pre_hook(lambda m, i, own=own: self._enter_layer(own)),
                 module.register_forward_hook(lambda m, i, o: self._leave_layer(), always_call=True),
@@ -259,8 +261,10 @@ class BKEngine:
             if id(module) in claimed:
                 continue
             children = generic.claimed_children(module)
-            claimed.update(id(getattr(module, child)) for child in children)
+            claimed.update(id(m) for child in children for m in getattr(module, child).modules())
+            claimed.update(id(m) for m in getattr(module, "parametrizations", nn.Module()).modules())
             own = [(attr, p) for attr, p in module.named_parameters(recurse=False) if id(p) in trainable]
+            own += [(path, p) for path, p in parametrized.originals(module) if id(p) in trainable]
             own += [
                 (f"{child}.{attr}", p)
                 for child in children
@@ -272,7 +276,11 @@ class BKEngine:
             label = f"{layer_name or '<model>'} ({type(module).__name__})"
             rule = None if children else rule_for(module)
             refusal = validators.layer_refusal(
-                module, label, [f"{layer_name}.{attr}".lstrip(".") for attr, _ in own], rule, [attr for attr, _ in own]
+                module,
+                label,
+                [f"{layer_name}.{attr}".lstrip(".") for attr, _ in own],
+                rule,
+                list(dict.fromkeys(parametrized.rule_name(attr) for attr, _ in own)),
             )
             if refusal:
                 raise UnsupportedLayerError(refusal)
@@ -292,8 +300,9 @@ class BKEngine:
         return [m for m in self.model.modules() if id(m) in self._module_names]
 
     def _origin(self, like: Tensor) -> Tensor:
-        """A zero leaf that requires grad, added to a layer output that would otherwise not need a
-        gradient (the first layers), so the backward graph reaches every layer (003 §3.2 origin trick)."""
+        """A zero-dimensional leaf that requires grad, an input of the tap on a layer output that would otherwise
+        not need a gradient (the first layers), so the backward graph reaches every layer (003 §3.2 origin
+        trick)."""
         key = (like.device, like.dtype)
         if key not in self._origins:
             self._origins[key] = torch.zeros((), device=like.device, dtype=like.dtype, requires_grad=True)
@@ -315,7 +324,7 @@ class BKEngine:
             self._check = validators.OutsideUses({id(p): o.name for p, o in zip(self.params, self._owner_list())})
             self._check.__enter__()
 
-    def _enter_layer(self, own: frozenset[int]) -> None:
+    def _enter_layer(self, own: tuple[frozenset[int], bool]) -> None:
         if self._check is not None:
             self._check.running.append(own)
 
@@ -341,14 +350,17 @@ class BKEngine:
             (leaf for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, Tensor) and leaf.dim()), None
         )
         self._model_batch = None if first is None else first.shape[0]
+        self._row_sources = {}
 
-    def _broadcast(self, tensor: Tensor, dim: int) -> Tensor:
+    def _broadcast(self, tensor: Tensor, dim: int, name: str) -> Tensor:
         """A tensor of size 1 along the batch dimension ``dim`` while the batch has B > 1 examples (BERT's
         position embeddings, T5's relative position bias) as B copies, so that its gradient is each example's
         own rather than their sum; downstream it broadcasts the same."""
         batch = self._model_batch
         if batch is None or batch <= 1 or tensor.dim() <= dim or tensor.shape[dim] != 1:
             return tensor
+        if self._check is not None:  # the first pass: a model that cannot take the expanded tensor is named
+            self._check.broadcast.append(name)
         return tensor.expand(*tensor.shape[:dim], batch, *tensor.shape[dim + 1 :]).contiguous()
 
     def _forward_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
@@ -364,20 +376,41 @@ class BKEngine:
             raise UnsupportedLayerError(
                 f"engine: layer {name} ({type(module).__name__}) was called without a tensor input or output"
             )
-        if not output.requires_grad:
-            output = output + self._origin(output)
         if inputs.dim() and inputs.shape[0] == 1 and output.dim() and output.shape[0] == 1:
-            inputs, output = self._broadcast(inputs, 0), self._broadcast(output, 0)
+            inputs, output = self._broadcast(inputs, 0, name), self._broadcast(output, 0, name)
         version = inputs._version
-        if id(module) in self._sequence_first and inputs.dim() > 1:  # (T, B, ...): the rules want batch first
+        sequence_first = id(module) in self._sequence_first and inputs.dim() > 1  # (T, B, ...): rules want B first
+        rows = (
+            self._model_batch
+            and rule.rowwise
+            and (
+                validators.flattened_rows(inputs, output, self._model_batch)
+                or validators.rows_of_proved_rows(inputs, output, self._model_batch, self._row_sources)
+            )
+        )
+        if sequence_first:
             inputs = inputs.transpose(0, 1)
-            call = _Call(name, module, rule, self._layer_params[id(module)], inputs.detach(), version=version)
-            output.register_hook(lambda grad: self._take_backprops(call, grad.transpose(0, 1)))
-        else:
-            call = _Call(name, module, rule, self._layer_params[id(module)], inputs.detach(), version=version)
-            output.register_hook(lambda grad: self._take_backprops(call, grad))
+        elif rows:  # (B·k, ...) rows of a batch-first tensor: (B, k, ...) for the rule
+            inputs = inputs.unflatten(0, (-1, rows))
+        call = _Call(name, module, rule, self._layer_params[id(module)], inputs.detach(), version=version)
         self._calls.append(call)
-        return output
+
+        shape = tuple(inputs.shape)
+
+        def sink(grad: Tensor) -> None:
+            grad = grad.transpose(0, 1) if sequence_first else grad.unflatten(0, (-1, rows)) if rows else grad
+            try:
+                self._take_backprops(call, grad)
+            except torch.OutOfMemoryError:
+                raise
+            except (RuntimeError, IndexError) as error:  # a rule given a layout it does not know: name the layer
+                label = f"{name} ({type(module).__name__})"
+                raise UnsupportedLayerError(validators.rule_failure_message(label, shape, error)) from error
+
+        tapped = capture.tap(output, sink, self._origin(output))
+        if rows:  # its output rows are proved example-major too: layers after elementwise ops may use them
+            self._row_sources[id(tapped.grad_fn)] = (tapped.grad_fn, rows)
+        return tapped
 
     def _record_generic(
         self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -399,6 +432,7 @@ class BKEngine:
             layout=layout,
             outputs=[None] * len(leaves),
             out_grads=[None] * len(leaves),
+            output_versions=[None] * len(leaves),
             autocast=[
                 (device, torch.get_autocast_dtype(device))
                 for device in ("cpu", "cuda")
@@ -408,13 +442,14 @@ class BKEngine:
         for k, leaf in enumerate(leaves):
             if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
                 continue
-            # A fresh node (a view, or the origin added): a hook on the module's own tensor would also collect the
-            # gradient of the module's internal uses of it (attention weights it multiplies by the values), which
-            # the re-run forward counts again.
-            leaf = leaf.view_as(leaf) if leaf.requires_grad else leaf + self._origin(leaf)
-            leaf = leaves[k] = self._broadcast(leaf, layout.outputs[k])
+            # A fresh node (capture.tap): a hook on the module's own tensor would also collect the gradient of the
+            # module's internal uses of it (attention weights it multiplies by the values), which the re-run
+            # forward counts again, and would miss the gradient when the output is changed in place afterwards.
+            leaf = self._broadcast(leaf, layout.outputs[k], name)
+            sink = lambda grad, k=k: call.out_grads.__setitem__(k, grad.detach())  # noqa: E731
+            leaf = leaves[k] = capture.tap(leaf, sink, self._origin(leaf))
             call.outputs[k] = leaf.detach()
-            leaf.register_hook(lambda grad, k=k: call.out_grads.__setitem__(k, grad.detach()))
+            call.output_versions[k] = leaf._version
         self._calls.append(call)
         return tree_unflatten(leaves, spec)
 
@@ -428,6 +463,7 @@ class BKEngine:
             with contextlib.ExitStack() as stack:
                 for device, dtype in call.autocast:
                     stack.enter_context(torch.autocast(device, dtype=dtype))
+                self._refresh_changed_outputs(call)
                 return generic.per_example_grads(
                     call.module, call.params, call.args, call.kwargs, call.layout, call.outputs, call.out_grads, batch
                 )
@@ -441,6 +477,17 @@ class BKEngine:
             ) from error
         finally:
             self._recomputing = False
+
+    @staticmethod
+    def _refresh_changed_outputs(call: _GenericCall) -> None:
+        """Outputs changed in place after the layer returned them (``o += h``; their gradients are still exact,
+        ``capture.tap``) are recomputed for the batch from the unchanged inputs, so that the per-example
+        recomputation is still checked against what the layer produced."""
+        changed = [k for k, v in enumerate(call.output_versions) if v is not None and call.outputs[k]._version != v]
+        if changed:
+            fresh = generic.batch_outputs(call.module, call.args, call.kwargs)
+            for k in changed:
+                call.outputs[k] = fresh[k]
 
     def _take_backprops(self, call: _Call, grad: Tensor) -> None:
         """Backward hook: this call's per-example norms now, so instantiated layers free a and b at once."""
@@ -470,7 +517,9 @@ class BKEngine:
             state.ghost_calls.append(call)
             names -= {"weight"}
         if names:
-            instantiated = call.rule.per_example_grads(call.module, call.activations, call.backprops, names)
+            instantiated = parametrized.per_example_grads(
+                call.rule, call.module, call.activations, call.backprops, names
+            )
             for attr, grads in instantiated.items():
                 key = id(call.params[attr])
                 state.per_example[key] = state.per_example[key] + grads if key in state.per_example else grads
@@ -512,7 +561,8 @@ class BKEngine:
             raise ParamsError(
                 f"engine: layer {state.mismatch.name} ({type(state.mismatch.module).__name__}) saw batch dimension "
                 f"{state.mismatch.activations.shape[0]} but there are {batch} losses; its input must be batch-first "
-                "(or of size 1 there, shared by the batch)"
+                "(or of size 1 there, shared by the batch), or its rows a contiguous view of a batch-first tensor "
+                "(x.view(-1, d) of x (B, T, d)), where the engine can prove which example each row belongs to"
             )
         if state.modified is not None:
             call = state.modified

@@ -115,6 +115,87 @@ def in_place_message(label: str) -> str:
     )
 
 
+def flattened_rows(inputs: Tensor, output: object, batch: int) -> int | None:
+    """k when the (B·k, ...) rows of ``inputs`` provably belong to the examples in order, k rows each: ``inputs``
+    is a contiguous view covering all of a contiguous tensor whose leading dimension is the batch (x.view(-1, d)
+    of x (B, T, d)), so row r lies inside example r // k's memory; None otherwise (the layer is then refused).
+    As everywhere in the engine, a leading dimension of size B is taken to be the batch."""
+    base = inputs._base
+    rows = inputs.shape[0] if inputs.dim() > 1 else 0
+    if (
+        base is None
+        or not rows
+        or rows == batch
+        or rows % batch
+        or base.dim() == 0
+        or base.shape[0] != batch
+        or not (base.is_contiguous() and inputs.is_contiguous())
+        or inputs.data_ptr() != base.data_ptr()
+        or inputs.numel() != base.numel()
+        or not isinstance(output, Tensor)
+        or output.dim() == 0
+        or output.shape[0] != rows
+    ):
+        return None
+    return rows // batch
+
+
+ROW_PRESERVING = frozenset(
+    f"{name}Backward0"
+    for name in ("Relu", "Gelu", "Tanh", "Sigmoid", "Silu", "Elu", "LeakyRelu", "Hardtanh", "Softplus", "Neg", "Clone")
+) | {"ToCopyBackward0"}
+"""Autograd nodes of unary elementwise operations: row r of their output depends on row r of their one input."""
+
+
+def rows_of_proved_rows(
+    inputs: Tensor, output: object, batch: int, sources: dict[int, tuple[object, int]]
+) -> int | None:
+    """k when ``inputs`` (B·k, ...) is the output of a layer whose rows were proved example-major (``sources``:
+    id of its output's tap node -> (node, k)), through unary elementwise operations only (OPT's
+    fc2(relu(fc1(rows)))); None otherwise. Any other operation on the way (a binary one, a view, an in-place
+    copy) could move rows between examples, so it ends the proof."""
+    rows = inputs.shape[0] if inputs.dim() > 1 else 0
+    if not rows or rows % batch or not isinstance(output, Tensor) or output.dim() == 0 or output.shape[0] != rows:
+        return None
+    node = inputs.grad_fn
+    while node is not None and id(node) not in sources:
+        parents = [parent for parent, _ in node.next_functions if parent is not None]
+        if type(node).__name__ not in ROW_PRESERVING or len(parents) != 1:
+            return None
+        node = parents[0]
+    source, per_example = sources.get(id(node), (None, 0))
+    return per_example if node is not None and source is node and per_example * batch == rows else None
+
+
+def rule_failure_message(label: str, shape: tuple[int, ...], error: Exception) -> str:
+    """A layer's per-example rule raised on the input it was given (e.g. an unbatched vector whose size happens
+    to be the batch size): one line naming the layer instead of torch's error from inside the engine."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (
+        f"engine: layer {label}: its per-example rule cannot use its input of shape {shape} ({first}); "
+        "its input must be batch-first (B, ...), or of batch size 1 shared by the batch"
+    )
+
+
+def broadcast_failure_message(layers: list[str], error: Exception) -> str:
+    """The model failed after the engine expanded a batch-size-1 layer output to the batch (so that each example
+    gets its own gradient): its code folds that tensor with the batch in a way the engine cannot follow."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (
+        f"engine: the model fails ({first}) on the output of layer {', '.join(dict.fromkeys(layers))} (one of "
+        "them), which sees inputs of batch size 1 shared by the batch and whose output the engine expands to the "
+        "batch so each example gets its own gradient; freeze that layer's parameters (requires_grad=False)"
+    )
+
+
+def _allowed(running: list[tuple[frozenset[int], bool]]) -> frozenset[int]:
+    """The parameters a differentiable operation may use now: the innermost running layer's, and those of every
+    enclosing generic-rule layer (re-running its whole forward per example differentiates nested uses too, e.g.
+    DeBERTa's relative embeddings passed down to its attention layers)."""
+    inner = running[-1][0] if running else frozenset()
+    return inner.union(*(own for own, generic in running if generic))
+
+
 _GRADIENT_FREE = {Tensor.detach, Tensor.detach_, Tensor.data.__get__, Tensor.grad.__get__}
 
 
@@ -127,12 +208,19 @@ class OutsideUses(TorchFunctionMode):
     def __init__(self, names: dict[int, str]) -> None:
         super().__init__()
         self.names = names
-        self.running: list[frozenset[int]] = []  # parameter ids of the hooked layers whose forward is running
+        # (parameter ids, generic rule?) of the hooked layers whose forward is running, innermost last
+        self.running: list[tuple[frozenset[int], bool]] = []
         self.found: str | None = None
+        self.broadcast: list[str] = []  # layers whose batch-size-1 outputs the engine expanded to the batch
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        result = func(*args, **kwargs)
+        try:
+            result = func(*args, **kwargs)
+        except (RuntimeError, IndexError) as error:
+            if self.broadcast:
+                raise UnsupportedLayerError(broadcast_failure_message(self.broadcast, error)) from error
+            raise
         if (
             self.found is None
             and torch.is_grad_enabled()
@@ -141,7 +229,7 @@ class OutsideUses(TorchFunctionMode):
                 isinstance(r, Tensor) and (r.is_floating_point() or r.is_complex()) for r in tree_flatten(result)[0]
             )
         ):
-            allowed = self.running[-1] if self.running else frozenset()
+            allowed = _allowed(self.running)
             for value in tree_flatten((args, kwargs))[0]:
                 if isinstance(value, Tensor) and id(value) in self.names and id(value) not in allowed:
                     self.found = self.names[id(value)]

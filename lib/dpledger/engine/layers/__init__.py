@@ -40,6 +40,9 @@ class LayerRule:
     ``tied_factors(layer, a, b)`` -> (kind, A, M) writes the weight gradient as g_i = M_iᵀ A_i, with M dense
     (B, T, rows) ("dense") or one-hot given by (B, T) row indices ("onehot"), so that a weight shared by several
     layers (GPT-2's head tied to its token embedding) keeps the ghost norm: see :func:`ghost_dot`.
+    ``rowwise``: the layer acts on each position of its leading dimensions alone (Linear, LayerNorm), so an input
+    of (B·k, ...) rows proved to be example-major (:func:`validators.flattened_rows`) is given to the rule as
+    (B, k, ...).
     """
 
     per_example_grads: PerExampleGrads
@@ -49,6 +52,7 @@ class LayerRule:
     validate: Validate | None = None
     parameters: tuple[str, ...] = ("weight", "bias")
     tied_factors: TiedFactors | None = None
+    rowwise: bool = False
 
     @property
     def has_ghost(self) -> bool:

@@ -32,12 +32,21 @@ CLAIMED_CHILDREN: dict[str, Callable[[nn.Module], tuple[str, ...]]] = {
     "transformers.models.t5.modeling_t5.T5Attention": (
         lambda m: ("relative_attention_bias",) if m.has_relative_attention_bias else ()
     ),
+    "transformers.models.swin.modeling_swin.SwinLayer": lambda m: ("attention",),
+    "transformers.models.deberta_v2.modeling_deberta_v2.DebertaV2Encoder": (
+        lambda m: tuple(c for c in ("rel_embeddings", "LayerNorm") if hasattr(m, c)) if m.relative_attention else ()
+    ),
+    "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": (
+        lambda m: tuple(c for c in ("pos_key_proj", "pos_query_proj") if hasattr(m, c))
+    ),
 }
-"""Children whose parameters a module uses functionally, not by calling them (MultiheadAttention passes
-``out_proj.weight`` to ``F.multi_head_attention_forward``), or on inputs without a batch dimension (T5's
-relative attention bias is looked up from (query, key) positions and broadcast over the batch): their
-parameters belong to the parent's generic rule. Keyed by qualified class name so that nothing imports
-``transformers``."""
+"""Children (with all their descendants) whose parameters a module uses functionally, not by calling them
+(MultiheadAttention passes ``out_proj.weight`` to ``F.multi_head_attention_forward``), or on inputs without a
+batch dimension whose outputs are folded with the batch (T5's relative attention bias is looked up from (query,
+key) positions and broadcast over the batch; DeBERTa's relative position projections run on a (1, 2k, d) table
+``repeat``-ed to B·heads rows; Swin's attention sees B·windows rows and adds a (1, heads, N, N) bias): their
+parameters belong to the parent's generic rule, whose forward takes batch-first inputs. Keyed by qualified
+class name so that nothing imports ``transformers``."""
 
 
 def qualified_name(cls: type) -> str:
@@ -183,6 +192,13 @@ def per_example_grads(
                 "examples or its inputs are not batch-first"
             )
     return grads
+
+
+def batch_outputs(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The flattened outputs of ``module`` re-run on the whole batch (no gradient), for checking the
+    per-example recomputation where the saved outputs were changed in place after the call."""
+    with torch.no_grad():
+        return tree_flatten(module(*args, **kwargs))[0]
 
 
 def _close(recomputed: Tensor, saved: Tensor) -> bool:

@@ -90,6 +90,7 @@ def sequence_rule(transposed: bool) -> LayerRule:
         clipped_sum=clipped_sum,
         ghost_cost=ghost_cost,
         tied_factors=tied_factors,
+        rowwise=True,
     )
 
 

@@ -43,5 +43,5 @@ def group_norm_grads(layer: nn.GroupNorm, a: Tensor, b: Tensor, names: frozenset
     return grads
 
 
-register(nn.LayerNorm, nn.RMSNorm, rule=LayerRule(layer_norm_grads))
+register(nn.LayerNorm, nn.RMSNorm, rule=LayerRule(layer_norm_grads, rowwise=True))
 register(nn.GroupNorm, rule=LayerRule(group_norm_grads))
