@@ -35,6 +35,7 @@ from dpledger.engine.layers import LayerRule, add_weighted_sum, generic, ghost_d
 from dpledger.engine.noise import NoiseSource
 from dpledger.engine.validators import UnsupportedLayerError
 from dpledger.errors import ParamsError
+from dpledger.precision import exactly, without_autocast
 
 GhostMode = Literal["auto", "always", "never"]
 CanaryHook = Callable[[int], "Sequence[Tensor] | None"]
@@ -442,6 +443,7 @@ class BKEngine:
         finally:
             self._recomputing = False
 
+    @exactly  # autocast follows into backward, TF32 is global: norms in full precision (precision.py)
     def _take_backprops(self, call: _Call, grad: Tensor) -> None:
         """Backward hook: this call's per-example norms now, so instantiated layers free a and b at once."""
         call.backprops = grad.detach()
@@ -476,6 +478,7 @@ class BKEngine:
                 state.per_example[key] = state.per_example[key] + grads if key in state.per_example else grads
         call.activations, call.backprops = kept if ghost else (None, None)
 
+    @without_autocast  # the caller's autocast must not reach the engine's hooks (precision.py)
     def backward(self, losses: Tensor, weights: Tensor | None = None) -> Tensor:
         """Back-propagate Σ_i w_i·L_i once and add Σ_i C_i·w_i·g_i to this step's clipped sum.
 
@@ -633,6 +636,7 @@ class BKEngine:
             self._pending = True
         return self._buffer
 
+    @exactly
     def _add_clipped(
         self, factors: dict[int, Tensor], per_example: dict[int, Tensor], ghost_calls: list[_Call]
     ) -> None:
