@@ -13,7 +13,8 @@ import torch
 
 from dpledger.errors import ParamsError
 
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+"""fp16 is not offered: without loss scaling small gradients underflow (params/train.py refuses it)."""
 
 
 def select_device(name: str = "auto") -> torch.device:
@@ -28,7 +29,7 @@ def select_device(name: str = "auto") -> torch.device:
 
 
 def autocast(device: torch.device, precision: str = "fp32") -> ContextManager:
-    """torch.autocast for bf16/fp16 on CUDA; a no-op for fp32 or on CPU (where half precision is slower)."""
+    """torch.autocast for bf16 on CUDA; a no-op for fp32 or on CPU (where half precision is slower)."""
     if precision not in PRECISIONS:
         raise ParamsError(
             f"params: train.precision = {precision!r} is invalid: allowed values are {', '.join(PRECISIONS)}"

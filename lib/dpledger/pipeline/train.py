@@ -101,9 +101,12 @@ def _user_files(params: Params) -> list[Path]:
     return files
 
 
-def _input_fingerprint(params: Params, root: Path, data: Dataset) -> str:
-    """Everything a step depends on, the training data's content included (a changed file restarts at 0)."""
+def _input_fingerprint(params: Params, root: Path, data: Dataset, device: torch.device) -> str:
+    """Everything a step depends on, the training data's content included (a changed file restarts at 0),
+    and the resolved device type and torch version (not ``auto``): the noise draws depend on both, and
+    correlated noise replays its history on resume (issue 30)."""
     train = params.train.model_dump(exclude={"checkpoint_every", "processes"})
+    train |= {"device": device.type, "torch": torch.__version__}
     return fingerprint(
         params.seed,
         params.data.model_dump(),
@@ -225,7 +228,7 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     tp = params.train
     model, task, optimizer, engine = _build(params, record, schedule, data, device, ranks)
     checkpoint_path = root / OUT / "checkpoint.json"
-    key = _input_fingerprint(params, root, data)
+    key = _input_fingerprint(params, root, data, device)
     ledger = _resume(key, checkpoint_path, record, schedule, task, model, optimizer, engine)
     resumed_from = ledger.steps_done
     ranks.check_same_start(resumed_from, model, device)
@@ -322,7 +325,7 @@ def _write_outputs(root: Path, run: Finished, tensors: tuple[torch.Tensor, ...])
     }
     out = root / OUT
     with io.atomic_path(out / "model.pt") as tmp:
-        torch.save(model.state_dict(), tmp)
+        torch.save({k: v.cpu() for k, v in model.state_dict().items()}, tmp)  # loads without a GPU
     summary = {k: v for k, v in asdict(ledger).items() if k != "history"}
     assumptions = [s for s in (check.warning(), check.assumption()) if s]
     io.write_json(
