@@ -331,11 +331,15 @@ def test_the_float32_screen_and_the_bounds_never_run_under_the_callers_tf32(monk
     pair = mc.fixed_bins_pair(coefficients("banded", banded_params(4), 48), 12, 48)
     prepared = mc.PreparedPair(pair)
     chunk = next(mc.draws(pair, 500, seed=1))
-    torch.set_float32_matmul_precision("high")
+    leaves = torch.backends.cuda.matmul, torch.backends.mkldnn.matmul
+    saved = [leaf.fp32_precision for leaf in leaves]
     try:
+        for leaf in leaves:
+            leaf.fp32_precision = "tf32"
         mc.Screen(prepared, 1.5)(chunk)
         prepared.chunk_loss_bounds(chunk, 1.0, 2.0)
-        assert tf32_enabled()
+        assert tf32_enabled() and torch.backends.cuda.matmul.fp32_precision == "tf32"
     finally:
-        torch.set_float32_matmul_precision("highest")
+        for leaf, value in zip(leaves, saved):
+            leaf.fp32_precision = value
     assert len(seen) == 2 and not any(seen)

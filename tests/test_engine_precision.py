@@ -14,6 +14,7 @@ from torch import nn
 
 from dpledger.engine import BKEngine
 from dpledger.engine.layers import linear
+from dpledger.errors import ParamsError
 from dpledger.precision import exact, tf32_enabled
 
 B, T, D = 3, 8, 64
@@ -74,7 +75,34 @@ def test_fp16_autocast_does_not_overflow_a_large_squared_norm_into_a_dropped_exa
     assert torch.allclose(cast_grads, grads, rtol=1e-4, atol=1e-6 * float(grads.abs().max()))
 
 
-def test_the_ghost_norm_and_clipped_sum_run_without_tf32_and_the_callers_setting_comes_back(monkeypatch):
+@pytest.fixture
+def precision_settings():
+    """Set torch's per-backend float32 precision settings (``set(name, value)``, name 'cuda', 'cudnn' or
+    'mkldnn'); every one is put back after the test."""
+    leaves = {
+        "cuda": torch.backends.cuda.matmul,
+        "cudnn": torch.backends.cudnn.conv,
+        "mkldnn": torch.backends.mkldnn.matmul,
+    }
+    saved = {name: leaf.fp32_precision for name, leaf in leaves.items()}
+
+    def set_precision(name: str, value: str) -> None:
+        leaves[name].fp32_precision = value
+
+    yield set_precision
+    for name, value in saved.items():
+        leaves[name].fp32_precision = value
+
+
+def _caller_turns_tf32_on(set_precision) -> None:
+    """What a GPU user writes."""
+    for name in ("cuda", "cudnn", "mkldnn"):
+        set_precision(name, "tf32")
+
+
+def test_the_ghost_norm_and_clipped_sum_run_without_tf32_and_the_callers_setting_comes_back(
+    monkeypatch, precision_settings
+):
     seen = []
 
     def spy(function):
@@ -86,24 +114,48 @@ def test_the_ghost_norm_and_clipped_sum_run_without_tf32_and_the_callers_setting
 
     monkeypatch.setattr(linear, "sequence_ghost_norm", spy(linear.sequence_ghost_norm))
     monkeypatch.setattr(linear, "add_scaled_product", spy(linear.add_scaled_product))
-    try:
-        torch.set_float32_matmul_precision("high")
-        assert tf32_enabled()
-        _run(_model(), _inputs(), 1.0)
-        assert tf32_enabled() and torch.get_float32_matmul_precision() == "high"
-    finally:
-        torch.set_float32_matmul_precision("highest")
+    _caller_turns_tf32_on(precision_settings)
+    assert tf32_enabled()
+    _run(_model(), _inputs(), 1.0)
+    assert torch.backends.cuda.matmul.fp32_precision == torch.backends.mkldnn.matmul.fp32_precision == "tf32"
     assert {name for name, _ in seen} == {"sequence_ghost_norm", "add_scaled_product"}
     assert not any(flag for _, flag in seen), seen
 
 
-def test_exact_restores_autocast_and_tf32_even_on_an_error():
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            with pytest.raises(ValueError), exact():
-                assert not tf32_enabled() and not torch.is_autocast_enabled("cpu")
-                raise ValueError
-            assert torch.is_autocast_enabled("cpu") and torch.backends.cuda.matmul.allow_tf32
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = False
+def test_exact_restores_autocast_and_tf32_even_on_an_error(precision_settings):
+    _caller_turns_tf32_on(precision_settings)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(ValueError), exact():
+            assert not tf32_enabled() and not torch.is_autocast_enabled("cpu")
+            raise ValueError
+        assert torch.is_autocast_enabled("cpu") and torch.backends.cudnn.conv.fp32_precision == "tf32"
+
+
+def test_exact_works_where_torchs_legacy_precision_getter_raises(precision_settings):
+    """cuBLAS in IEEE but oneDNN in TF32 (legacy and per-backend settings mixed): torch's global getter raises;
+    the engine must neither raise nor leave the state changed."""
+    precision_settings("cuda", "ieee")
+    precision_settings("mkldnn", "tf32")
+    with pytest.raises(RuntimeError):
+        torch.get_float32_matmul_precision()
+    _run(_model(), _inputs(), 1.0)
+    assert torch.backends.mkldnn.matmul.fp32_precision == "tf32"
+
+
+def test_a_model_moved_or_cast_after_the_engine_was_built_is_one_line():
+    """p.grad would be a view of a buffer on the old device or dtype: refused before any work (issue 30)."""
+    model = _model()
+    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0)
+    model.double()
+    losses = model(_inputs().double()).square().sum((1, 2))
+    with pytest.raises(ParamsError) as error:
+        engine.backward(losses)
+    assert "\n" not in str(error.value) and "float64" in str(error.value) and "float32" in str(error.value)
+
+
+def test_a_model_split_over_devices_is_refused_when_the_engine_is_built():
+    model = _model()
+    model[2].to("meta")
+    with pytest.raises(ParamsError) as error:
+        BKEngine(model, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0)
+    assert "\n" not in str(error.value) and "meta" in str(error.value) and "cpu" in str(error.value)

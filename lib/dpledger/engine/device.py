@@ -38,3 +38,18 @@ def autocast(device: torch.device, precision: str = "fp32") -> ContextManager:
     if dtype is None or device.type != "cuda":
         return contextlib.nullcontext()
     return torch.autocast(device_type="cuda", dtype=dtype)
+
+
+def placement_problem(params: list[torch.nn.Parameter], device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the engine's buffers (built on ``device`` in ``dtype``) no longer fit the trainable parameters, or
+    None: a model moved or cast after the engine was built (``p.grad`` would be a view of a buffer elsewhere),
+    or split over several devices."""
+    found = {(p.device, p.dtype) for p in params}
+    if found == {(device, dtype)}:
+        return None
+    places = ", ".join(sorted(f"{d} {str(t).removeprefix('torch.')}" for d, t in found))
+    return (
+        f"engine: the trainable parameters are on {places} but the engine was built for {device} "
+        f"{str(dtype).removeprefix('torch.')}; move or cast the model (all of it, to one device) before "
+        "building the engine"
+    )
