@@ -49,3 +49,21 @@ lm-stages: setup  # the same without DVC: each stage in order with the example's
 	$(BIN)/python -m stages.prepare --out examples/lm/data
 	for stage in calibrate schedule train verify audit report; do \
 		$(BIN)/python -m stages.$$stage --params examples/lm/params.yaml || exit 2; done
+
+# The packages the GPU machine lacks (benchmarks/gpu/README.md; the versions this project tests with), as
+# cp312 manylinux or pure-Python wheels in the git-ignored .whl/, which travels with the tree;
+# benchmarks/gpu/run.sh installs them there with --no-index. dp-accounting needs absl-py, attrs, dm-tree
+# (which needs wrapt) and mpmath; opacus needs opt-einsum; attrs and mpmath come with hypothesis and torch.
+GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+	dp-accounting==0.6.0 absl-py==2.5.1 dm-tree==0.1.10 wrapt==2.5.2 PLD_accounting==2.0 \
+	opacus==1.6.0 opt-einsum==3.4.0
+WHEEL_PLATFORMS := --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+
+.PHONY: gpu-wheels gpu-dry-run
+gpu-wheels:
+	python3 -m pip download -q --no-deps --only-binary=:all: $(WHEEL_PLATFORMS) -d .whl $(GPU_WHEELS)
+	@du -sh .whl
+
+gpu-dry-run:
+	benchmarks/gpu/run.sh $${OUT:-/tmp/dpledger-gpu-dry} --dry-run

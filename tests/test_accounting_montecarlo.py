@@ -312,3 +312,34 @@ def test_mc_verification_key_reaches_the_accountant_and_bad_values_get_one_line(
     message = str(excinfo.value)
     assert message.startswith("params: calibrate.mc_verification = 'fast' is invalid") and "\n" not in message
     assert "'auto', 'plain' or 'importance'" in message
+
+
+def test_the_float32_screen_and_the_bounds_never_run_under_the_callers_tf32(monkeypatch):
+    """The screen's margin assumes float32 products (2⁻²⁴); TF32 (10 mantissa bits) would break it on a GPU.
+    A caller with TF32 on: every product of the screen and of the σ-interval bounds runs with it off, and the
+    caller's setting comes back (issue 30)."""
+    from dpledger.precision import tf32_enabled
+
+    seen = []
+    original = mc.correlate
+
+    def spy(*args, **kwargs):
+        seen.append(tf32_enabled())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(mc, "correlate", spy)
+    pair = mc.fixed_bins_pair(coefficients("banded", banded_params(4), 48), 12, 48)
+    prepared = mc.PreparedPair(pair)
+    chunk = next(mc.draws(pair, 500, seed=1))
+    leaves = torch.backends.cuda.matmul, torch.backends.mkldnn.matmul
+    saved = [leaf.fp32_precision for leaf in leaves]
+    try:
+        for leaf in leaves:
+            leaf.fp32_precision = "tf32"
+        mc.Screen(prepared, 1.5)(chunk)
+        prepared.chunk_loss_bounds(chunk, 1.0, 2.0)
+        assert tf32_enabled() and torch.backends.cuda.matmul.fp32_precision == "tf32"
+    finally:
+        for leaf, value in zip(leaves, saved):
+            leaf.fp32_precision = value
+    assert len(seen) == 2 and not any(seen)

@@ -167,3 +167,12 @@ def test_duplicate_key_is_refused_not_silently_overridden(raw, tmp_path):
 def test_params_path_that_is_a_folder_is_one_line(tmp_path):
     with pytest.raises(ParamsError, match=r"is not a file"):
         load_params(tmp_path)
+
+
+def test_fp16_without_loss_scaling_is_refused_naming_bf16(raw):
+    """fp16 autocast with no loss scaling underflows an LM head's ~1e-7 gradients: refused (issue 30)."""
+    with pytest.raises(ParamsError) as error:
+        parse_params(_with(raw, "train.precision", "fp16"))
+    message = str(error.value)
+    assert "\n" not in message and "train.precision" in message and "bf16" in message, message
+    assert parse_params(_with(raw, "train.precision", "bf16")).train.precision == "bf16"

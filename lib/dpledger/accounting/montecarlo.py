@@ -29,6 +29,7 @@ import torch
 
 from dpledger import philox_normal
 from dpledger.errors import ParamsError, UnsupportedMechanismError
+from dpledger.precision import exactly
 
 BLOCK = 1 << 12
 MEMORY_VALUES = 1 << 22
@@ -283,6 +284,7 @@ class Screen:
                 }
             )
 
+    @exactly  # the margin assumes float32 products (2⁻²⁴), not TF32: dpledger/precision.py
     def __call__(self, chunk: list[Draw]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(remove, add, margin) per sample: float32 losses within ``margin`` of the exact ones."""
         remove = add = margin = 0.0
@@ -337,6 +339,7 @@ class PreparedPair:
                 kept[index].append(loss[loss > 0].cpu().numpy())
         return np.concatenate(kept[0]), np.concatenate(kept[1])
 
+    @exactly
     def chunk_loss_bounds(
         self, chunk: list[Draw], low: float, high: float
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -29,12 +29,15 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dpledger.engine import capture, parametrized, validators
+from dpledger.engine.batched import Packed, keep_rows, stacked_sum
 from dpledger.engine.clipping import clip_factors, group_threshold, nonfinite_rows
+from dpledger.engine.device import placement_problem
 from dpledger.engine.distributed import GroupSum, group_sum
 from dpledger.engine.layers import LayerRule, add_weighted_sum, generic, ghost_dot, rule_for
 from dpledger.engine.noise import NoiseSource
 from dpledger.engine.validators import UnsupportedLayerError
 from dpledger.errors import ParamsError
+from dpledger.precision import exactly, without_autocast
 
 GhostMode = Literal["auto", "always", "never"]
 CanaryHook = Callable[[int], "Sequence[Tensor] | None"]
@@ -184,6 +187,8 @@ class BKEngine:
         self.numel = sum(p.numel() for p in self.params)
         self._groups = 1 + max(o.group for o in self._owners.values()) if clipping == "per-layer" else 1
         reference = self.params[0]
+        if problem := placement_problem(self.params, reference.device, reference.dtype):
+            raise ParamsError(problem)
         self.noise = NoiseSource(
             self.numel,
             seed=seed,
@@ -195,7 +200,6 @@ class BKEngine:
             dtype=reference.dtype,
         )
         self.steps_taken = 0
-        self.nonfinite_examples = 0
         self.last_norms: Tensor | None = None
         self.layer_methods: dict[str, str] = {}
         self.last_workspace_elements = 0
@@ -209,6 +213,8 @@ class BKEngine:
         self._adds_noise = self._ranks is None or self._ranks.adds_noise
         self._views = self._flat_views(self._buffer)
         self._view_of = {id(p): view for p, view in zip(self.params, self._views)}
+        self._slice_of = {id(p): view.view(-1) for p, view in zip(self.params, self._views)}
+        self._nonfinite = torch.zeros((), dtype=torch.int64, device=reference.device)
         self._pending = False
         self._recomputing = False
         self._model_batch: int | None = None
@@ -489,6 +495,7 @@ class BKEngine:
             for k in changed:
                 call.outputs[k] = fresh[k]
 
+    @exactly  # autocast follows into backward, TF32 is global: norms in full precision (precision.py)
     def _take_backprops(self, call: _Call, grad: Tensor) -> None:
         """Backward hook: this call's per-example norms now, so instantiated layers free a and b at once."""
         call.backprops = grad.detach()
@@ -525,6 +532,7 @@ class BKEngine:
                 state.per_example[key] = state.per_example[key] + grads if key in state.per_example else grads
         call.activations, call.backprops = kept if ghost else (None, None)
 
+    @without_autocast  # the caller's autocast must not reach the engine's hooks (precision.py)
     def backward(self, losses: Tensor, weights: Tensor | None = None) -> Tensor:
         """Back-propagate Σ_i w_i·L_i once and add Σ_i C_i·w_i·g_i to this step's clipped sum.
 
@@ -534,6 +542,9 @@ class BKEngine:
         """
         if losses.dim() != 1:
             raise ParamsError(f"engine: losses must be per-example, shape (B,), got {tuple(losses.shape)}")
+        if problem := placement_problem(self.params, self._buffer.device, self._buffer.dtype):
+            raise ParamsError(problem)
+        weights = None if weights is None else weights.to(losses.device)
         if self._check_passed:
             for handle in self._check_handles:
                 handle.remove()
@@ -581,15 +592,19 @@ class BKEngine:
             for attr, grads in self._generic_grads(call, batch).items():
                 key = id(call.params[attr])
                 state.per_example[key] = state.per_example[key] + grads if key in state.per_example else grads
+        # Few launches and no host sync from here on (batched.py): small per-example gradients packed, one
+        # stacked sum of the norms, dropped rows masked rather than tested for.
         norm_sq = state.norm_sq
+        packed = Packed.of(state.per_example, batch, self._buffer.dtype) if self._groups == 1 else None
         for key, grads in state.per_example.items():
             norm_sq[key] = grads.reshape(batch, -1).square().sum(1)
-        flat = sum(norm_sq.values()) if norm_sq else losses.new_zeros(batch)
-        dropped = nonfinite_rows(flat)
-        if dropped.any():
-            self._drop_rows(dropped, weights, state)
-        factors = self._factors(norm_sq, weights, dropped)
-        self._add_clipped(factors, state.per_example, state.ghost_calls)
+        terms = list(norm_sq.values()) + ([packed.norm_sq()] if packed is not None else [])
+        flat = stacked_sum(terms) if terms else losses.new_zeros(batch)
+        nonfinite = nonfinite_rows(flat)
+        dropped = nonfinite if weights is None else nonfinite | (weights == 0)
+        self._nonfinite += (nonfinite if weights is None else nonfinite & (weights != 0)).sum()
+        factors = self._factors(norm_sq, flat, dropped)
+        self._add_clipped(factors, state.per_example, state.ghost_calls, packed, dropped)
         self.last_norms = flat.sqrt()
         return self.last_norms
 
@@ -634,32 +649,32 @@ class BKEngine:
         self.last_workspace_elements += batch * (ghost_elements if use else instantiated_elements)
         return use
 
-    def _drop_rows(self, dropped: Tensor, weights: Tensor | None, state: _Pass) -> None:
-        """Zero every row an example with a non-finite norm left in this pass (its factor is 0, but 0·NaN = NaN
-        in the clipped sum), out of place (an activation may be the caller's tensor), and count the real ones."""
-        real = dropped if weights is None else dropped & (weights != 0)
-        self.nonfinite_examples += int(real.sum())
-        for key, grads in state.per_example.items():
-            state.per_example[key] = grads.masked_fill(dropped.view(-1, *[1] * (grads.dim() - 1)), 0)
-        for call in state.ghost_calls:
-            call.activations, call.backprops = (
-                t.masked_fill(dropped.view(-1, *[1] * (t.dim() - 1)), 0) for t in (call.activations, call.backprops)
-            )
+    @property
+    def nonfinite_examples(self) -> int:
+        """Real examples dropped so far for a non-finite norm (kept on the device: reading it syncs)."""
+        return int(self._nonfinite)
 
-    def _factors(self, norm_sq: dict[int, Tensor], weights: Tensor | None, dropped: Tensor) -> dict[int, Tensor]:
-        """Clipping factor of every parameter's group, per example (zero for weight-0 rows and for examples
-        whose flat norm is not finite, in every group)."""
-        group_sq: dict[int, Tensor] = {}
-        for key, value in norm_sq.items():
-            group = self._owners[key].group if self.clipping == "per-layer" else 0
-            group_sq[group] = group_sq[group] + value if group in group_sq else value
+    @nonfinite_examples.setter
+    def nonfinite_examples(self, value: int) -> None:
+        self._nonfinite = torch.tensor(int(value), dtype=torch.int64, device=self._buffer.device)
+
+    def _factors(self, norm_sq: dict[int, Tensor], flat: Tensor, dropped: Tensor) -> dict[int, Tensor]:
+        """Clipping factor / ``normalizer`` of every parameter's group, per example (zero for weight-0 rows and
+        for examples whose flat norm is not finite, in every group); flat and automatic clipping: one tensor
+        for all parameters."""
         threshold = group_threshold(self.clipping, self.clip_norm, self._groups)
+        if self._groups == 1:
+            factor = clip_factors(flat, threshold, self.clipping, self.automatic_gamma)
+            return dict.fromkeys(self._owners, factor.masked_fill(dropped, 0) / self.normalizer)
+        group_sq: dict[int, list[Tensor]] = {}
+        for key, value in norm_sq.items():
+            group_sq.setdefault(self._owners[key].group, []).append(value)
         group_factors = {
-            g: clip_factors(v, threshold, self.clipping, self.automatic_gamma) for g, v in group_sq.items()
+            g: clip_factors(stacked_sum(v), threshold, self.clipping, self.automatic_gamma).masked_fill(dropped, 0)
+            / self.normalizer
+            for g, v in group_sq.items()
         }
-        keep = ~dropped if weights is None else (weights != 0) & ~dropped
-        group_factors = {g: f * keep.to(f.dtype) for g, f in group_factors.items()}
-        return {key: group_factors[self._owners[key].group if self.clipping == "per-layer" else 0] for key in norm_sq}
+        return {key: group_factors[self._owners[key].group] for key in norm_sq}
 
     def _flat_views(self, flat: Tensor) -> list[Tensor]:
         return [flat[o.offset : o.offset + o.numel].view_as(p) for p, o in zip(self.params, self._owner_list())]
@@ -683,16 +698,25 @@ class BKEngine:
             self._pending = True
         return self._buffer
 
+    @exactly
     def _add_clipped(
-        self, factors: dict[int, Tensor], per_example: dict[int, Tensor], ghost_calls: list[_Call]
+        self,
+        factors: dict[int, Tensor],
+        per_example: dict[int, Tensor],
+        ghost_calls: list[_Call],
+        packed: Packed | None,
+        dropped: Tensor,
     ) -> None:
+        """Σ_i factors[i]·g_i of every parameter into the step's buffer; rows not kept are zeroed first."""
         self._sum_buffer()
-        factors = {key: value / self.normalizer for key, value in factors.items()}
         for key, grads in per_example.items():
+            grads = keep_rows(grads, dropped)
             self._accumulate(key, grads.dtype, lambda out: add_weighted_sum(out, factors[key], grads))
+        if packed is not None:
+            packed.add_clipped([self._slice_of[k] for k in packed.keys], factors[packed.keys[0]], dropped)
         for call in ghost_calls:
             key = id(call.params["weight"])
-            a, b = _norm_precision(call.activations), _norm_precision(call.backprops)
+            a, b = (keep_rows(_norm_precision(t), dropped) for t in (call.activations, call.backprops))
             self._accumulate(key, b.dtype, lambda out: call.rule.clipped_sum(call.module, a, b, factors[key], out))
             call.activations = call.backprops = None
 
@@ -728,7 +752,7 @@ class BKEngine:
                     f"engine: a canary needs {len(self.params)} tensors (one per parameter), got {len(canary)}"
                 )
             for view, vector in zip(self._views, canary if self._adds_noise else ()):
-                view.add_(vector.reshape(view.shape).to(view.dtype), alpha=1 / self.normalizer)
+                view.add_(vector.reshape(view.shape).to(view.device, view.dtype), alpha=1 / self.normalizer)
         if self._ranks is not None:
             self._ranks.all_reduce(self._buffer)
         for param, grad in zip(self.params, self._views):

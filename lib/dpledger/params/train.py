@@ -108,3 +108,14 @@ class TrainParams(Section):
                 "train.model_options.path",
             )
         return value
+
+    @field_validator("precision")
+    @classmethod
+    def _no_fp16(cls, value: str) -> str:
+        """fp16 has no loss scaling here: an LM head's output gradients (about 1e-7 at a 50k vocabulary)
+        underflow and training silently learns little (issue 30). bf16 has float32's range."""
+        if value == "fp16":
+            raise PydanticCustomError(
+                "precision", "fp16 is refused (no loss scaling: small gradients underflow to zero); use bf16"
+            )
+        return value

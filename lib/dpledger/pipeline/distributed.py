@@ -115,6 +115,7 @@ def run_ranks(train: TrainFunction, params: Any, root: Path, processes: int, dev
                 f"params: train.processes = {processes} is invalid under torchrun with {world_size} processes: "
                 "use 1 (torchrun decides) or the same number"
             )
+        check_local_rank(int(os.environ["LOCAL_RANK"]), device)
         ranks = join_group(int(os.environ["RANK"]), world_size, int(os.environ["LOCAL_RANK"]), "env://", device)
         try:
             return train(params, root, ranks)
@@ -123,6 +124,15 @@ def run_ranks(train: TrainFunction, params: Any, root: Path, processes: int, dev
     if processes == 1:
         return train(params, root, SINGLE)
     return spawn_ranks(train, (params, root), processes, device)
+
+
+def check_local_rank(local_rank: int, device: torch.device) -> None:
+    """One line instead of CUDA's "invalid device ordinal" when torchrun starts more ranks than GPUs."""
+    if device.type == "cuda" and local_rank >= torch.cuda.device_count():
+        raise ParamsError(
+            f"torchrun: local rank {local_rank} has no GPU: only {torch.cuda.device_count()} CUDA devices are "
+            "visible on this machine; start at most that many processes per node (--nproc-per-node)"
+        )
 
 
 def join_group(rank: int, world_size: int, local_rank: int, init_method: str, device: torch.device) -> Ranks:

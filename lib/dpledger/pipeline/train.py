@@ -103,9 +103,12 @@ def _user_files(params: Params) -> list[Path]:
     return files
 
 
-def _input_fingerprint(params: Params, root: Path, data: Dataset) -> str:
-    """Everything a step depends on, the training data's content included (a changed file restarts at 0)."""
+def _input_fingerprint(params: Params, root: Path, data: Dataset, device: torch.device) -> str:
+    """Everything a step depends on, the training data's content included (a changed file restarts at 0),
+    and the resolved device type and torch version (not ``auto``): the noise draws depend on both, and
+    correlated noise replays its history on resume (issue 30)."""
     train = params.train.model_dump(exclude={"checkpoint_every", "processes"})
+    train |= {"device": device.type, "torch": torch.__version__}
     return fingerprint(
         params.seed,
         params.data.model_dump(),
@@ -232,7 +235,7 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     built = _build(params, record, schedule, data, device, ranks)
     model, task, optimizer, scheduler, engine = built
     checkpoint_path = root / OUT / "checkpoint.json"
-    key = _input_fingerprint(params, root, data)
+    key = _input_fingerprint(params, root, data, device)
     ledger = _resume(
         key,
         checkpoint_path,
@@ -263,7 +266,7 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
         indices, padding = ranks.share(*schedule.batch(step))
         rows = torch.from_numpy(indices.astype(np.int64)).to(device)
         weights = torch.from_numpy(~padding).to(device=device, dtype=torch.float32)
-        real = float(weights.sum())
+        real = float((~padding).sum())  # from the host copy: no device sync
         loss_sum = _private_step(
             engine, task, model, x_train, y_train, rows, weights, tp.physical_batch_size, device, tp.precision
         )
@@ -343,7 +346,7 @@ def _write_outputs(root: Path, run: Finished, tensors: tuple[torch.Tensor, ...])
     }
     out = root / OUT
     with io.atomic_path(out / "model.pt") as tmp:
-        torch.save(model.state_dict(), tmp)
+        torch.save({k: v.cpu() for k, v in model.state_dict().items()}, tmp)  # loads without a GPU
     summary = {k: v for k, v in asdict(ledger).items() if k != "history"}
     assumptions = [s for s in (check.warning(), check.assumption()) if s]
     io.write_json(

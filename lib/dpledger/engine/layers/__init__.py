@@ -14,6 +14,8 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from dpledger.precision import exactly
+
 PerExampleGrads = Callable[[nn.Module, Tensor, Tensor, frozenset], dict[str, Tensor]]
 GhostNorm = Callable[[nn.Module, Tensor, Tensor], Tensor]
 ClippedSum = Callable[[nn.Module, Tensor, Tensor, Tensor, Tensor], None]
@@ -102,6 +104,7 @@ def rule_for(layer: nn.Module) -> LayerRule | None:
     return _registered(base)
 
 
+@exactly
 def ghost_dot(first: tuple[str, Tensor, Tensor], second: tuple[str, Tensor, Tensor]) -> Tensor:
     """⟨g_i, g'_i⟩ per example for two calls' gradients of ONE shared weight, g = Mᵀ A (``tied_factors``), without
     forming them: Σ_{s,t} (A_s·A'_t)(M_s·M'_t), where M_s·M'_t is a dot product of dense rows, the entry

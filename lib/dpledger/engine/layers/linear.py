@@ -39,8 +39,9 @@ def sequence_ghost_norm(a: Tensor, b: Tensor) -> Tensor:
         return torch.linalg.vector_norm(a, dim=(1, 2)).square() * torch.linalg.vector_norm(b, dim=(1, 2)).square()
     steps = a.shape[1]
     blocks = min(steps // GRAM_BLOCK, 8) if a.device.type == "cpu" else 1
-    if blocks <= 1:
-        return torch.bmm(a, a.transpose(1, 2)).mul_(torch.bmm(b, b.transpose(1, 2))).sum((1, 2))
+    if blocks <= 1:  # Σ of the Grams' product as one batched dot product: three launches
+        grams = torch.bmm(a, a.transpose(1, 2)).view(a.shape[0], 1, -1), torch.bmm(b, b.transpose(1, 2))
+        return torch.bmm(grams[0], grams[1].view(b.shape[0], -1, 1)).view(-1)
     height = GRAM_BLOCK * -(-steps // (GRAM_BLOCK * blocks))
     total = a.new_zeros(a.shape[0])
     for start in range(0, steps, height):
