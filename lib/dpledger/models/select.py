@@ -55,8 +55,9 @@ def build_task_model(model: str, options: dict[str, Any], task: Task, data: Data
 @torch.no_grad()
 def check_outputs(model: nn.Module, task: Task, data: Dataset, name: str) -> None:
     """Refuse a model whose outputs cannot score the data: fewer classes than the labels, or a vocabulary
-    smaller than the tokenizer's."""
-    x = torch.from_numpy(data.x_train[:2])
+    smaller than the tokenizer's. The probe batch is zeros of the data's shape and type, never training
+    examples: a model that keeps state from its inputs must not see data outside a private step."""
+    x = torch.zeros_like(torch.from_numpy(data.x_train[:2]))
     try:
         logits = task.logits(model, x)
     except (TypeError, IndexError, RuntimeError) as error:

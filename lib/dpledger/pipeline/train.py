@@ -38,6 +38,7 @@ from dpledger.engine.checkpoint import (
     save_checkpoint,
 )
 from dpledger.engine.device import autocast, select_device
+from dpledger.engine.validators import check_state_unchanged, state_snapshot
 from dpledger.errors import DpledgerError
 from dpledger.models import Task, build_task_model, task_for
 from dpledger.params import Params
@@ -242,6 +243,7 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
         unit="step",
         disable=not sys.stderr.isatty() or not ranks.writes,
     )
+    state = state_snapshot(model, optimizer)  # buffers and frozen parameters: checked after a step, before saving
     for step in range(ledger.steps_done, schedule.num_steps):
         indices, padding = ranks.share(*schedule.batch(step))
         rows = torch.from_numpy(indices.astype(np.int64)).to(device)
@@ -250,16 +252,20 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
         loss_sum = _private_step(
             engine, task, model, x_train, y_train, rows, weights, tp.physical_batch_size, device, tp.precision
         )
+        done = step + 1
+        epoch_end = done % schedule.steps_per_epoch == 0 or done == schedule.num_steps
+        if step == resumed_from:
+            check_state_unchanged(model, optimizer, state)
         loss_sum, real = ranks.total([loss_sum, real], device)
         examples += int(real)
         history["loss"].append(loss_sum / real if real else float("nan"))
         history["epsilon"].append(epsilon_spent(record, step + 1))
-        done = step + 1
-        epoch_end = done % schedule.steps_per_epoch == 0 or done == schedule.num_steps
         if epoch_end:
             history["eval_step"].append(done)
             for split, xs, ys in (("train", x_train, y_train), ("test", x_test, y_test)):
                 history[f"{split}_{task.metric}"].append(task.evaluate(model, xs, ys)[task.metric])
+        if epoch_end or done % tp.checkpoint_every == 0:
+            check_state_unchanged(model, optimizer, state)  # before anything is saved
         if (epoch_end or done % tp.checkpoint_every == 0) and ranks.writes:
             history["elapsed_s"] = [history["elapsed_s"][0] + time.perf_counter() - started]
             history["examples"] = [history["examples"][0] + examples]
