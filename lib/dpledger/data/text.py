@@ -17,6 +17,7 @@ import numpy as np
 
 from dpledger.data.dataset import Dataset, split_dataset
 from dpledger.errors import DpledgerError, ParamsError
+from dpledger.local_folders import TRUST_REMOTE_CODE, refuse_remote_code
 from dpledger.params.core import DataParams
 
 PAD = -1
@@ -36,8 +37,9 @@ def load_tokenizer(path: str | None, key: str = "data.tokenizer") -> Any:
         )
     from transformers import AutoTokenizer
 
+    refuse_remote_code(path, key)
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=TRUST_REMOTE_CODE)
     except (OSError, ValueError, KeyError, TypeError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ParamsError(

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from dpledger.errors import ParamsError
+from dpledger.local_folders import TRUST_REMOTE_CODE, refuse_remote_code, refuse_remote_code_spec
 
 OPTIONS = ("path", "init", "config")
 HEADS = {  # task -> (transformers auto class, mapping that lists the configs it supports)
@@ -44,6 +45,7 @@ def _config(options: dict[str, Any], num_labels: int | None) -> Any:
         spec = dict(options["config"]) if isinstance(options["config"], dict) else None
         if not spec or "model_type" not in spec:
             raise ParamsError("params: train.model_options.config is invalid: a mapping with model_type (e.g. gpt2)")
+        refuse_remote_code_spec(spec, "train.model_options.config")
         if num_labels is not None:
             spec.setdefault("num_labels", num_labels)
         try:
@@ -61,8 +63,9 @@ def _config(options: dict[str, Any], num_labels: int | None) -> Any:
             f"params: train.model_options.path = {path!r} is invalid: not a transformers checkpoint "
             "(no config.json; save the model with save_pretrained)"
         )
+    refuse_remote_code(path, "train.model_options.path")
     try:
-        return AutoConfig.from_pretrained(path, local_files_only=True)
+        return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=TRUST_REMOTE_CODE)
     except (OSError, ValueError, KeyError) as error:
         raise ParamsError(
             f"params: train.model_options.path = {path!r} is invalid: not a transformers checkpoint "
@@ -104,9 +107,11 @@ def load_hf_model(options: dict[str, Any], task: str, *, text: bool, num_labels:
     auto_class = getattr(transformers, HEADS[head][0])
     try:
         if init == "random":
-            model = auto_class.from_config(config, dtype=torch.float32)
+            model = auto_class.from_config(config, dtype=torch.float32, trust_remote_code=TRUST_REMOTE_CODE)
         else:
-            model = auto_class.from_pretrained(options["path"], local_files_only=True, dtype=torch.float32)
+            model = auto_class.from_pretrained(
+                options["path"], local_files_only=True, dtype=torch.float32, trust_remote_code=TRUST_REMOTE_CODE
+            )
     except (OSError, ValueError) as error:
         raise ParamsError(
             f"params: train.model_options.path = {options.get('path')!r} is invalid: not a transformers "
