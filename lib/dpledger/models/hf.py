@@ -102,6 +102,13 @@ def load_hf_model(options: dict[str, Any], task: str, *, text: bool, num_labels:
             f"params: train.task = {task!r} is invalid for the {type(config).__name__} model in {where}: transformers "
             f"has no {head} head for it (it has: {', '.join(supported) or 'none of ' + ', '.join(HEADS)})"
         )
+    if head == "sequence-classification" and getattr(config, "pad_token_id", None) is None:
+        where = options.get("path") or "train.model_options.config"
+        raise ParamsError(
+            f"params: train.task = {task!r} is invalid for the {type(config).__name__} model in {where}: it has no "
+            "pad_token_id, and its classifier pools at the last token that is not padding; set pad_token_id "
+            "(e.g. to the eos token id) in its config"
+        )
     import transformers
 
     auto_class = getattr(transformers, HEADS[head][0])
@@ -112,9 +119,9 @@ def load_hf_model(options: dict[str, Any], task: str, *, text: bool, num_labels:
             model = auto_class.from_pretrained(
                 options["path"], local_files_only=True, dtype=torch.float32, trust_remote_code=TRUST_REMOTE_CODE
             )
-    except (OSError, ValueError) as error:
+    except Exception as error:  # foreign files: a truncated safetensors, a pickle refused by weights_only, ...
         raise ParamsError(
-            f"params: train.model_options.path = {options.get('path')!r} is invalid: not a transformers "
-            f"checkpoint ({_first_line(error)})"
+            f"params: train.model_options.path = {options.get('path')!r} is invalid: its weights cannot be loaded "
+            f"safely ({type(error).__name__}: {_first_line(error)[:160]})"
         ) from None
     return model.train()

@@ -35,6 +35,11 @@ def task_for(model: str, task: str, data: Dataset) -> Task:
             f"params: data.label_field is invalid: train.task = {task!r} needs class labels, and "
             f"{data.name} file has no such field"
         )
+    if task == "causal-lm" and data.x_train.shape[1] < 2:
+        raise ParamsError(
+            "params: train.task = 'causal-lm' is invalid for this data: its texts hold at most 1 token (data.max_length "
+            "or the texts themselves), so no next token is predicted (perplexity would read 1.0); at least 2 are needed"
+        )
     return Task(task, keyword_images=model == "hf" and not text)
 
 
@@ -48,6 +53,8 @@ def build_task_model(model: str, options: dict[str, Any], task: Task, data: Data
         built = build_model(model, data.input_shape, data.num_classes, **options)
     else:
         built = load_plugin_model(model, data.input_shape, int(classes), options)
+    if not any(p.requires_grad for p in built.parameters()):
+        raise ParamsError(f"params: train.model = {model!r} is invalid: the model has no trainable parameters")
     check_outputs(built, task, data, model)
     return built
 

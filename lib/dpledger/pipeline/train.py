@@ -45,6 +45,7 @@ from dpledger.params import Params
 from dpledger.pipeline import paths
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
+from dpledger.plugins import plugin_source
 from dpledger.sampling.guard import SamplerCheck, check_schedule
 from dpledger.sampling.schedule import Schedule
 
@@ -94,12 +95,12 @@ def _training_code() -> list[Path]:
 
 
 def _user_files(params: Params) -> list[Path]:
-    """The user's tokenizer and model checkpoint: new weights start over, too."""
+    """The user's tokenizer, model checkpoint and plugin model's source: new weights or code start over, too."""
     folders = [params.data.tokenizer, params.train.model_options.get("path") if params.train.model == "hf" else None]
     files: list[Path] = []
     for folder in (Path(f) for f in folders if isinstance(f, str) and Path(f).is_dir()):
         files += sorted(f for f in folder.rglob("*") if f.is_file())
-    return files
+    return files + [f for f in [plugin_source(params.train.model)] if f is not None]
 
 
 def _input_fingerprint(params: Params, root: Path, data: Dataset) -> str:
