@@ -43,8 +43,8 @@ def load_tokenizer(path: str | None, key: str = "data.tokenizer") -> Any:
     refuse_remote_code(path, key)
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=TRUST_REMOTE_CODE)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    except Exception as error:  # a foreign folder: transformers fails in many ways (AttributeError on a number)
+        first = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
         raise ParamsError(
             f"params: {key} = {path!r} is invalid: it is not a transformers tokenizer folder ({first})"
         ) from None

@@ -50,7 +50,7 @@ def _config(options: dict[str, Any], num_labels: int | None) -> Any:
             spec.setdefault("num_labels", num_labels)
         try:
             return AutoConfig.for_model(**spec)
-        except (ValueError, TypeError, KeyError) as error:
+        except Exception as error:  # any value of any key: transformers' own checks fail in many ways
             raise ParamsError(f"params: train.model_options.config is invalid: {_first_line(error)}") from None
     path = options["path"]
     if not Path(path).is_dir():
@@ -66,7 +66,7 @@ def _config(options: dict[str, Any], num_labels: int | None) -> Any:
     refuse_remote_code(path, "train.model_options.path")
     try:
         return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=TRUST_REMOTE_CODE)
-    except (OSError, ValueError, KeyError) as error:
+    except Exception as error:  # a foreign or damaged config.json fails in many ways
         raise ParamsError(
             f"params: train.model_options.path = {path!r} is invalid: not a transformers checkpoint "
             f"({_first_line(error)})"

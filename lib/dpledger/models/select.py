@@ -67,13 +67,19 @@ def check_outputs(model: nn.Module, task: Task, data: Dataset, name: str) -> Non
     x = torch.zeros_like(torch.from_numpy(data.x_train[:2]))
     try:
         logits = task.logits(model, x)
-    except (TypeError, IndexError, RuntimeError) as error:
+    except Exception as error:  # the model is the user's code: any failure is one line naming it
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
         raise ParamsError(
             f"params: train.model = {name!r} is invalid for this data: calling it on a batch of shape "
-            f"{tuple(x.shape)} failed ({str(error).strip().splitlines()[0]})"
+            f"{tuple(x.shape)} failed ({type(error).__name__}: {first})"
         ) from None
     if not isinstance(logits, torch.Tensor):
         raise ParamsError(f"params: train.model = {name!r} is invalid: it returned {type(logits).__name__}, not logits")
+    if not logits.is_floating_point() or logits.ndim < 1 or logits.shape[0] != x.shape[0]:
+        raise ParamsError(
+            f"params: train.model = {name!r} is invalid: on a batch of {x.shape[0]} it returned {logits.dtype} "
+            f"logits of shape {tuple(logits.shape)}; one row of floating-point logits per example is needed"
+        )
     if task.name == "causal-lm":
         if logits.ndim != 3 or logits.shape[-1] < int(data.vocab_size or 0):
             raise ParamsError(
