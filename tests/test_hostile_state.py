@@ -150,3 +150,17 @@ def test_the_output_check_calls_the_model_on_zeros_never_on_training_examples(tm
     task = task_for(f"{__name__}:remembers", params.train.task, data)
     model = build_task_model(f"{__name__}:remembers", {}, task, data)
     assert model.first.shape == (2, *data.input_shape) and not model.first.any()
+
+
+def test_the_standalone_consecutive_trainer_refuses_a_model_that_changes_its_state():
+    from dpledger.engine.consecutive import train_consecutive
+
+    inputs, targets = torch.randn(8, 3), torch.randint(0, 2, (8,))
+
+    def loss_fn(outputs, y):
+        return torch.nn.functional.cross_entropy(outputs, y, reduction="none")
+
+    run = {"loss_fn": loss_fn, "clip_norm": 1.0, "noise_multiplier": 1.0, "batch_size": 4, "steps": 2, "lr": 0.1}
+    with pytest.raises(DpledgerError, match="buffer mean changed"):
+        train_consecutive(RunningMean(3, 2), inputs, targets, seed=0, **run)
+    train_consecutive(ConstantState(3, 2), inputs, targets, seed=0, **run)
