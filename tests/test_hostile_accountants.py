@@ -33,7 +33,10 @@ def test_ten_thousand_redrawn_epochs_are_refused_at_once_not_hung():
     with pytest.raises(ParamsError) as refused:
         allocation.allocation_epsilon(_redrawn(10_000), 1e-5)
     assert "\n" not in str(refused.value) and "epochs = 10000" in str(refused.value)
-    assert allocation.allocation_shape(_redrawn(allocation.MAX_COMPOSED_EPOCHS))[2] == allocation.MAX_COMPOSED_EPOCHS
+    assert (
+        allocation.allocation_shape(_redrawn(allocation.MAX_COMPOSED_EPOCHS))[2]
+        == allocation.MAX_COMPOSED_EPOCHS
+    )
 
 
 def test_a_grid_that_does_not_fit_memory_is_one_line(monkeypatch):
@@ -46,12 +49,28 @@ def test_a_grid_that_does_not_fit_memory_is_one_line(monkeypatch):
     assert "\n" not in str(refused.value) and "δ = 0.3" in str(refused.value)
 
 
-RUN = ["--delta", "1e-5", "--sampler", "balls-in-bins", "--dataset-size", "100", "--batch-size", "50", "--epochs", "1"]
+RUN = [
+    "--delta",
+    "1e-5",
+    "--sampler",
+    "balls-in-bins",
+    "--dataset-size",
+    "100",
+    "--batch-size",
+    "50",
+    "--epochs",
+    "1",
+]
 
 
 @pytest.mark.parametrize(
     "flag,value",
-    [("--samples", "1000000000"), ("--samples", "10"), ("--failure-probability", "2"), ("--evr-delta-ratio", "1.5")],
+    [
+        ("--samples", "1000000000"),
+        ("--samples", "10"),
+        ("--failure-probability", "2"),
+        ("--evr-delta-ratio", "1.5"),
+    ],
 )
 def test_the_cli_applies_the_params_bounds_of_monte_carlo(flag, value):
     result = CliRunner().invoke(
@@ -63,6 +82,8 @@ def test_the_cli_applies_the_params_bounds_of_monte_carlo(flag, value):
 
 
 def test_epsilon_says_its_allocation_bound_is_not_the_recorded_claim():
-    result = CliRunner().invoke(app, ["epsilon", "--accountant", "allocation", "--noise-multiplier", "2", *RUN])
+    result = CliRunner().invoke(
+        app, ["epsilon", "--accountant", "allocation", "--noise-multiplier", "2", *RUN]
+    )
     assert result.exit_code == 0, result.output
     assert "the claim calibrate records (and dpledger noise prints)" in result.output

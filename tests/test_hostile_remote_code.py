@@ -62,7 +62,9 @@ def test_a_model_folder_whose_config_maps_to_its_own_code_is_refused(lm, tmp_pat
 
 
 def test_a_tokenizer_folder_whose_config_maps_to_its_own_code_is_refused(lm, tmp_path):
-    folder = _with_auto_map(lm, tmp_path, "tokenizer_config.json", {"AutoTokenizer": [None, "evil.EvilTokenizer"]})
+    folder = _with_auto_map(
+        lm, tmp_path, "tokenizer_config.json", {"AutoTokenizer": [None, "evil.EvilTokenizer"]}
+    )
     with pytest.raises(ParamsError) as refused:
         load_tokenizer(str(folder))
     message = str(refused.value)
@@ -71,7 +73,11 @@ def test_a_tokenizer_folder_whose_config_maps_to_its_own_code_is_refused(lm, tmp
 
 
 def test_an_inline_config_with_an_auto_map_is_refused():
-    config = {"model_type": "gpt2", "n_layer": 1, "auto_map": {"AutoModelForCausalLM": "evil.EvilModel"}}
+    config = {
+        "model_type": "gpt2",
+        "n_layer": 1,
+        "auto_map": {"AutoModelForCausalLM": "evil.EvilModel"},
+    }
     with pytest.raises(ParamsError, match="train.model_options.config is invalid: auto_map"):
         load_hf_model({"config": config, "init": "random"}, "causal-lm", text=True, num_labels=None)
 

@@ -19,7 +19,14 @@ from dpledger.models.tasks import Task
 from dpledger.pipeline import run_stage
 from test_trust_inputs import small_project
 
-GPT2 = {"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 32, "vocab_size": 300}
+GPT2 = {
+    "model_type": "gpt2",
+    "n_layer": 1,
+    "n_embd": 16,
+    "n_head": 2,
+    "n_positions": 32,
+    "vocab_size": 300,
+}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +50,10 @@ def test_a_text_padded_in_a_batch_gets_the_logits_it_gets_alone(model_type):
     )
     torch.manual_seed(0)
     model = load_hf_model(
-        {"config": {**config, "pad_token_id": 299}, "init": "random"}, "classification", text=True, num_labels=3
+        {"config": {**config, "pad_token_id": 299}, "init": "random"},
+        "classification",
+        text=True,
+        num_labels=3,
     ).eval()
     task = Task("sequence-classification")
     short = torch.tensor([[5, 6, 7]])
@@ -71,7 +81,9 @@ def test_a_damaged_weights_file_in_a_model_folder_is_one_line(lm, tmp_path, dama
         torch.save({"weight": _Payload()}, folder / "pytorch_model.bin")
     with pytest.raises(ParamsError) as refused:
         load_hf_model({"path": str(folder)}, "causal-lm", text=True, num_labels=None)
-    assert "\n" not in str(refused.value) and "its weights cannot be loaded safely" in str(refused.value)
+    assert "\n" not in str(refused.value) and "its weights cannot be loaded safely" in str(
+        refused.value
+    )
     assert not (tmp_path / "PAYLOAD_RAN").exists()
 
 
@@ -83,7 +95,10 @@ class _Payload:
 def test_quoted_csv_newlines_are_kept(tmp_path):
     path = tmp_path / "data.csv"
     path.write_text('text,label\n"first line\nsecond line",1\nplain,0\n')
-    assert read_records(path) == [{"text": "first line\nsecond line", "label": "1"}, {"text": "plain", "label": "0"}]
+    assert read_records(path) == [
+        {"text": "first line\nsecond line", "label": "1"},
+        {"text": "plain", "label": "0"},
+    ]
 
 
 @pytest.mark.parametrize("label", [1.7, "1.7", True, None, [1], {"a": 1}, 1e30, 10**30, -1, "x"])
@@ -101,17 +116,28 @@ def test_integral_labels_are_accepted():
 def test_a_text_field_that_is_not_a_string_is_refused(text):
     with pytest.raises(DpledgerError) as refused:
         _texts(["fine", text], Path("data.jsonl"), "text")
-    assert "\n" not in str(refused.value) and "record 2" in str(refused.value) and "strings" in str(refused.value)
+    assert (
+        "\n" not in str(refused.value)
+        and "record 2" in str(refused.value)
+        and "strings" in str(refused.value)
+    )
 
 
 def test_a_causal_lm_on_one_token_texts_is_refused(lm, tmp_path):
     from byo_helpers import text_project
 
-    (tmp_path / "data.jsonl").write_text("".join(f'{{"text": "word {i} and more"}}\n' for i in range(40)))
+    (tmp_path / "data.jsonl").write_text(
+        "".join(f'{{"text": "word {i} and more"}}\n' for i in range(40))
+    )
     params = text_project(
         tmp_path,
         train_size=32,
-        data={"name": "text", "path": str(tmp_path / "data.jsonl"), "tokenizer": str(lm), "max_length": 1},
+        data={
+            "name": "text",
+            "path": str(tmp_path / "data.jsonl"),
+            "tokenizer": str(lm),
+            "max_length": 1,
+        },
         train={"model": "hf", "task": "causal-lm", "model_options": {"path": str(lm)}},
     )
     with pytest.raises(ParamsError, match="at most 1 token"):
@@ -124,7 +150,9 @@ def no_parameters(input_shape, num_classes):
 
 
 def test_a_plugin_model_without_parameters_is_one_line(tmp_path):
-    params, _, _ = small_project(tmp_path, train={"model": f"{__name__}:no_parameters", "model_options": {}})
+    params, _, _ = small_project(
+        tmp_path, train={"model": f"{__name__}:no_parameters", "model_options": {}}
+    )
     with pytest.raises(ParamsError, match="has no trainable parameters"):
         run_stage("train", params, tmp_path)
 
@@ -141,7 +169,9 @@ def model(input_shape, num_classes):
 def test_a_changed_plugin_model_source_restarts_training(tmp_path, monkeypatch):
     (tmp_path / "plugin_round2.py").write_text(PLUGIN.format(activation="Tanh"))
     monkeypatch.syspath_prepend(str(tmp_path))
-    params, _, _ = small_project(tmp_path, train={"model": "plugin_round2:model", "model_options": {}})
+    params, _, _ = small_project(
+        tmp_path, train={"model": "plugin_round2:model", "model_options": {}}
+    )
     assert run_stage("train", params, tmp_path)["resumed_from_step"] == 0
     assert run_stage("train", params, tmp_path)["resumed_from_step"] == 10
     (tmp_path / "plugin_round2.py").write_text(PLUGIN.format(activation="ReLU"))

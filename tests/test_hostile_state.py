@@ -92,20 +92,28 @@ def constant_state(input_shape, num_classes):
         ("grows_a_buffer", "buffer seen appeared"),
     ],
 )
-def test_a_model_that_changes_its_state_from_the_data_is_refused_and_nothing_is_written(tmp_path, factory, named):
-    params, _, _ = small_project(tmp_path, train={"model": f"{__name__}:{factory}", "model_options": {}})
+def test_a_model_that_changes_its_state_from_the_data_is_refused_and_nothing_is_written(
+    tmp_path, factory, named
+):
+    params, _, _ = small_project(
+        tmp_path, train={"model": f"{__name__}:{factory}", "model_options": {}}
+    )
     with pytest.raises(DpledgerError) as refused:
         run_stage("train", params, tmp_path)
     message = str(refused.value)
     assert "\n" not in message and named in message and "without noise" in message
     written = (
-        [p.name for p in (tmp_path / "artifacts/train").glob("*")] if (tmp_path / "artifacts/train").exists() else []
+        [p.name for p in (tmp_path / "artifacts/train").glob("*")]
+        if (tmp_path / "artifacts/train").exists()
+        else []
     )
     assert written == [] and not (tmp_path / "metrics/train.json").exists()
 
 
 def test_a_model_whose_buffers_and_frozen_parameters_stay_put_trains(tmp_path):
-    params, _, _ = small_project(tmp_path, train={"model": f"{__name__}:constant_state", "model_options": {}})
+    params, _, _ = small_project(
+        tmp_path, train={"model": f"{__name__}:constant_state", "model_options": {}}
+    )
     assert run_stage("train", params, tmp_path)["steps_done"] == 10
 
 
@@ -160,7 +168,14 @@ def test_the_standalone_consecutive_trainer_refuses_a_model_that_changes_its_sta
     def loss_fn(outputs, y):
         return torch.nn.functional.cross_entropy(outputs, y, reduction="none")
 
-    run = {"loss_fn": loss_fn, "clip_norm": 1.0, "noise_multiplier": 1.0, "batch_size": 4, "steps": 2, "lr": 0.1}
+    run = {
+        "loss_fn": loss_fn,
+        "clip_norm": 1.0,
+        "noise_multiplier": 1.0,
+        "batch_size": 4,
+        "steps": 2,
+        "lr": 0.1,
+    }
     with pytest.raises(DpledgerError, match="buffer mean changed"):
         train_consecutive(RunningMean(3, 2), inputs, targets, seed=0, **run)
     train_consecutive(ConstantState(3, 2), inputs, targets, seed=0, **run)

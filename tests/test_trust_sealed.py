@@ -15,7 +15,12 @@ from test_trust_inputs import _edit_json, small_project
 
 @pytest.mark.parametrize(
     "change",
-    [{"sampler": "poisson"}, {"seed": 8}, {"steps_per_epoch": 1}, {"sampler_params": {"batch_size": 2}}],
+    [
+        {"sampler": "poisson"},
+        {"seed": 8},
+        {"steps_per_epoch": 1},
+        {"sampler_params": {"batch_size": 2}},
+    ],
 )
 def test_a_relabelled_schedule_header_is_refused_by_train_and_audit(tmp_path, change):
     params = make_project(tmp_path, epochs=1, sampler="shuffle")
@@ -26,7 +31,9 @@ def test_a_relabelled_schedule_header_is_refused_by_train_and_audit(tmp_path, ch
     for stage in ("train", "audit"):
         with pytest.raises(DpledgerError) as refused:
             run_stage(stage, params, tmp_path)
-        assert "\n" not in str(refused.value) and "does not match the digest in schedule.json" in str(refused.value)
+        assert "\n" not in str(
+            refused.value
+        ) and "does not match the digest in schedule.json" in str(refused.value)
     assert not (tmp_path / "artifacts/train").exists()
 
 
@@ -41,7 +48,9 @@ def test_a_rewound_ledger_is_refused_not_resumed(tmp_path):
     ledger_file = tmp_path / "artifacts/train/checkpoint.json"
     weights = ledger_file.with_name(json.loads(ledger_file.read_text())["weights_file"])
     before = weights.read_bytes()
-    _edit_json(ledger_file, steps_done=4)  # still names checkpoint-step10.pt, whose digest is intact
+    _edit_json(
+        ledger_file, steps_done=4
+    )  # still names checkpoint-step10.pt, whose digest is intact
     with pytest.raises(DpledgerError) as refused:
         run_stage("train", params, tmp_path)
     message = str(refused.value)
@@ -49,7 +58,9 @@ def test_a_rewound_ledger_is_refused_not_resumed(tmp_path):
     assert weights.read_bytes() == before  # nothing trained, nothing written
 
 
-@pytest.mark.parametrize("field,value", [("epsilon_spent", 0.01), ("total_steps", 3), ("nonfinite_examples", 0)])
+@pytest.mark.parametrize(
+    "field,value", [("epsilon_spent", 0.01), ("total_steps", 3), ("nonfinite_examples", 0)]
+)
 def test_any_other_edited_ledger_field_is_refused(tmp_path, field, value):
     params, _, _ = small_project(tmp_path)
     run_stage("train", params, tmp_path)
