@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from dpledger.data.example_lm import write_example
-from dpledger.pipeline.inputs_check import seal_record
+from dpledger.seals import seal_record
 from test_train_helpers import genuine_record, poisson_schedule
 
 REPO = Path(__file__).resolve().parents[1]

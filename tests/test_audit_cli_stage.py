@@ -13,7 +13,7 @@ from dpledger.cli import app
 from dpledger.errors import DpledgerError
 from dpledger.params import load_params
 from dpledger.pipeline import audit as audit_stage
-from dpledger.pipeline.inputs_check import seal_record
+from dpledger.seals import seal_record
 from dpledger.sampling.registry import build_schedule
 from test_train_helpers import genuine_record
 

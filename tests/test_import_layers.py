@@ -5,16 +5,19 @@ The layers, bottom first (a module may import its own package and any strictly l
 sharing a layer may not import each other):
 
  0. ``errors``: the house exception types.
- 1. ``io``, ``paths``, ``plugins``, ``philox_normal``, ``imports``: atomic files, where the stages'
-    outputs live, ``module:callable`` loading, the counter-based noise generator and the reading of
-    import statements; each needs only ``errors``.
+ 1. ``io``, ``paths``, ``plugins``, ``philox_normal``, ``imports``, ``precision``, ``local_folders``:
+    atomic files, where the stages' outputs live, ``module:callable`` loading, the counter-based noise
+    generator, the reading of import statements, full-precision guards (autocast, TF32) and the refusal
+    of code in model folders; each needs only ``errors``.
  2. ``plotting``: the shared figure style (writes through ``io``).
  3. ``mechanisms``: correlation matrices, their RMSE, streaming correlated noise.
  4. ``accounting``: the privacy ledger; it describes mechanisms, so it sits above them (and the
     choice of the correlation matrix by the accountant's σ, ``accounting/optimize.py``, is
     calibration).
  5. ``sampling``: batch samplers, each stating the accounting law it is accounted as.
- 6. ``params``: the typed schema of params.yaml; it asks accountants and samplers what is allowed.
+ 6. ``params``, ``seals``: the typed schema of params.yaml (it asks accountants and samplers what is
+    allowed); the seals of the calibration record and the schedule, checked by every stage that reads
+    them.
  7. ``engine``: the Book-Keeping DP engine.
  8. ``data``: datasets and loaders.
  9. ``models``: the model zoo and tasks (a task knows its data).
@@ -37,12 +40,12 @@ from test_pipeline_deps import REPO, SOURCE_ROOTS
 
 LAYERS = (
     ("errors",),
-    ("io", "paths", "plugins", "philox_normal", "imports"),
+    ("io", "paths", "plugins", "philox_normal", "imports", "precision", "local_folders"),
     ("plotting",),
     ("mechanisms",),
     ("accounting",),
     ("sampling",),
-    ("params",),
+    ("params", "seals"),
     ("engine",),
     ("data",),
     ("models",),

@@ -14,7 +14,7 @@ import yaml
 
 from dpledger.accounting import describe, get_accountant
 from dpledger.accounting.record import CalibrationRecord
-from dpledger.pipeline.inputs_check import seal_record
+from dpledger.seals import seal_record
 from dpledger.sampling.schedule import Schedule
 
 TRAIN_SIZE = 1438  # the default digits split

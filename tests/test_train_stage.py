@@ -18,7 +18,7 @@ from dpledger.accounting.description import describe
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.errors import DpledgerError, SamplerMismatchError
 from dpledger.pipeline import run_stage
-from dpledger.pipeline.inputs_check import seal_record
+from dpledger.seals import seal_record
 from dpledger.pipeline.train import epsilon_spent
 from dpledger.sampling.schedule import Schedule
 from test_train_helpers import TRAIN_SIZE, genuine_record, make_project, poisson_schedule

@@ -35,7 +35,7 @@ def test_an_edited_sigma_with_a_resealed_record_is_refused_by_recomputing_the_cl
     from dataclasses import replace
 
     from dpledger.accounting.record import CalibrationRecord
-    from dpledger.pipeline.inputs_check import seal_record
+    from dpledger.seals import seal_record
 
     params = make_project(tmp_path, epochs=1, noise_multiplier=1.244)
     record = CalibrationRecord.load(tmp_path / CALIBRATION)
@@ -149,7 +149,7 @@ def _schedule(n: int, batch_size: int, epochs: int) -> Schedule:
 
 def _retarget_record(root, dataset_size, noise_multiplier):
     from dpledger.accounting.record import CalibrationRecord
-    from dpledger.pipeline.inputs_check import seal_record
+    from dpledger.seals import seal_record
     from test_train_helpers import genuine_record
 
     old = CalibrationRecord.load(root / CALIBRATION)

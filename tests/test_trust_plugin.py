@@ -8,7 +8,7 @@ import numpy as np
 import yaml
 
 from dpledger.pipeline import run_stage
-from dpledger.pipeline.inputs_check import seal_record
+from dpledger.seals import seal_record
 from test_train_helpers import genuine_record
 
 

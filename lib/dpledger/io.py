@@ -44,7 +44,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
             tmp.unlink()
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
@@ -57,7 +57,7 @@ def _json_default(value: Any) -> Any:
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     """Write ``obj`` as indented JSON, atomically; numpy scalars and arrays are converted."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=json_default) + "\n")
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

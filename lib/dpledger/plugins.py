@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dpledger.errors import ParamsError
@@ -35,3 +36,16 @@ def load_callable(name: str, key: str, what: str) -> Callable[..., Any]:
     if not callable(target):
         raise ParamsError(f"{key} = {name!r} is invalid: {attribute!r} is not callable")
     return target
+
+
+def plugin_source(name: str) -> Path | None:
+    """The source file of the module of a ``module:callable`` reference (imported), or None for a built-in
+    name or a module without one: what a changed plugin changes, for the train stage's fingerprint."""
+    if not is_plugin_name(name):
+        return None
+    try:
+        module = importlib.import_module(name.split(":")[0])
+    except ImportError:
+        return None
+    file = getattr(module, "__file__", None)
+    return Path(file) if file and Path(file).is_file() else None

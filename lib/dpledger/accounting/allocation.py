@@ -22,8 +22,12 @@ import warnings
 from dataclasses import dataclass
 
 from dpledger.accounting.description import MechanismDescription
+from dpledger.errors import ParamsError
 
 LOWER_GRID_FACTOR = 2.0
+MAX_COMPOSED_EPOCHS = 100
+"""The most epochs of redrawn bins the allocation accountant composes (each costs seconds to a minute on 2
+cores; 10,000 ran for hours)."""
 
 
 @dataclass(frozen=True)
@@ -36,13 +40,38 @@ class AllocationBounds:
 
 
 def allocation_shape(description: MechanismDescription) -> tuple[float, int, int]:
-    """(noise σ, steps per allocation b, allocations E) of the random allocation the description is."""
+    """(noise σ, steps per allocation b, allocations E) of the random allocation the description is; E beyond
+    :data:`MAX_COMPOSED_EPOCHS` is refused with one line (the composition would run for hours)."""
     d = description
     if d.sampler == "balls-in-bins-redrawn":
+        if d.epochs > MAX_COMPOSED_EPOCHS:
+            raise ParamsError(
+                f"params: epochs = {d.epochs} is too large for the allocation accountant with bins redrawn every "
+                f"epoch: it composes one allocation per epoch, at most {MAX_COMPOSED_EPOCHS} (minutes each beyond); "
+                "use the montecarlo accountant, or balls-in-bins (bins fixed across epochs: one allocation at σ/√E)"
+            )
         return d.noise_multiplier, d.batches_per_epoch, d.epochs
     return d.noise_multiplier / math.sqrt(d.epochs), d.batches_per_epoch, 1
 
 
+def _memory_refused(function):
+    """One line instead of a MemoryError: a loss grid too fine for this machine (a tiny ε, e.g. δ = 0.3)."""
+
+    @functools.wraps(function)
+    def guarded(description: MechanismDescription, delta: float, *args, **kwargs):
+        try:
+            return function(description, delta, *args, **kwargs)
+        except MemoryError:
+            raise ParamsError(
+                f"params: the allocation accountant ran out of memory at δ = {delta:g}, "
+                f"σ = {description.noise_multiplier:.6g}: ε is so small that its loss grid does not fit; use a "
+                "smaller δ (below 1/n) or less noise"
+            ) from None
+
+    return guarded
+
+
+@_memory_refused
 def allocation_epsilon(description: MechanismDescription, delta: float) -> AllocationBounds:
     """Upper and lower ε at δ (module docstring); cached, since σ searches revisit points."""
     sigma, bins, epochs = allocation_shape(description)
@@ -62,6 +91,7 @@ def _bounds(sigma: float, bins: int, epochs: int, delta: float) -> AllocationBou
     return AllocationBounds(float(upper), float(lower), converged)
 
 
+@_memory_refused
 def allocation_upper(description: MechanismDescription, delta: float, discretization: float) -> float:
     """The dominating bound alone on one fixed grid (loss interval ``discretization``, tail mass δ/1000): half
     the cost of :func:`allocation_epsilon`, for σ searches. A valid upper bound at any grid and tail mass;
@@ -72,6 +102,7 @@ def allocation_upper(description: MechanismDescription, delta: float, discretiza
     return _on_grid(sigma, bins, epochs, delta, discretization, "DOMINATES")
 
 
+@_memory_refused
 def allocation_on_grid(description: MechanismDescription, delta: float, discretization: float) -> AllocationBounds:
     """Upper ε on one fixed grid (see :func:`allocation_upper`), lower ε on a grid LOWER_GRID_FACTOR× coarser:
     still a valid lower bound, at about a quarter of the cost (the convolution is quadratic in the grid size),

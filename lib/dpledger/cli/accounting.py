@@ -175,6 +175,12 @@ class RunOptions:
 
         if not 1e-6 <= self.discretization <= 1e-1:
             raise ParamsError(f"--discretization = {self.discretization} is invalid: it must lie in [1e-6, 0.1]")
+        for option, key, value in (
+            ("--samples", "mc_samples", self.samples),
+            ("--failure-probability", "mc_failure_probability", self.failure_probability),
+            ("--evr-delta-ratio", "evr_delta_ratio", self.evr_delta_ratio),
+        ):
+            _within_params_bounds(option, key, value)
         name = resolve_accountant(self.accountant, description.sampler, description.mechanism)
         return get_accountant(
             name,
@@ -197,6 +203,19 @@ class RunOptions:
         typer.echo(headline)
         for sentence in payload["assumptions"]:
             typer.echo(f"  - {sentence}")
+
+
+def _within_params_bounds(option: str, key: str, value: Any) -> None:
+    """The bounds ``calibrate.<key>`` has in params.yaml, applied to its command-line option (``--samples 1e9``
+    would otherwise draw for hours): one line naming the option."""
+    from pydantic import TypeAdapter, ValidationError
+
+    field = CalibrateParams.model_fields[key]
+    try:
+        TypeAdapter(Annotated[field.annotation, field]).validate_python(value)
+    except ValidationError as error:
+        reason = error.errors()[0]["msg"]
+        raise ParamsError(f"{option} = {value} is invalid: {reason} (the bound of calibrate.{key})") from None
 
 
 def _shared_command(
@@ -235,6 +254,23 @@ def _run_fields(description: Any, options: RunOptions, warnings: list[str], resu
     }
 
 
+BOUNDS = {
+    "noise": (
+        "the claim: ε is the allocation upper bound on calibrate's fixed loss grid, as the pipeline records it; "
+        "dpledger epsilon at this σ refines its grid adaptively and may print a slightly different valid upper bound"
+    ),
+    "epsilon": (
+        "a valid upper bound from an adaptively refined grid; the claim calibrate records (and dpledger noise "
+        "prints) for a σ is the upper bound on its fixed calibration grid, which may differ slightly"
+    ),
+}
+"""Which of the allocation accountant's two valid upper bounds each command prints (issue 27)."""
+
+
+def _bound_text(payload: dict[str, Any]) -> str:
+    return f"\n  ({payload['bound']})" if payload.get("bound") else ""
+
+
 def _epsilon(noise_multiplier: float, options: RunOptions) -> None:
     """Print ε at δ for DP-SGD / DP-FTRL with the given noise, sampling and sizes."""
     warnings = options.warnings()
@@ -253,11 +289,12 @@ def _epsilon(noise_multiplier: float, options: RunOptions) -> None:
         "sampler": options.sampler,
         "noise_multiplier": noise_multiplier,
         **_run_fields(description, options, warnings, result),
+        "bound": BOUNDS["epsilon"] if chosen.name == "allocation" else None,
     }
     options.emit(
         payload,
         f"epsilon = {result.epsilon:.6g} at delta = {options.delta:g} ({chosen.name}, "
-        f"{options.sampler}{_failure_text(result.details)})",
+        f"{options.sampler}{_failure_text(result.details)})" + _bound_text(payload),
     )
 
 
@@ -278,12 +315,13 @@ def _noise(epsilon: float, options: RunOptions) -> None:
         "accountant": chosen.name,
         "sampler": options.sampler,
         **_run_fields(description, options, warnings, result),
+        "bound": BOUNDS["noise"] if chosen.name == "allocation" else None,
     }
     options.emit(
         payload,
         f"noise_multiplier = {calibration.noise_multiplier:.6g} (epsilon = {result.epsilon:.6g} "
         f"at delta = {options.delta:g}; {chosen.name}, {options.sampler}"
-        f"{_failure_text(result.details)})",
+        f"{_failure_text(result.details)})" + _bound_text(payload),
     )
 
 

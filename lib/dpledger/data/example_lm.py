@@ -102,7 +102,7 @@ def write_example(
     }
     spec["n_positions" if architecture == "gpt2" else "max_position_embeddings"] = max_positions
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**spec))
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**spec), trust_remote_code=False)
     with io.atomic_dir(folder) as tmp:
         (tmp / "corpus.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
         tokenizer.save_pretrained(tmp / "model")

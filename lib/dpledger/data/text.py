@@ -9,6 +9,7 @@ padding is explicit in the ids and the models and losses mask it (``attention_ma
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,14 @@ import numpy as np
 
 from dpledger.data.dataset import Dataset, split_dataset
 from dpledger.errors import DpledgerError, ParamsError
+from dpledger.local_folders import TRUST_REMOTE_CODE, refuse_remote_code
 from dpledger.params.core import DataParams
 
 PAD = -1
 """Token id marking padding in a text dataset's ``x`` (never a real id)."""
 FORMATS = (".jsonl", ".csv")
+MAX_CLASSES = 100_000
+"""The most classes a text label may name: a label of 1e30 would otherwise ask for a head of 1e30 outputs."""
 
 
 def load_tokenizer(path: str | None, key: str = "data.tokenizer") -> Any:
@@ -36,10 +40,11 @@ def load_tokenizer(path: str | None, key: str = "data.tokenizer") -> Any:
         )
     from transformers import AutoTokenizer
 
+    refuse_remote_code(path, key)
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=TRUST_REMOTE_CODE)
+    except Exception as error:  # a foreign folder: transformers fails in many ways (AttributeError on a number)
+        first = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
         raise ParamsError(
             f"params: {key} = {path!r} is invalid: it is not a transformers tokenizer folder ({first})"
         ) from None
@@ -55,8 +60,8 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         content = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise DpledgerError(f"{path}: cannot be read as UTF-8 text ({error})") from None
-    if path.suffix == ".csv":
-        return list(csv.DictReader(content.splitlines()))
+    if path.suffix == ".csv":  # read as one stream: a quoted field keeps its newlines
+        return list(csv.DictReader(io.StringIO(content)))
     records = []
     for number, line in enumerate(content.splitlines(), start=1):
         if not line.strip():
@@ -81,14 +86,45 @@ def _column(records: list[dict[str, Any]], field: str, key: str, path: Path) -> 
     return [record[field] for record in records]
 
 
+def _texts(values: list[Any], path: Path, field: str) -> list[str]:
+    """The text of every record: a string, never a null, number or list turned into one ("None", "[1, 2]")."""
+    for number, value in enumerate(values, start=1):
+        if not isinstance(value, str):
+            raise DpledgerError(
+                f"{path}: record {number} has {field!r} = {json.dumps(value)[:40]} ({type(value).__name__}); "
+                "text fields must be strings"
+            )
+    return values
+
+
+def _label(value: Any) -> int:
+    """An integer class label: an int, an integral float (2.0) or a decimal string ("2"); ValueError otherwise
+    (a bool, 1.7, "1.7", null): a label is never truncated."""
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if not isinstance(value, int):
+        raise ValueError(value)
+    return value
+
+
 def _labels(values: list[Any], path: Path, field: str) -> np.ndarray:
-    try:
-        labels = np.asarray([int(value) for value in values], dtype=np.int64)
-    except (TypeError, ValueError):
-        raise DpledgerError(f"{path}: field {field!r} must hold integer class labels 0..K-1") from None
-    if labels.min() < 0:
-        raise DpledgerError(f"{path}: field {field!r} holds {labels.min()}; class labels are 0..K-1")
-    return labels
+    for number, value in enumerate(values, start=1):
+        try:
+            label = _label(value)
+        except ValueError:
+            raise DpledgerError(
+                f"{path}: record {number} has {field!r} = {json.dumps(value)[:40]}; class labels are integers 0..K-1"
+            ) from None
+        if not 0 <= label < MAX_CLASSES:
+            raise DpledgerError(
+                f"{path}: record {number} has {field!r} = {label:.6g}; class labels are integers 0..K-1 "
+                f"with K at most {MAX_CLASSES}"
+            )
+    return np.asarray([_label(value) for value in values], dtype=np.int64)
 
 
 def token_ids(tokenizer: Any, texts: list[str], max_length: int) -> np.ndarray:
@@ -108,7 +144,7 @@ def load_text(data: DataParams, seed: int) -> Dataset:
     if not records:
         raise DpledgerError(f"{source}: holds no records")
     tok = load_tokenizer(data.tokenizer)
-    texts = _column(records, data.text_field, "data.text_field", source)
+    texts = _texts(_column(records, data.text_field, "data.text_field", source), source, data.text_field)
     has_labels = data.label_field in records[0]
     labels = (
         _labels(_column(records, data.label_field, "data.label_field", source), source, data.label_field)

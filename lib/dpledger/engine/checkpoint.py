@@ -9,7 +9,9 @@ name and SHA-256 of its weights file. Each save writes the new weights file firs
 ledger to name it, then deletes the previous weights file; a kill at any moment therefore leaves a ledger that
 names an intact weights file, and the rerun resumes from the last completed checkpoint. Only a ledger whose
 fingerprint matches the current inputs and whose digest matches its weights file leads to that file being read
-at all. A changed input (config, calibration, schedule, data, code) restarts training from step 0; so does a
+at all. The weights file also holds the ledger it was saved with: a ledger that differs from it (e.g.
+``steps_done`` rewound from 230 to 100 while still naming ``checkpoint-step230.pt``, which would run 130 noisy
+steps twice and spend their privacy again) is refused with one line, never resumed. A changed input (config, calibration, schedule, data, code) restarts training from step 0; so does a
 ledger that cannot be read or does not match its weights file (a damaged or edited file), saying why.
 """
 
@@ -96,7 +98,7 @@ def save_checkpoint(
     files: the ledger on disk always names an intact weights file."""
     weights = ledger_file.with_name(_weights_name(ledger_file, ledger.steps_done))
     with io.atomic_path(weights) as tmp:
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "ledger": _sealed(ledger)}
         state["scheduler"] = scheduler.state_dict() if scheduler is not None else None
         torch.save(state, tmp)
     record = {**asdict(ledger), "weights_file": weights.name, "weights_sha256": _file_digest(weights)}
@@ -104,6 +106,29 @@ def save_checkpoint(
     for old in ledger_file.parent.iterdir():
         if old != weights and _is_weights_name(ledger_file, old.name):
             old.unlink()
+
+
+def _sealed(ledger: Ledger) -> str:
+    """The ledger as canonical JSON (NaN losses included), as stored in its weights file."""
+    return json.dumps(json.loads(json.dumps(asdict(ledger), default=io.json_default)), sort_keys=True)
+
+
+def _check_bound(path: Path, ledger_file: Path, ledger: Ledger, state: dict[str, Any]) -> None:
+    """Refuse a ledger that is not the one its weights file was saved with (naming the first differing field)."""
+    try:
+        saved = json.loads(state["ledger"])
+    except (KeyError, TypeError, ValueError):
+        saved = None
+    if isinstance(saved, dict) and json.dumps(saved, sort_keys=True) == _sealed(ledger):
+        return
+    ours = asdict(ledger)
+    field_name = next((k for k in ours if not isinstance(saved, dict) or saved.get(k) != ours[k]), "ledger")
+    was = saved.get(field_name) if isinstance(saved, dict) and field_name != "history" else "another value"
+    raise DpledgerError(
+        f"train: {ledger_file} says {field_name} = {str(ours[field_name])[:40]} but {path.name} was saved with "
+        f"{field_name} = {str(was)[:40]} (an edited ledger; resuming would spend privacy twice); delete "
+        f"{path.parent} to start over from step 0"
+    )
 
 
 def _starting_over(why: str) -> None:
@@ -139,6 +164,9 @@ def load_checkpoint(ledger_file: Path, expected_fingerprint: str) -> dict[str, A
             f"train: {path} cannot be loaded ({(str(error).splitlines() or [type(error).__name__])[0][:120]}); "
             f"delete {path.parent} to start over from step 0"
         ) from None
+    if not isinstance(state, dict) or not {"model", "optimizer"} <= state.keys():
+        raise DpledgerError(f"train: {path} is not a checkpoint; delete {path.parent} to start over from step 0")
+    _check_bound(path, ledger_file, ledger, state)
     parts = ("model", "optimizer", "scheduler")
     return {"ledger": ledger, **{part: state.get(part) for part in parts}}
 

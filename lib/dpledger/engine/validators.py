@@ -264,3 +264,44 @@ def replace_batchnorm(model: nn.Module) -> nn.Module:
         else:
             replace_batchnorm(child)
     return model
+
+
+# --- State a private step must not change (issue 27) ---------------------------------------------------------
+
+
+def state_snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
+    """Copies (on the CPU) of every buffer of ``model`` and every parameter ``optimizer`` does not train.
+
+    A private step may change only what the optimizer updates from the noisy gradient; anything else that
+    changes during it (a running mean updated in ``forward``, an example copied into a frozen parameter under
+    ``no_grad``) carries data into the released model without noise, as BatchNorm's running statistics do.
+    """
+    trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    state = {f"buffer {name}": b.detach().to("cpu", copy=True) for name, b in model.named_buffers()}
+    for name, param in model.named_parameters():
+        if id(param) not in trained:
+            state[f"frozen parameter {name}"] = param.detach().to("cpu", copy=True)
+    return state
+
+
+def check_state_unchanged(model: nn.Module, optimizer: torch.optim.Optimizer, before: dict[str, Tensor]) -> None:
+    """Refuse, naming it, the first buffer or frozen parameter that differs from :func:`state_snapshot`'s copy
+    (changed, added or removed): the model changes its own state from the data."""
+    after = state_snapshot(model, optimizer)
+    for name in [*before, *(n for n in after if n not in before)]:
+        old, new = before.get(name), after.get(name)
+        if old is None or new is None or not _same_tensor(old, new):
+            what = "appeared" if old is None else "disappeared" if new is None else "changed"
+            raise DpledgerError(
+                f"engine: {name} {what} during a private step: the model changes its own state from the data "
+                "(like BatchNorm's running statistics), which would release data without noise; compute it "
+                "without state, register it as a trainable parameter, or freeze it unchanged"
+            )
+
+
+def _same_tensor(a: Tensor, b: Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.equal(a, b) or torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True))
+    return bool(torch.equal(a, b))

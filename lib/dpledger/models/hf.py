@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from dpledger.errors import ParamsError
+from dpledger.local_folders import TRUST_REMOTE_CODE, refuse_remote_code, refuse_remote_code_spec
 from dpledger.models.lora import adapter_base, add_lora, is_adapter_folder, load_adapter
 from dpledger.params.lora import LoraParams
 
@@ -46,11 +47,12 @@ def _config(options: dict[str, Any], num_labels: int | None) -> Any:
         spec = dict(options["config"]) if isinstance(options["config"], dict) else None
         if not spec or "model_type" not in spec:
             raise ParamsError("params: train.model_options.config is invalid: a mapping with model_type (e.g. gpt2)")
+        refuse_remote_code_spec(spec, "train.model_options.config")
         if num_labels is not None:
             spec.setdefault("num_labels", num_labels)
         try:
             return AutoConfig.for_model(**spec)
-        except (ValueError, TypeError, KeyError) as error:
+        except Exception as error:  # any value of any key: transformers' own checks fail in many ways
             raise ParamsError(f"params: train.model_options.config is invalid: {_first_line(error)}") from None
     path = options["path"]
     if not Path(path).is_dir():
@@ -63,9 +65,10 @@ def _config(options: dict[str, Any], num_labels: int | None) -> Any:
             f"params: train.model_options.path = {path!r} is invalid: not a transformers checkpoint "
             "(no config.json; save the model with save_pretrained)"
         )
+    refuse_remote_code(path, "train.model_options.path")
     try:
-        return AutoConfig.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, KeyError) as error:
+        return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=TRUST_REMOTE_CODE)
+    except Exception as error:  # a foreign or damaged config.json fails in many ways
         raise ParamsError(
             f"params: train.model_options.path = {path!r} is invalid: not a transformers checkpoint "
             f"({_first_line(error)})"
@@ -76,6 +79,23 @@ def _supported_tasks(config: Any) -> list[str]:
     import transformers.models.auto.modeling_auto as auto
 
     return [task for task, (_, mapping) in HEADS.items() if type(config) in getattr(auto, mapping)]
+
+
+def _checked_init(options: dict[str, Any]) -> str:
+    """``model_options.init`` after the keys are checked: each bad option is one line naming it."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ParamsError(
+            f"params: train.model_options {unknown} are invalid for model 'hf': allowed keys are {', '.join(OPTIONS)}"
+        )
+    if ("path" in options) == ("config" in options):
+        raise ParamsError("params: train.model_options is invalid for model 'hf': give path (a local folder) or config")
+    init = options.get("init", "pretrained")
+    if init not in ("pretrained", "random") or (init == "pretrained" and "config" in options):
+        raise ParamsError(
+            f"params: train.model_options.init = {init!r} is invalid: allowed values are pretrained (with path), random"
+        )
+    return init
 
 
 def load_hf_model(
@@ -89,18 +109,7 @@ def load_hf_model(
     """The model for ``task`` in float32 and train mode, with a LoRA adapter (models/lora.py) when
     ``lora`` is set or ``path`` is a peft adapter folder; every bad option is one line naming its
     key."""
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ParamsError(
-            f"params: train.model_options {unknown} are invalid for model 'hf': allowed keys are {', '.join(OPTIONS)}"
-        )
-    if ("path" in options) == ("config" in options):
-        raise ParamsError("params: train.model_options is invalid for model 'hf': give path (a local folder) or config")
-    init = options.get("init", "pretrained")
-    if init not in ("pretrained", "random") or (init == "pretrained" and "config" in options):
-        raise ParamsError(
-            f"params: train.model_options.init = {init!r} is invalid: allowed values are pretrained (with path), random"
-        )
+    init = _checked_init(options)
     adapter = options["path"] if is_adapter_folder(options.get("path")) else None
     _check_lora(options, init, adapter, lora)
     if adapter is not None:
@@ -114,18 +123,27 @@ def load_hf_model(
             f"params: train.task = {task!r} is invalid for the {type(config).__name__} model in {where}: transformers "
             f"has no {head} head for it (it has: {', '.join(supported) or 'none of ' + ', '.join(HEADS)})"
         )
+    if head == "sequence-classification" and getattr(config, "pad_token_id", None) is None:
+        where = options.get("path") or "train.model_options.config"
+        raise ParamsError(
+            f"params: train.task = {task!r} is invalid for the {type(config).__name__} model in {where}: it has no "
+            "pad_token_id, and its classifier pools at the last token that is not padding; set pad_token_id "
+            "(e.g. to the eos token id) in its config"
+        )
     import transformers
 
     auto_class = getattr(transformers, HEADS[head][0])
     try:
         if init == "random":
-            model = auto_class.from_config(config, dtype=torch.float32)
+            model = auto_class.from_config(config, dtype=torch.float32, trust_remote_code=TRUST_REMOTE_CODE)
         else:
-            model = auto_class.from_pretrained(options["path"], local_files_only=True, dtype=torch.float32)
-    except (OSError, ValueError) as error:
+            model = auto_class.from_pretrained(
+                options["path"], local_files_only=True, dtype=torch.float32, trust_remote_code=TRUST_REMOTE_CODE
+            )
+    except Exception as error:  # foreign files: a truncated safetensors, a pickle refused by weights_only, ...
         raise ParamsError(
-            f"params: train.model_options.path = {options.get('path')!r} is invalid: not a transformers "
-            f"checkpoint ({_first_line(error)})"
+            f"params: train.model_options.path = {options.get('path')!r} is invalid: its weights cannot be loaded "
+            f"safely ({type(error).__name__}: {_first_line(error)[:160]})"
         ) from None
     if adapter is not None:
         model = load_adapter(model, adapter, options["path"], head)

@@ -27,7 +27,13 @@ def load_plugin_model(name: str, input_shape: tuple[int, ...], num_classes: int,
         ) from None
     except ValueError:
         pass  # no introspectable signature (a builtin): let the call decide
-    model = factory(input_shape, num_classes, **options)
+    try:
+        model = factory(input_shape, num_classes, **options)
+    except Exception as error:  # the user's code: its failure is one line naming it, not a traceback
+        first = (str(error).strip().splitlines() or [""])[0][:160]
+        raise ParamsError(
+            f"params: train.model = {name!r} is invalid: the factory raised {type(error).__name__}: {first}"
+        ) from None
     if not isinstance(model, nn.Module):
         raise ParamsError(
             f"params: train.model = {name!r} is invalid: it returned {type(model).__name__}, not a torch.nn.Module"

@@ -36,6 +36,11 @@ def task_for(model: str, task: str, data: Dataset) -> Task:
             f"params: data.label_field is invalid: train.task = {task!r} needs class labels, and "
             f"{data.name} file has no such field"
         )
+    if task == "causal-lm" and data.x_train.shape[1] < 2:
+        raise ParamsError(
+            "params: train.task = 'causal-lm' is invalid for this data: its texts hold at most 1 token (data.max_length "
+            "or the texts themselves), so no next token is predicted (perplexity would read 1.0); at least 2 are needed"
+        )
     return Task(task, keyword_images=model == "hf" and not text)
 
 
@@ -54,6 +59,8 @@ def build_task_model(
         built = build_model(model, data.input_shape, data.num_classes, **options)
     else:
         built = load_plugin_model(model, data.input_shape, int(classes), options)
+    if not any(p.requires_grad for p in built.parameters()):
+        raise ParamsError(f"params: train.model = {model!r} is invalid: the model has no trainable parameters")
     check_outputs(built, task, data, model)
     return built
 
@@ -61,17 +68,24 @@ def build_task_model(
 @torch.no_grad()
 def check_outputs(model: nn.Module, task: Task, data: Dataset, name: str) -> None:
     """Refuse a model whose outputs cannot score the data: fewer classes than the labels, or a vocabulary
-    smaller than the tokenizer's."""
-    x = torch.from_numpy(data.x_train[:2])
+    smaller than the tokenizer's. The probe batch is zeros of the data's shape and type, never training
+    examples: a model that keeps state from its inputs must not see data outside a private step."""
+    x = torch.zeros_like(torch.from_numpy(data.x_train[:2]))
     try:
         logits = task.logits(model, x)
-    except (TypeError, IndexError, RuntimeError) as error:
+    except Exception as error:  # the model is the user's code: any failure is one line naming it
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
         raise ParamsError(
             f"params: train.model = {name!r} is invalid for this data: calling it on a batch of shape "
-            f"{tuple(x.shape)} failed ({str(error).strip().splitlines()[0]})"
+            f"{tuple(x.shape)} failed ({type(error).__name__}: {first})"
         ) from None
     if not isinstance(logits, torch.Tensor):
         raise ParamsError(f"params: train.model = {name!r} is invalid: it returned {type(logits).__name__}, not logits")
+    if not logits.is_floating_point() or logits.ndim < 1 or logits.shape[0] != x.shape[0]:
+        raise ParamsError(
+            f"params: train.model = {name!r} is invalid: on a batch of {x.shape[0]} it returned {logits.dtype} "
+            f"logits of shape {tuple(logits.shape)}; one row of floating-point logits per example is needed"
+        )
     if task.name == "causal-lm":
         if logits.ndim != 3 or logits.shape[-1] < int(data.vocab_size or 0):
             raise ParamsError(

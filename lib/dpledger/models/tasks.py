@@ -1,7 +1,8 @@
 """Tasks: how a model is called on a batch, its per-example loss (what the engine clips), and its metric.
 
 Calling convention (the same for ``hf`` and plugin models): text batches (int64 token ids, padding
-:data:`dpledger.data.text.PAD`) are passed as ``model(input_ids=..., attention_mask=...)``; images as
+:data:`dpledger.data.text.PAD`) are passed as ``model(input_ids=..., attention_mask=...)``, the padding as the
+model's ``config.pad_token_id`` (0 without one); images as
 ``model(pixel_values=x)`` for ``hf`` models and ``model(x)`` otherwise. An output with ``.logits`` (as
 transformers returns) is read through it.
 
@@ -39,7 +40,7 @@ class Task:
     def logits(self, model: nn.Module, x: Tensor) -> Tensor:
         """The model's logits on batch ``x`` (see the module docstring for how it is called)."""
         if x.dtype == torch.int64:
-            output = model(input_ids=x.clamp_min(0), attention_mask=(x != PAD).long())
+            output = model(input_ids=x.masked_fill(x == PAD, pad_token_id(model)), attention_mask=(x != PAD).long())
         elif self.keyword_images:
             output = model(pixel_values=x)
         else:
@@ -82,6 +83,13 @@ class Task:
     def metric(self) -> str:
         """The headline evaluation metric."""
         return "perplexity" if self.name == "causal-lm" else "accuracy"
+
+
+def pad_token_id(model: nn.Module) -> int:
+    """The id padding enters a model as: its config's ``pad_token_id`` (last-token pooling heads such as GPT-2's
+    sequence classifier pool at the last token that is not it, so padding must be exactly it), else 0."""
+    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    return pad if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 else 0
 
 
 def _token_losses(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:

@@ -14,7 +14,7 @@ from dpledger.audit.bgm import BgmAudit, audit_bgm
 from dpledger.audit.estimate import AuditStatistics
 from dpledger.audit.result import Claim, epsilon_versus_observations, tradeoff_points
 from dpledger.params import Params
-from dpledger.pipeline.inputs_check import verified_record, verified_schedule
+from dpledger.seals import verified_record, verified_schedule
 from dpledger.sampling.guard import check_schedule
 from dpledger.sampling.registry import options_for
 from dpledger.sampling.schedule import Schedule

@@ -38,7 +38,7 @@ from dpledger.data import load_data
 from dpledger.mechanisms import banded_params, coefficients
 from dpledger.mechanisms.rmse import prefix_rmse
 from dpledger.params import CalibrateParams, Params, check_dataset_size
-from dpledger.pipeline.inputs_check import seal_record
+from dpledger.seals import seal_record
 from dpledger.sampling.registry import build_sampler
 
 

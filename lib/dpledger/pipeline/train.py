@@ -39,13 +39,15 @@ from dpledger.engine.checkpoint import (
     save_checkpoint,
 )
 from dpledger.engine.device import autocast, select_device
+from dpledger.engine.validators import check_state_unchanged, state_snapshot
 from dpledger.errors import DpledgerError
 from dpledger.models import Task, build_task_model, task_for
 from dpledger.models.lora import adapter_base, is_adapter_folder
 from dpledger.models.publish import publish_run
 from dpledger.params import Params
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
-from dpledger.pipeline.inputs_check import verified_record, verified_schedule
+from dpledger.seals import verified_record, verified_schedule
+from dpledger.plugins import plugin_source
 from dpledger.sampling.guard import SamplerCheck, check_schedule
 from dpledger.sampling.schedule import Schedule
 
@@ -92,15 +94,15 @@ def _training_code() -> list[Path]:
 
 
 def _user_files(params: Params) -> list[Path]:
-    """The user's tokenizer and model checkpoint (an adapter's base model too): new weights start
-    over, too."""
+    """The user's tokenizer, model checkpoint (an adapter's base model too) and plugin model's source:
+    new weights or code start over, too."""
     model = params.train.model_options.get("path") if params.train.model == "hf" else None
     base = adapter_base(model) if is_adapter_folder(model) else None
     folders = [params.data.tokenizer, model, base]
     files: list[Path] = []
     for folder in (Path(f) for f in folders if isinstance(f, str) and Path(f).is_dir()):
         files += sorted(f for f in folder.rglob("*") if f.is_file())
-    return files
+    return files + [f for f in [plugin_source(params.train.model)] if f is not None]
 
 
 def _input_fingerprint(params: Params, root: Path, data: Dataset, device: torch.device) -> str:
@@ -262,6 +264,7 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
         unit="step",
         disable=not sys.stderr.isatty() or not ranks.writes,
     )
+    state = state_snapshot(model, optimizer)  # buffers and frozen parameters: checked after a step, before saving
     for step in range(ledger.steps_done, schedule.num_steps):
         indices, padding = ranks.share(*schedule.batch(step))
         rows = torch.from_numpy(indices.astype(np.int64)).to(device)
@@ -271,16 +274,20 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
             engine, task, model, x_train, y_train, rows, weights, tp.physical_batch_size, device, tp.precision
         )
         scheduler.step()  # one learning-rate step per logical (engine) step
+        done = step + 1
+        epoch_end = done % schedule.steps_per_epoch == 0 or done == schedule.num_steps
+        if step == resumed_from:
+            check_state_unchanged(model, optimizer, state)
         loss_sum, real = ranks.total([loss_sum, real], device)
         examples += int(real)
         history["loss"].append(loss_sum / real if real else float("nan"))
         history["epsilon"].append(epsilon_spent(record, step + 1))
-        done = step + 1
-        epoch_end = done % schedule.steps_per_epoch == 0 or done == schedule.num_steps
         if epoch_end:
             history["eval_step"].append(done)
             for split, xs, ys in (("train", x_train, y_train), ("test", x_test, y_test)):
                 history[f"{split}_{task.metric}"].append(task.evaluate(model, xs, ys)[task.metric])
+        if epoch_end or done % tp.checkpoint_every == 0:
+            check_state_unchanged(model, optimizer, state)  # before anything is saved
         if (epoch_end or done % tp.checkpoint_every == 0) and ranks.writes:
             history["elapsed_s"] = [history["elapsed_s"][0] + time.perf_counter() - started]
             history["examples"] = [history["examples"][0] + examples]

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from dpledger.report.formatting import format_lower, format_percent, format_upper, format_value
 from dpledger.report.inputs import UPSTREAM_STAGES
+from dpledger.report.sealed import disagreements
 from dpledger.sampling.guard import SamplerCheck, declared_equivalent
 
 _RELATIVE_SLACK = 1e-9
@@ -34,14 +35,17 @@ def find_findings(
     details: dict[str, Any] | None = None,
     status: dict[str, str] | None = None,
     train_files: dict[str, Any] | None = None,
+    seals: list[str] | None = None,
 ) -> list[Finding]:
-    """All findings, warnings first (most serious first), then notices."""
+    """All findings, warnings first (most serious first), then notices. ``seals`` lists the sealed inputs
+    that no longer match their seal (``report.sealed.seal_problems``)."""
     details = details or {}
     train_files = train_files or {}
     status = status or {stage: ("ok" if metrics.get(stage) else "not run") for stage in UPSTREAM_STAGES}
     warnings = [
         _delta_vacuous(metrics),
-        _audit_contradicted(metrics),
+        _audit_contradicted(metrics, details),
+        _sources_disagree(metrics, details, train_files, seals or []),
         _sigma_disagrees(metrics, details, train_files),
         _sampler_mismatch(metrics, details),
         _budget_exceeded(metrics),
@@ -70,15 +74,19 @@ def _exceeds(value: Any, limit: Any) -> bool:
     return value is not None and limit is not None and value > limit * (1 + _RELATIVE_SLACK)
 
 
-def _audit_contradicted(metrics: dict[str, dict[str, Any]]) -> Finding | None:
-    """The audit's own verdict decides: ε_emp above the claim from an invalid threshold (``max``) is no bound."""
+def _audit_contradicted(metrics: dict[str, dict[str, Any]], details: dict[str, Any]) -> Finding | None:
+    """Re-derived from the numbers shown: ε_emp above any claimed ε the report shows (the record's, calibrate's
+    or the audit's) contradicts it, whatever verdict the audit wrote; only an invalid threshold (``max``)
+    gives no bound. An audit that says ``contradicted`` is believed."""
     audit = metrics.get("audit", {})
-    claimed = audit.get("epsilon_claimed", metrics.get("calibrate", {}).get("epsilon"))
+    record = details.get("calibrate") if isinstance(details.get("calibrate"), dict) else {}
+    claims = [audit.get("epsilon_claimed"), metrics.get("calibrate", {}).get("epsilon"), record.get("epsilon")]
     empirical = audit.get("epsilon_emp")
-    if "verdict" in audit:
-        contradicted = audit["verdict"] == "contradicted"
-    else:  # metrics of an older audit: compare, unless its threshold gave no valid bound
-        contradicted = audit.get("threshold_valid") is not False and _exceeds(empirical, claimed)
+    exceeded = [float(c) for c in claims if _exceeds(empirical, c)]
+    claimed = min(exceeded) if exceeded else next((c for c in claims if c is not None), None)
+    contradicted = audit.get("verdict") == "contradicted" or (
+        audit.get("threshold_valid") is not False and bool(exceeded)
+    )
     if not contradicted:
         return None
     confidence = audit.get("confidence")
@@ -139,6 +147,23 @@ def sigma_sources(
         "calibrate metrics": metrics.get("calibrate", {}).get("noise_multiplier"),
     }
     return {source: float(value) for source, value in found.items() if _real(value) is not None}
+
+
+def _sources_disagree(
+    metrics: dict[str, dict[str, Any]], details: dict[str, Any], train_files: dict[str, Any], seals: list[str]
+) -> Finding | None:
+    found = seals + disagreements(metrics, details, train_files)
+    if not found:
+        return None
+    return Finding(
+        kind="sources-disagree",
+        severity="warning",
+        title="The outputs disagree with the sealed record",
+        message=(
+            "; ".join(found) + ". The numbers shown come from files edited or written by different runs: "
+            "trust the sealed calibration record and re-run the pipeline from the first stage that disagrees."
+        ),
+    )
 
 
 def _sigma_disagrees(

@@ -27,6 +27,8 @@ from dpledger.report.inputs import ReportInputs
 from dpledger.report.tables import NOT_RUN
 
 VERDICT_TONES: dict[str, Tone] = {"consistent": "good", "contradicted": "bad", "inconclusive": "warn"}
+_FROM_RECORD = ("epsilon", "delta", "accountant", "sampler", "mechanism", "steps")
+"""The claim's fields read from the sealed calibration record rather than from metrics/calibrate.json."""
 
 
 def headline(inputs: ReportInputs, findings: list[Finding]) -> list[Block]:
@@ -35,7 +37,7 @@ def headline(inputs: ReportInputs, findings: list[Finding]) -> list[Block]:
     rows = [
         _claim_row(inputs, kinds),
         _sampler_row(inputs, kinds),
-        _audit_row(inputs),
+        _audit_row(inputs, kinds),
         _verify_row(inputs),
         _accuracy_row(inputs),
         _spent_row(inputs, kinds),
@@ -48,7 +50,8 @@ def _claim_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
     label = text(Strong("Claimed ε"))
     if not inputs.ran("calibrate"):
         return label, text(MISSING), text(), text(NOT_RUN)
-    m = inputs.metrics["calibrate"]
+    record = inputs.details.get("calibrate") if isinstance(inputs.details.get("calibrate"), dict) else {}
+    m = {**inputs.metrics["calibrate"], **{k: record[k] for k in _FROM_RECORD if record.get(k) is not None}}
     details = _joined(
         ("accountant", m.get("accountant")),
         ("sampler", m.get("sampler")),
@@ -61,7 +64,7 @@ def _claim_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
     )
     if "audit-contradicted" in kinds:
         verdict = Badge("contradicted", "bad")
-    elif kinds & {"sampler-mismatch", "budget-exceeded", "mc-failure", "sigma-mismatch"}:
+    elif kinds & {"sampler-mismatch", "budget-exceeded", "mc-failure", "sigma-mismatch", "sources-disagree"}:
         verdict = Badge("does not hold as stated", "bad")
     else:
         verdict = Badge("proven", "good")
@@ -91,7 +94,7 @@ def _sampler_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
     return label, result, text(details), text(verdict)
 
 
-def _audit_row(inputs: ReportInputs) -> tuple[Text, ...]:
+def _audit_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
     label = text(Strong("Empirical ε"))
     if not inputs.ran("audit"):
         return label, text(MISSING), text(), text(NOT_RUN)
@@ -104,7 +107,7 @@ def _audit_row(inputs: ReportInputs) -> tuple[Text, ...]:
         ("threshold", m.get("threshold_method")),
         ("sampler", m.get("sampler")),
     )
-    verdict = str(m.get("verdict", "unknown"))
+    verdict = "contradicted" if "audit-contradicted" in kinds else str(m.get("verdict", "unknown"))
     return label, text(Strong(result)), text(details), text(Badge(verdict, VERDICT_TONES.get(verdict, "warn")))
 
 
@@ -152,7 +155,12 @@ def _spent_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
         return label, text(MISSING), text(), text(NOT_RUN)
     m = inputs.metrics["train"]
     result = f"ε = {format_upper(m.get('epsilon_spent'))} after {format_value(m.get('steps_done'))} steps"
-    verdict = Badge("over budget", "bad") if "budget-exceeded" in kinds else Badge("within budget", "good")
+    if "budget-exceeded" in kinds:
+        verdict = Badge("over budget", "bad")
+    elif "sources-disagree" in kinds:
+        verdict = Badge("disagrees with the record", "bad")
+    else:
+        verdict = Badge("within budget", "good")
     return label, text(result), text(), text(verdict)
 
 

@@ -1,7 +1,7 @@
 """Everything the report reads, loaded defensively: a missing or unreadable output is 'not run', never a crash.
 
 The report reads what the other stages wrote (their flat metrics, detail JSONs and PNG plots) and
-recomputes nothing.
+recomputes nothing but the seals of the calibration record and the schedule (``report.sealed``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dpledger import paths
+from dpledger.report.sealed import seal_problems
 
 UPSTREAM_STAGES = ("calibrate", "schedule", "train", "verify", "audit")
 DETAIL_FILES = {
@@ -40,6 +41,7 @@ class ReportInputs:
     train_files: dict[str, Any]
     plots: dict[str, list[Path]]
     problems: list[str] = field(default_factory=list)
+    seal_problems: list[str] = field(default_factory=list)
 
     def ran(self, stage: str) -> bool:
         return self.status.get(stage) == "ok"
@@ -73,6 +75,7 @@ def load_inputs(root: str | Path) -> ReportInputs:
         train_files=_read_train_files(root, problems),
         plots={stage: sorted((root / paths.plots(stage)).glob("*.png")) for stage in UPSTREAM_STAGES},
         problems=problems,
+        seal_problems=seal_problems(root),
     )
 
 

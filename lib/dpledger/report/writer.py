@@ -52,6 +52,7 @@ def render_report(params: Params, root: str | Path) -> RenderedReport:
         details=inputs.details,
         status=inputs.status,
         train_files=inputs.train_files,
+        seals=inputs.seal_problems,
     )
     provenance = Provenance(params=params.model_dump(mode="json"), versions=package_versions(), commit=git_commit(root))
     document = build_document(params.report.title, inputs, findings, provenance)

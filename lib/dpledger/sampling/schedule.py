@@ -18,6 +18,8 @@ from dpledger import io
 
 SAVED_ARRAYS = {"indices": np.int64, "offsets": np.int64, "padding": bool}
 """The fields saved in ``schedule.npz``, with their dtypes; every other field goes to ``schedule.json``."""
+DIGEST_KEY = "sha256"
+"""The key in the header's metadata of :meth:`Schedule.digest` (arrays and header fields)."""
 
 
 @dataclass(frozen=True)
@@ -69,18 +71,26 @@ class Schedule:
         io.write_npz(folder / "schedule.npz", **self.saved_arrays())
         io.write_json(folder / "schedule.json", self.header())
 
-    def arrays_digest(self) -> str:
-        """SHA-256 of the arrays as saved: the header records it so a reader can refuse an edited ``schedule.npz``."""
+    def digest(self) -> str:
+        """SHA-256 of the arrays as saved and of every header field (sampler, its parameters, seed, sizes,
+        normalizer, metadata): the header records it so a reader can refuse an edited ``schedule.npz`` and a
+        relabelled ``schedule.json`` (e.g. a shuffle schedule renamed ``poisson``) alike."""
         digest = hashlib.sha256()
         for array in self.saved_arrays().values():
             digest.update(array.tobytes())
+        digest.update(json.dumps(self._sealed_fields(), sort_keys=True, default=str).encode())
         return digest.hexdigest()
 
-    def header(self) -> dict[str, Any]:
-        """Every field but the arrays (what produced the schedule), the step count and the arrays' digest."""
+    def _sealed_fields(self) -> dict[str, Any]:
         scalars = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in SAVED_ARRAYS}
-        metadata = {**scalars.pop("metadata"), "arrays_sha256": self.arrays_digest()}
-        return {**scalars, "num_steps": self.num_steps, "metadata": metadata}
+        scalars["metadata"] = {k: v for k, v in scalars["metadata"].items() if k != DIGEST_KEY}
+        return {**scalars, "num_steps": self.num_steps}
+
+    def header(self) -> dict[str, Any]:
+        """Every field but the arrays (what produced the schedule), the step count and the digest."""
+        header = self._sealed_fields()
+        header["metadata"] = {**header["metadata"], DIGEST_KEY: self.digest()}
+        return header
 
     @classmethod
     def load(cls, folder: str | Path) -> "Schedule":

@@ -166,20 +166,30 @@ def run_t2(runner: Runner, config: BatteryConfig, seed: int, significance: float
     )
 
 
-def _sensitivity_contexts(runner: Runner, batch_size: int) -> list[tuple[str, torch.Tensor, torch.Tensor, int]]:
-    """Batches with the probe at some row: (label, inputs, targets, probe row); the neighbour zeroes that row."""
+def _sensitivity_contexts(
+    runner: Runner, batch_size: int
+) -> list[tuple[str, torch.Tensor, torch.Tensor, int, torch.Tensor]]:
+    """Batches with the probe at some row: (label, inputs, targets, probe row, neighbour's inputs); the neighbour
+    zeroes that row's weight. In the last context the neighbour's row also holds another input: a zero-weight
+    row contributes nothing whatever its input, unless the model mixes the batch (e.g. subtracts the batch mean
+    before its first layer), where the other rows' gradients change with it and the ratio exceeds 1."""
     task = runner.task
     ordinary_inputs, ordinary_targets = task.ordinary_rows(0, batch_size)
     zero_inputs, zero_targets = task.zero_rows(batch_size)
+    other_input = task.ordinary_rows(batch_size, 1)[0][0]
     contexts = []
-    for label, inputs, targets, row in (
-        (f"B={batch_size}, ordinary rows", ordinary_inputs, ordinary_targets, 0),
-        (f"B={batch_size}, zero-gradient rows", zero_inputs, zero_targets, batch_size // 2),
-        ("B=1", zero_inputs[:1], zero_targets[:1], 0),
+    for label, inputs, targets, row, replace_input in (
+        (f"B={batch_size}, ordinary rows", ordinary_inputs, ordinary_targets, 0, False),
+        (f"B={batch_size}, zero-gradient rows", zero_inputs, zero_targets, batch_size // 2, False),
+        ("B=1", zero_inputs[:1], zero_targets[:1], 0, False),
+        (f"B={batch_size}, ordinary rows, neighbour's input replaced", ordinary_inputs, ordinary_targets, 0, True),
     ):
         inputs, targets = inputs.clone(), targets.clone()
         inputs[row], targets[row] = task.probe_input[0], task.probe_target[0]
-        contexts.append((label, inputs, targets, row))
+        neighbour_inputs = inputs.clone()
+        if replace_input:
+            neighbour_inputs[row] = other_input
+        contexts.append((label, inputs, targets, row, neighbour_inputs))
     return contexts
 
 
@@ -196,12 +206,12 @@ def run_sensitivity(runner: Runner, config: BatteryConfig, seed: int) -> TestRes
     lr = 0.05
     steps_before = runner.steps_used
     labels, ratios = [], []
-    for label, inputs, targets, row in _sensitivity_contexts(runner, config.sensitivity_batch_size):
+    for label, inputs, targets, row, neighbour_inputs in _sensitivity_contexts(runner, config.sensitivity_batch_size):
         settings = dict(clip_norm=clip_norm, noise_multiplier=0.0, batch_size=inputs.shape[0], lr=lr, seed=seed)
         with_probe = runner.parameters_after(inputs, targets, **settings)
         neighbour_targets = targets.clone()
         neighbour_targets[row] = 0.0
-        without_probe = runner.parameters_after(inputs, neighbour_targets, **settings)
+        without_probe = runner.parameters_after(neighbour_inputs, neighbour_targets, **settings)
         bound = lr * clip_norm / inputs.shape[0]
         labels.append(label)
         ratios.append(float(torch.linalg.vector_norm(with_probe - without_probe)) / bound)
@@ -218,6 +228,8 @@ def run_sensitivity(runner: Runner, config: BatteryConfig, seed: int) -> TestRes
         cause = (
             "the update is not divided by B, or clipping happens after averaging"
             if abs(ratio - config.sensitivity_batch_size) < 0.05 * config.sensitivity_batch_size
+            else "the model mixes the examples of a batch, so one example moves the others' gradients"
+            if "input replaced" in labels[worst]
             else "clipping does not bound each example's gradient norm by C"
         )
         diagnosis = (

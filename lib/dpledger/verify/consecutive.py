@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from dpledger.engine.bk import BKEngine
 from dpledger.engine.optimizers import make_optimizer
 from dpledger.engine.reference import ReferenceTrainer
+from dpledger.engine.validators import check_state_unchanged, state_snapshot
 
 
 def consecutive_indices(step: int, batch_size: int, dataset_size: int) -> np.ndarray:
@@ -108,8 +109,12 @@ def train_consecutive(
             trainer.step(batch_inputs, batch_targets)
         return
     engine = BKEngine(model, torch_optimizer, **settings)
+    state = state_snapshot(model, torch_optimizer)  # a model changing its own state is refused (validators)
     try:
         for batch_inputs, batch_targets in batches:
             engine.private_step(loss_fn(model(batch_inputs), batch_targets))
+            if state is not None:
+                check_state_unchanged(model, torch_optimizer, state)
+                state = None
     finally:
         engine.detach()

@@ -55,7 +55,8 @@ class Runner:
     def _warmup_rows(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Every warm-up batch is B copies of one ordinary row, so its clipped mean does not depend on B."""
         count = self.warmup_steps * batch_size
-        return self.task.inputs[:1].repeat(count, 1), self.task.targets[:1].repeat(count, 1)
+        inputs, targets = self.task.inputs[:1], self.task.targets[:1]
+        return inputs.repeat(count, *[1] * (inputs.ndim - 1)), targets.repeat(count, *[1] * (targets.ndim - 1))
 
     def train(
         self,

@@ -7,8 +7,9 @@
 - A Monte Carlo claim cannot be recomputed cheaply (its Estimate-Verify-Release draws millions of
   samples), so calibrate seals the record: ``seal.json`` holds the SHA-256 of the record as verified, and
   a record that no longer matches it (σ, mechanism, or anything else edited) is refused.
-- The schedule's header carries the SHA-256 of its index arrays (``Schedule.save``); an edited
-  ``schedule.npz`` (e.g. example 0 put in every batch) no longer matches and is refused.
+- The schedule's header carries the SHA-256 of its index arrays and of its own fields (``Schedule.digest``); an
+  edited ``schedule.npz`` (e.g. example 0 put in every batch) or a relabelled sampler, seed or size in
+  ``schedule.json`` (e.g. shuffle renamed poisson) no longer matches and is refused.
 
 Threat model: an honest but mistaken user, or artifacts pulled from a shared DVC remote — a deliberate
 forger can recompute a digest; the recomputation of a deterministic claim cannot be fooled that way.
@@ -25,7 +26,7 @@ from dpledger import io
 from dpledger.accounting import MonteCarloAccountant, accountant_of, get_accountant
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.errors import DpledgerError
-from dpledger.sampling.schedule import Schedule
+from dpledger.sampling.schedule import DIGEST_KEY, Schedule
 
 SEAL = "seal.json"
 RELATIVE_TOLERANCE = 1e-6
@@ -104,10 +105,9 @@ def verified_schedule(folder: Path, stage: str) -> Schedule:
         raise DpledgerError(f"{stage}: {folder / 'schedule.json'} is missing; run the schedule stage first")
     with io.reading_artifact(folder, "schedule"):
         schedule = Schedule.load(folder)
-    recorded = schedule.metadata.get("arrays_sha256")
-    if recorded != schedule.arrays_digest():
+    if schedule.metadata.get(DIGEST_KEY) != schedule.digest():
         raise DpledgerError(
-            f"{stage}: {folder / 'schedule.npz'} does not match the digest in schedule.json (edited batches?); "
-            "re-run the schedule stage"
+            f"{stage}: {folder / 'schedule.npz'} does not match the digest in schedule.json (edited batches, "
+            "sampler, seed or sizes?); re-run the schedule stage"
         )
     return schedule
