@@ -6,6 +6,7 @@ Standalone use (see README, section train)::
     engine = BKEngine(model, optimizer, clip_norm=1.0, noise_multiplier=1.1, normalizer=64, seed=0)
     for x, y in batches:
         engine.private_step(F.cross_entropy(model(x), y, reduction="none"))
+    engine.self_check(lambda m, x, y: F.cross_entropy(m(x), y, reduction="none"), x, y)  # exact here?
 """
 
 from dpledger.engine.allocator import retain_freed_memory
@@ -15,6 +16,7 @@ from dpledger.engine.consecutive import consecutive_batches, consecutive_indices
 from dpledger.engine.noise import NoiseSource
 from dpledger.engine.optimizers import OPTIMIZERS, make_optimizer
 from dpledger.engine.reference import ReferenceTrainer, clipped_sum, per_example_gradients
+from dpledger.engine.self_check import SelfCheckError, SelfCheckResult, run_self_check
 from dpledger.engine.validators import replace_batchnorm
 
 __all__ = [
@@ -32,5 +34,8 @@ __all__ = [
     "clipped_sum",
     "per_example_gradients",
     "replace_batchnorm",
+    "run_self_check",
+    "SelfCheckError",
+    "SelfCheckResult",
     "retain_freed_memory",
 ]

@@ -54,7 +54,7 @@ class Task:
         if self.name == "causal-lm":
             tokens, counts = _token_losses(logits, x)
             return tokens.sum(1) / counts.clamp_min(1)
-        return F.cross_entropy(logits.float(), y, reduction="none")
+        return F.cross_entropy(_loss_precision(logits), y, reduction="none")
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, x: Tensor, y: Tensor) -> dict[str, float]:
@@ -84,10 +84,16 @@ class Task:
         return "perplexity" if self.name == "causal-lm" else "accuracy"
 
 
+def _loss_precision(logits: Tensor) -> Tensor:
+    """Half-precision logits in float32 for the loss; float32 and float64 (the self-check) as they are."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
 def _token_losses(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
     """Next-token cross-entropy at every position whose target is a real token (0 at padding), and the
     number of real targets per sequence."""
     targets = ids[:, 1:]
-    real = (targets != PAD).float()
-    losses = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), targets.clamp_min(0), reduction="none")
+    logits = _loss_precision(logits)
+    real = (targets != PAD).to(logits.dtype)
+    losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), targets.clamp_min(0), reduction="none")
     return losses * real, real.sum(1)

@@ -44,6 +44,7 @@ from dpledger.params import Params
 from dpledger.pipeline import paths
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
+from dpledger.pipeline.self_check import check_before_training, to_metrics
 from dpledger.sampling.guard import SamplerCheck, check_schedule
 from dpledger.sampling.schedule import Schedule
 
@@ -103,7 +104,9 @@ def _user_files(params: Params) -> list[Path]:
 
 def _input_fingerprint(params: Params, root: Path, data: Dataset) -> str:
     """Everything a step depends on, the training data's content included (a changed file restarts at 0)."""
-    train = params.train.model_dump(exclude={"checkpoint_every", "processes"})
+    train = params.train.model_dump(
+        exclude={"checkpoint_every", "processes", "self_check", "self_check_examples", "self_check_parameters"}
+    )
     return fingerprint(
         params.seed,
         params.data.model_dump(),
@@ -232,6 +235,8 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
 
     x_train, y_train = torch.from_numpy(data.x_train).to(device), torch.from_numpy(data.y_train).to(device)
     x_test, y_test = torch.from_numpy(data.x_test).to(device), torch.from_numpy(data.y_test).to(device)
+    checked = check_before_training(tp, engine, task, schedule, ledger.steps_done, (x_train, y_train))
+    ledger = ledger if checked is None else replace(ledger, self_check=checked)
     history = {k: list(v) for k, v in ledger.history.items()}
     started = time.perf_counter()
     examples = 0
@@ -319,6 +324,7 @@ def _write_outputs(root: Path, run: Finished, tensors: tuple[torch.Tensor, ...])
         "wall_time_s": elapsed,
         "mechanism": record.mechanism,
         **check.to_metrics(),
+        **to_metrics(ledger.self_check),
     }
     out = root / OUT
     with io.atomic_path(out / "model.pt") as tmp:
