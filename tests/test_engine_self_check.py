@@ -137,6 +137,7 @@ def test_self_check_passes_on_tiny_hf_models_with_dropout_on_and_leaves_them_unc
     torch.manual_seed(0)
     model = build().train()
     before = copy.deepcopy(model.state_dict())
+    random_state = torch.random.get_rng_state()
     ids = torch.randint(0, 40, (4, 6), generator=torch.Generator().manual_seed(1))
     labels = torch.tensor([0, 1, 2, 0])
     result = run_self_check(model, loss, ids, labels, clip_norm=0.5)
@@ -147,6 +148,10 @@ def test_self_check_passes_on_tiny_hf_models_with_dropout_on_and_leaves_them_unc
     )
     assert any(isinstance(m, nn.Dropout) and m.p == 0.1 for m in model.modules())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    torch.randint(0, 40, (4, 6), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(
+        random_state, torch.random.get_rng_state()
+    )  # training draws as without the check
 
 
 def test_a_rule_five_percent_off_is_refused_naming_its_layer():
@@ -294,3 +299,36 @@ def test_padding_rows_and_weights_reach_the_engine_and_the_loop_alike():
 
 def test_the_wrong_rule_is_registered_for_the_test_class_only():
     assert RULES[NudgedLinear] is WRONG_RULE and RULES[nn.Linear] is LINEAR_RULE
+
+
+class _KeyBiasAttention(nn.Module):
+    """Attention scores q·(W·x_t + b) over the tokens t: the key bias b shifts every score equally, so
+    softmax cancels its gradient exactly and both computations give round-off only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.key = nn.Linear(
+            16, 16
+        )  # 2T² < p·d: the ghost norm and book-keeping, not the loop's order
+        self.query = nn.Parameter(torch.randn(16))
+        self.value = nn.Linear(16, 3)
+
+    def forward(self, x):
+        weights = torch.softmax(self.key(x) @ self.query, dim=1)
+        return (weights.unsqueeze(-1) * self.value(x)).sum(1)
+
+
+def test_a_gradient_that_cancels_exactly_is_not_a_mismatch(monkeypatch):
+    torch.manual_seed(3)
+    model = _KeyBiasAttention()
+    x = torch.randn(4, 5, 16, generator=torch.Generator().manual_seed(4))
+    y = torch.tensor([0, 1, 2, 0])
+    result = run_self_check(model, classification_loss, x, y, clip_norm=0.5)
+    assert result.passed and result.max_relative_error < 1e-10
+    monkeypatch.setitem(
+        self_check_module.ZERO_GRADIENT_FLOOR, torch.float64, 0.0
+    )  # relative to itself
+    unfloored = run_self_check(
+        model, classification_loss, x, y, clip_norm=0.5, raise_on_mismatch=False
+    )
+    assert not unfloored.passed and unfloored.worst_parameters[0].name == "key.bias"
