@@ -1,11 +1,13 @@
-"""The engine self-check's cost (issue 26) against the train stage's, on the default pipeline (digits MLP)
-and on the LM example (examples/lm; prepare it first: ``python -m stages.prepare --out examples/lm/data``).
+"""The engine self-check's cost (issue 26) against the train stage's, on the default pipeline
+(digits MLP) and on the LM example (examples/lm; prepare it first: ``python -m stages.prepare --out
+examples/lm/data``).
 
-Run ``python -m benchmarks.bench_self_check [--params examples/lm/params.yaml] [--repeats 2]`` from the
-repository root. calibrate and schedule run once into a temporary root; then the train stage runs
-``repeats`` times with ``train.self_check`` on and off, interleaved, each from step 0, in this process.
-Printed: the check's own seconds (``self_check_seconds``), the stage's wall time with the check and
-without it, and the ratios check / stage. The baseline is measured in the same run, so load affects both.
+Run ``python -m benchmarks.bench_self_check [--params examples/lm/params.yaml] [--repeats 2]`` from
+the repository root. calibrate and schedule run once into a temporary root; then the train stage
+runs ``repeats`` times with ``train.self_check`` on and off, interleaved, each from step 0, in this
+process. Printed: the check's own seconds (``self_check_seconds``), the stage's wall time with the
+check and without it, and the ratios check / stage. The baseline is measured in the same run, so
+load affects both.
 """
 
 from __future__ import annotations
@@ -47,9 +49,8 @@ def measure(source: Path, repeats: int) -> dict[str, float]:
                 stages[self_check].append(time.perf_counter() - started)
                 if self_check:
                     checks.append(metrics["self_check_seconds"])
-                    record = json.loads((root / "artifacts/train/ledger.json").read_text())[
-                        "self_check"
-                    ]
+                    ledger = json.loads((root / "artifacts/train/ledger.json").read_text())
+                    record = ledger["self_check"]
         return {
             "check_s": statistics.median(checks),
             "stage_with_check_s": statistics.median(stages[True]),
@@ -69,7 +70,8 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     print(
         f"check / stage without it: {result['check_s'] / result['stage_without_check_s']:.2%}; "
-        f"stage with / without: {result['stage_with_check_s'] / result['stage_without_check_s']:.3f}"
+        "stage with / without: "
+        f"{result['stage_with_check_s'] / result['stage_without_check_s']:.3f}"
     )
 
 

@@ -1,5 +1,6 @@
-"""The engine's self-check (issue 26): on the user's own model, the engine's per-example norms and clipped
-sum against a naive per-example autograd loop; a wrong per-layer rule is refused, naming its layer."""
+"""The engine's self-check (issue 26): on the user's own model, the engine's per-example norms and
+clipped sum against a naive per-example autograd loop; a wrong per-layer rule is refused, naming its
+layer."""
 
 from __future__ import annotations
 
@@ -28,13 +29,13 @@ def classification_loss(model, x, y):
 
 def _images(n=5, classes=4, seed=0):
     generator = torch.Generator().manual_seed(seed)
-    return torch.rand(n, 1, 8, 8, generator=generator), torch.randint(
-        0, classes, (n,), generator=generator
-    )
+    images = torch.rand(n, 1, 8, 8, generator=generator)
+    return images, torch.randint(0, classes, (n,), generator=generator)
 
 
 class NudgedLinear(nn.Module):
-    """A custom layer (a plain linear map) that the test registers with a rule 5 % off in its clipped sum."""
+    """A custom layer (a plain linear map) that the test registers with a rule 5 % off in its
+    clipped sum."""
 
     def __init__(self, d: int, p: int) -> None:
         super().__init__()
@@ -55,25 +56,25 @@ def _nudged_sum(layer, a, b, factors, out):
 
 
 WRONG_RULE = dataclasses.replace(
-    LINEAR_RULE, per_example_grads=_nudged_grads, clipped_sum=_nudged_sum
+    LINEAR_RULE,
+    per_example_grads=_nudged_grads,
+    clipped_sum=_nudged_sum,
 )
 register(NudgedLinear, rule=WRONG_RULE)  # a test-only class: no other layer gets this rule
 
 
 def make_nudged_model(input_shape, num_classes):
     """A plugin model factory (train.model: test_engine_self_check:make_nudged_model)."""
-    return nn.Sequential(
-        nn.Flatten(), nn.Linear(math.prod(input_shape), 8), nn.Tanh(), NudgedLinear(8, num_classes)
-    )
+    first = nn.Linear(math.prod(input_shape), 8)
+    return nn.Sequential(nn.Flatten(), first, nn.Tanh(), NudgedLinear(8, num_classes))
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer"])
 @pytest.mark.parametrize("clipping", ["flat", "per-layer", "automatic"])
 def test_self_check_passes_on_the_zoo_models_in_float64(name, clipping):
     torch.manual_seed(0)
-    model = build_model(
-        name, (1, 8, 8), 4, **({"dim": 16, "depth": 1} if name == "transformer" else {})
-    )
+    options = {"dim": 16, "depth": 1} if name == "transformer" else {}
+    model = build_model(name, (1, 8, 8), 4, **options)
     x, y = _images()
     result = run_self_check(model, classification_loss, x, y, clip_norm=0.05, clipping=clipping)
     assert result.passed and result.dtype == "float64" and result.tolerance == 1e-9
@@ -143,15 +144,12 @@ def test_self_check_passes_on_tiny_hf_models_with_dropout_on_and_leaves_them_unc
     result = run_self_check(model, loss, ids, labels, clip_norm=0.5)
     assert result.passed and result.max_relative_error < 1e-10
     assert result.parameters_checked == sum(1 for _ in model.parameters())  # GPT-2's tied head once
-    assert model.training and all(
-        p.requires_grad and p.dtype == torch.float32 for p in model.parameters()
-    )
+    assert model.training
+    assert all(p.requires_grad and p.dtype == torch.float32 for p in model.parameters())
     assert any(isinstance(m, nn.Dropout) and m.p == 0.1 for m in model.modules())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     torch.randint(0, 40, (4, 6), generator=torch.Generator().manual_seed(1))
-    assert torch.equal(
-        random_state, torch.random.get_rng_state()
-    )  # training draws as without the check
+    assert torch.equal(random_state, torch.random.get_rng_state())  # training draws as without it
 
 
 def test_a_rule_five_percent_off_is_refused_naming_its_layer():
@@ -168,9 +166,8 @@ def test_the_failure_path_returns_the_record_when_asked_and_names_the_worst_para
     torch.manual_seed(0)
     model = make_nudged_model((1, 8, 8), 4)
     x, y = _images()
-    result = run_self_check(
-        model, classification_loss, x, y, clip_norm=1e3, raise_on_mismatch=False
-    )
+    loss = classification_loss
+    result = run_self_check(model, loss, x, y, clip_norm=1e3, raise_on_mismatch=False)
     assert not result.passed
     assert result.worst_parameters[0].name == "3.weight"
     # unclipped (R large): the weight's sum is exactly 5 % off relative to itself
@@ -185,17 +182,14 @@ def test_the_standalone_api_checks_an_attached_engine_and_leaves_it_training_as_
     twin = copy.deepcopy(model)
     x, y = _images()
     x = x.double()
-    engine = BKEngine(
-        model, None, clip_norm=0.1, noise_multiplier=0.0, normalizer=1.0, clipping="per-layer"
-    )
+    options = dict(clip_norm=0.1, noise_multiplier=0.0, normalizer=1.0, clipping="per-layer")
+    engine = BKEngine(model, None, **options)
     result = engine.self_check(classification_loss, x, y)
     assert result.passed and result.clipping == "per-layer"
     assert not any(p.requires_grad for p in model.parameters())  # the engine's state is kept
     engine.private_step(classification_loss(model, x, y))
     after_check = [p.grad.clone() for p in engine.params]
-    fresh = BKEngine(
-        twin, None, clip_norm=0.1, noise_multiplier=0.0, normalizer=1.0, clipping="per-layer"
-    )
+    fresh = BKEngine(twin, None, **options)
     fresh.private_step(classification_loss(twin, x, y))
     assert all(torch.equal(a, p.grad) for a, p in zip(after_check, fresh.params))
 
@@ -271,7 +265,8 @@ def test_float64_falls_back_to_float32_when_only_that_fits(monkeypatch):
 
 
 class _BatchMixer(nn.Module):
-    """Subtracts the batch mean: each example's loss depends on the others (per-example DP does not hold)."""
+    """Subtracts the batch mean: each example's loss depends on the others (per-example DP does not
+    hold)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -302,14 +297,12 @@ def test_the_wrong_rule_is_registered_for_the_test_class_only():
 
 
 class _KeyBiasAttention(nn.Module):
-    """Attention scores q·(W·x_t + b) over the tokens t: the key bias b shifts every score equally, so
-    softmax cancels its gradient exactly and both computations give round-off only."""
+    """Attention scores q·(W·x_t + b) over the tokens t: the key bias b shifts every score equally,
+    so softmax cancels its gradient exactly and both computations give round-off only."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.key = nn.Linear(
-            16, 16
-        )  # 2T² < p·d: the ghost norm and book-keeping, not the loop's order
+        self.key = nn.Linear(16, 16)  # 2T² < p·d: ghost norm and book-keeping, not the loop's order
         self.query = nn.Parameter(torch.randn(16))
         self.value = nn.Linear(16, 3)
 
@@ -325,10 +318,7 @@ def test_a_gradient_that_cancels_exactly_is_not_a_mismatch(monkeypatch):
     y = torch.tensor([0, 1, 2, 0])
     result = run_self_check(model, classification_loss, x, y, clip_norm=0.5)
     assert result.passed and result.max_relative_error < 1e-10
-    monkeypatch.setitem(
-        self_check_module.ZERO_GRADIENT_FLOOR, torch.float64, 0.0
-    )  # relative to itself
-    unfloored = run_self_check(
-        model, classification_loss, x, y, clip_norm=0.5, raise_on_mismatch=False
-    )
+    monkeypatch.setitem(self_check_module.ZERO_GRADIENT_FLOOR, torch.float64, 0.0)  # to itself
+    loss = classification_loss
+    unfloored = run_self_check(model, loss, x, y, clip_norm=0.5, raise_on_mismatch=False)
     assert not unfloored.passed and unfloored.worst_parameters[0].name == "key.bias"

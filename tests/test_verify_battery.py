@@ -76,10 +76,11 @@ def test_the_engine_self_check_passes_on_the_synthetic_model_in_every_clipping_m
     assert result.passed and result.name == "engine_self_check" and result.p_value == 1.0
     assert result.statistic < 1e-3  # max relative error / tolerance
     assert {"flat", "per-layer", "automatic"} <= set(result.details)
-    assert all(result.details[mode]["dtype"] == "float64" for mode in ("flat", "per-layer", "automatic"))
+    modes = ("flat", "per-layer", "automatic")
+    assert all(result.details[mode]["dtype"] == "float64" for mode in modes)
 
 
-def test_with_model_train_the_engine_self_check_runs_on_the_users_model_and_names_a_wrong_rule(repo_root):
+def test_with_model_train_the_engine_self_check_names_a_wrong_rule_of_the_users_model(repo_root):
     params = load_params(repo_root / "params.yaml")
     train = params.train.model_copy(update={"model": "test_engine_self_check:make_nudged_model"})
     params = params.model_copy(update={"train": train, "verify": VerifyParams(model="train")})

@@ -6,7 +6,7 @@ Standalone use (see README, section train)::
     engine = BKEngine(model, optimizer, clip_norm=1.0, noise_multiplier=1.1, normalizer=64, seed=0)
     for x, y in batches:
         engine.private_step(F.cross_entropy(model(x), y, reduction="none"))
-    engine.self_check(lambda m, x, y: F.cross_entropy(m(x), y, reduction="none"), x, y)  # exact here?
+    engine.self_check(lambda m, x, y: F.cross_entropy(m(x), y, reduction="none"), x, y)  # exact?
 """
 
 from dpledger.engine.allocator import retain_freed_memory

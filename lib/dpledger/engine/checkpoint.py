@@ -46,7 +46,7 @@ class Ledger:
     history: dict[str, list[float]] = field(default_factory=dict)
     nonfinite_examples: int = 0
     self_check: dict[str, Any] = field(default_factory=dict)
-    """The engine's self-check on this run's model (``SelfCheckResult.to_dict``); empty when it did not run."""
+    """The engine's self-check of the run (``SelfCheckResult.to_dict``); empty if it did not run."""
 
     @property
     def schedule_position(self) -> int:

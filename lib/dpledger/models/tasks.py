@@ -85,7 +85,7 @@ class Task:
 
 
 def _loss_precision(logits: Tensor) -> Tensor:
-    """Half-precision logits in float32 for the loss; float32 and float64 (the self-check) as they are."""
+    """Half-precision logits in float32 for the loss; float32 and float64 (self-check) as is."""
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 

@@ -55,14 +55,14 @@ class TrainParams(Section):
 
     self_check: bool = Field(
         default=True,
-        description="before the first step, prove the engine exact on this model against a naive per-example loop",
+        description="before the first step, prove the engine exact on the model (naive loop)",
     )
     self_check_examples: int = Field(
-        default=4, ge=1, le=64, description="self-check: training examples of the run's first batch compared"
+        default=4, ge=1, le=64, description="self-check: examples of the run's first batch compared"
     )
     self_check_parameters: list[str] = Field(
         default_factory=list,
-        description="self-check: glob patterns of the parameters compared (empty: all; bounds the cost of huge models)",
+        description="self-check: glob patterns of the parameters compared (empty: all)",
     )
 
     @field_validator("model")

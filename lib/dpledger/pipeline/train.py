@@ -104,9 +104,8 @@ def _user_files(params: Params) -> list[Path]:
 
 def _input_fingerprint(params: Params, root: Path, data: Dataset) -> str:
     """Everything a step depends on, the training data's content included (a changed file restarts at 0)."""
-    train = params.train.model_dump(
-        exclude={"checkpoint_every", "processes", "self_check", "self_check_examples", "self_check_parameters"}
-    )
+    checks = {"self_check", "self_check_examples", "self_check_parameters"}  # they change no step
+    train = params.train.model_dump(exclude={"checkpoint_every", "processes", *checks})
     return fingerprint(
         params.seed,
         params.data.model_dump(),
@@ -235,7 +234,8 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
 
     x_train, y_train = torch.from_numpy(data.x_train).to(device), torch.from_numpy(data.y_train).to(device)
     x_test, y_test = torch.from_numpy(data.x_test).to(device), torch.from_numpy(data.y_test).to(device)
-    checked = check_before_training(tp, engine, task, schedule, ledger.steps_done, (x_train, y_train))
+    start, rows = ledger.steps_done, (x_train, y_train)
+    checked = check_before_training(tp, engine, task, schedule, start, rows)
     ledger = ledger if checked is None else replace(ledger, self_check=checked)
     history = {k: list(v) for k, v in ledger.history.items()}
     started = time.perf_counter()

@@ -63,7 +63,9 @@ def _claim_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
     )
     if "audit-contradicted" in kinds:
         verdict = Badge("contradicted", "bad")
-    elif kinds & {"sampler-mismatch", "budget-exceeded", "mc-failure", "sigma-mismatch", "self-check-failed"}:
+    elif kinds & {"sampler-mismatch", "budget-exceeded", "mc-failure", "sigma-mismatch"} or (
+        "self-check-failed" in kinds
+    ):
         verdict = Badge("does not hold as stated", "bad")
     else:
         verdict = Badge("proven", "good")

@@ -1,7 +1,8 @@
-"""The engine's self-check in the report (issue 26): a headline row, and a warning when it failed or did
-not run (then nothing shows that this model's private gradients are exactly DP-SGD's).
+"""The engine's self-check in the report (issue 26): a headline row, and a warning when it failed or
+did not run (then nothing shows that this model's private gradients are exactly DP-SGD's).
 
-Reads only train's flat metrics (``self_check_*``), so ``dpledger report --compare`` applies it to old runs.
+Reads only train's flat metrics (``self_check_*``), so ``dpledger report --compare`` applies it to
+old runs.
 """
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ def self_check_row(metrics: dict[str, dict[str, Any]], train_ran: bool) -> tuple
     train = metrics.get("train", {})
     passed = train.get("self_check_passed")
     if passed is None:
-        return label, text("not checked"), text("train.self_check was off"), text(Badge("unchecked", "warn"))
+        return (
+            label,
+            text("not checked"),
+            text("train.self_check was off"),
+            text(Badge("unchecked", "warn")),
+        )
     error = format_value(train.get("self_check_max_relative_error"))
     result = text(f"max relative error {error} vs a naive per-example loop")
     badge = Badge("exact", "good") if passed is True else Badge("mismatch", "bad")
@@ -44,7 +50,8 @@ def self_check_row(metrics: dict[str, dict[str, Any]], train_ran: bool) -> tuple
 
 
 def self_check_findings(metrics: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """(kind, title, message) of a failed or missing self-check of a run that trained; else nothing."""
+    """(kind, title, message) of a failed or missing self-check of a run that trained; else
+    nothing."""
     train = metrics.get("train", {})
     if not train:
         return []
@@ -55,8 +62,9 @@ def self_check_findings(metrics: dict[str, dict[str, Any]]) -> list[tuple[str, s
             (
                 "self-check-failed",
                 "Engine self-check failed",
-                f"The engine's private gradient on this model differed from a naive per-example loop "
-                f"(relative error {error}): the clipped sum may not be DP-SGD's, so neither is the claim.",
+                "The engine's private gradient on this model differed from a naive per-example "
+                f"loop (relative error {error}): the clipped sum may not be DP-SGD's, so neither "
+                "is the claim.",
             )
         ]
     if passed is True:
@@ -65,8 +73,9 @@ def self_check_findings(metrics: dict[str, dict[str, Any]]) -> list[tuple[str, s
         (
             "self-check-missing",
             "Engine exactness not checked on this model",
-            "The train stage ran without the engine's self-check (train.self_check: false, or outputs of an "
-            "older version): nothing shows that this model's private gradients are exactly DP-SGD's. "
+            "The train stage ran without the engine's self-check (train.self_check: false, or "
+            "outputs of an older version): nothing shows that this model's private gradients are "
+            "exactly DP-SGD's. "
             "Set train.self_check: true and rerun train.",
         )
     ]

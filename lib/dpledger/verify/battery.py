@@ -92,7 +92,8 @@ def _run(
     started = time.perf_counter()
     runner = Runner(trainer, task, optimizer, config)
     trainer_seed = 1_000 * seed
-    bar = tqdm(total=7, desc=f"verify {trainer_name}", unit="test", disable=not progress or not sys.stderr.isatty())
+    quiet = not progress or not sys.stderr.isatty()
+    bar = tqdm(total=7, desc=f"verify {trainer_name}", unit="test", disable=quiet)
 
     def step(label: str, compute: Callable[[], object]):
         bar.set_postfix_str(label)

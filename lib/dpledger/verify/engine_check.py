@@ -2,9 +2,10 @@
 per-example loop on the battery's model (with ``verify.model: train`` the user's own model, loss and
 training rows), float64, flat, per-layer and automatic clipping, every parameter compared.
 
-It checks the engine the train stage uses, whichever trainer the battery tests: a wrong per-layer rule
-for this model would make every DP-SGD step of the pipeline wrong even when the trainer under test is
-right. The clip norm is the median gradient norm of the rows, so both branches of min(1, R/‖g‖) run.
+It checks the engine the train stage uses, whichever trainer the battery tests: a wrong per-layer
+rule for this model would make every DP-SGD step of the pipeline wrong even when the trainer under
+test is right. The clip norm is the median gradient norm of the rows, so both branches of min(1,
+R/‖g‖) run.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ EXAMPLES = 4
 
 ENGINE_SELF_CHECK = Check(
     "engine_self_check",
-    "issue 26: the BK engine's per-example norms and clipped sum (σ = 0) on the battery's model equal a naive "
+    "issue 26: the BK engine's per-example norms and clipped sum (σ = 0) on the battery's model "
+    "equal a naive "
     "per-example loop's, every parameter, flat, per-layer and automatic clipping",
     "max relative error / tolerance",
 )
 
 
 def run_engine_self_check(task: SyntheticTask) -> TestResult:
-    """The self-check in each clipping mode on the task's first rows; fails on a mismatch or a refusal."""
+    """The self-check in each clipping mode on the task's first rows; fails on a mismatch or a
+    refusal."""
     inputs, targets = task.inputs[:EXAMPLES], task.targets[:EXAMPLES]
     clip_norm = float(task.ordinary_norms[:EXAMPLES].median())
     ratios, details = [], {"examples": len(inputs), "clip_norm": clip_norm}
@@ -70,7 +73,8 @@ def run_engine_self_check(task: SyntheticTask) -> TestResult:
         steps=0,
         diagnosis=(
             f"the engine equals a naive per-example loop on {task.description} within "
-            f"{result.tolerance:g} ({result.dtype}; worst relative error {max(ratios) * result.tolerance:.3g})"
+            f"{result.tolerance:g} ({result.dtype}; worst relative error "
+            f"{max(ratios) * result.tolerance:.3g})"
         ),
         figure=_figure(ratios),
     )
