@@ -58,12 +58,12 @@ TOLERANCE: dict[torch.dtype, float] = {torch.float64: 1e-9, torch.float32: 1e-3}
 """Largest relative error accepted, per precision of the check.
 
 float64: the engine and the loop sum the same terms in different orders, so they differ by
-round-off, ~1e-16 per operation; measured at most ~1e-13 on the zoo and the tiny HF models
-(tests/test_engine_self_check.py), so 1e-9 is three orders above round-off and seven below a 1 %
-error in a rule. float32: round-off is ~6e-8 per operation and the differences grow through depth
-and with B·T-term sums (measured ~1e-5 on the LM example's model); 1e-3 separates that from a wrong
-rule (errors of a rule are of the order of the gradient itself: a missing term, a wrong factor), not
-from a slip below 0.1 %."""
+round-off, ~1e-16 per operation; measured at most 6e-16 on the zoo, tiny GPT-2 and BERT and the
+digits and LM examples (1e-12 on a gradient that cancels exactly), so 1e-9 is three orders above
+round-off and seven below a 1 % error in a rule. float32: round-off is ~6e-8 per operation and
+grows through depth and with B·T-term sums (measured at most 4e-7 on the same models); 1e-3
+separates that from a wrong rule (errors of a rule are of the order of the gradient itself: a
+missing term, a wrong factor), not from a slip below 0.1 %."""
 
 ZERO_GRADIENT_FLOOR: dict[torch.dtype, float] = {torch.float64: 1e-5, torch.float32: 1e-3}
 """A parameter's error is relative to the sum of the examples' clipped contributions to it, but at
