@@ -39,6 +39,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -249,10 +250,14 @@ def _device(model: nn.Module) -> torch.device:
 
 
 def _available_bytes(device: torch.device) -> int:
-    """Free memory where the copy will live: the accelerator's, or the machine's available RAM."""
+    """Free memory where the copy will live: the accelerator's, or the machine's available RAM
+    (Linux's MemAvailable, which counts reclaimable page cache; else the free pages)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    meminfo = Path("/proc/meminfo")
+    lines = meminfo.read_text().splitlines() if meminfo.exists() else []
+    available = [int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:")]
+    return available[0] if available else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _copy_bytes(model: nn.Module, names: Sequence[str], dtype: torch.dtype) -> int:
