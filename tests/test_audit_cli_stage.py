@@ -13,8 +13,8 @@ from dpledger.cli import app
 from dpledger.errors import DpledgerError
 from dpledger.params import load_params
 from dpledger.pipeline import audit as audit_stage
-from dpledger.seals import seal_record
 from dpledger.sampling.registry import build_schedule
+from dpledger.seals import seal_record
 from test_train_helpers import genuine_record
 
 runner = CliRunner()

@@ -254,6 +254,7 @@ def test_kill_9_lm_run_then_rerun_ends_with_the_same_ledger(tmp_path, lm):
     subprocess.run(command, cwd=killed, env=env, check=True, stderr=subprocess.DEVNULL)
     run_stage("train", clean / "params.yaml", clean)
     ledgers = [json.loads((root / "artifacts/train/ledger.json").read_text()) for root in (killed, clean)]
+    assert all(ledger.pop("self_check")["passed"] for ledger in ledgers)  # timed, checked per run
     assert {k: v for k, v in ledgers[0].items() if k != "fingerprint"} == {
         k: v for k, v in ledgers[1].items() if k != "fingerprint"
     }

@@ -86,6 +86,10 @@ def test_the_battery_passes_the_engine_on_the_train_stages_lm(tmp_path, lm):
     assert metrics["passed"], details["verdict"]
     assert details["heuristics"]["model"] == metrics["battery_model"] == "train.model = 'hf' (causal-lm)"
     assert details["heuristics"]["probe_gradient_norm"] >= 10
+    engine_check = next(test for test in details["tests"] if test["name"] == "engine_self_check")
+    assert engine_check["passed"] and engine_check["details"]["flat"]["dtype"] == "float64"
+    parameters = sum(1 for _ in _task(params)[0].parameters())
+    assert engine_check["details"]["flat"]["parameters_checked"] == parameters
 
 
 @pytest.mark.parametrize(

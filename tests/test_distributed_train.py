@@ -45,7 +45,11 @@ def _uneven_schedule() -> Schedule:
 
 
 def _outputs(root: Path) -> tuple[dict, dict]:
-    return json.loads((root / "artifacts/train/ledger.json").read_text()), torch.load(root / "artifacts/train/model.pt")
+    """The ledger without its self-check record (that run's timing and, resumed, the resume step's
+    batch: evidence about the run, not privacy bookkeeping; it must have passed) and the weights."""
+    ledger = json.loads((root / "artifacts/train/ledger.json").read_text())
+    assert ledger.pop("self_check")["passed"] is True
+    return ledger, torch.load(root / "artifacts/train/model.pt")
 
 
 def _assert_same_run(root_a: Path, root_b: Path) -> None:

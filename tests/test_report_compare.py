@@ -65,8 +65,13 @@ def test_compare_json(repository):
 def test_compare_uses_the_same_checks_as_the_report():
     old = {"train": {"sampler_accounted": "poisson", "sampler_used": "poisson", "sampler_mismatch": False}}
     new = {"train": {"sampler_accounted": "poisson", "sampler_used": "shuffle", "sampler_mismatch": True}}
+    for train in (old["train"], new["train"]):
+        train["self_check_passed"] = True
     warnings = compare_headlines(old, new, mc_failure_warning=1e-6)[0]
     assert (warnings.old, warnings.new) == ("none", "sampler-mismatch")
+    del new["train"]["self_check_passed"]  # a run without the engine's self-check is a warning too
+    warnings = compare_headlines(old, new, mc_failure_warning=1e-6)[0]
+    assert warnings.new == "sampler-mismatch, self-check-missing"
 
 
 def test_compare_with_an_unknown_revision_is_one_line_and_exit_code_2(repository):

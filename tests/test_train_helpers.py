@@ -14,8 +14,8 @@ import yaml
 
 from dpledger.accounting import describe, get_accountant
 from dpledger.accounting.record import CalibrationRecord
-from dpledger.seals import seal_record
 from dpledger.sampling.schedule import Schedule
+from dpledger.seals import seal_record
 
 TRAIN_SIZE = 1438  # the default digits split
 

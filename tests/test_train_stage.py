@@ -18,9 +18,9 @@ from dpledger.accounting.description import describe
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.errors import DpledgerError, SamplerMismatchError
 from dpledger.pipeline import run_stage
-from dpledger.seals import seal_record
 from dpledger.pipeline.train import epsilon_spent
 from dpledger.sampling.schedule import Schedule
+from dpledger.seals import seal_record
 from test_train_helpers import TRAIN_SIZE, genuine_record, make_project, poisson_schedule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,3 +193,32 @@ def test_kill_9_mid_epoch_then_rerun_ends_like_an_uninterrupted_run(tmp_path):
     for name in model_c:
         assert torch.equal(model_k[name], model_c[name]), name
     assert json.loads((killed / "metrics/train.json").read_text())["resumed_from_step"] == partial
+
+
+def test_the_engine_self_check_runs_before_training_and_is_recorded(tmp_path):
+    params = make_project(tmp_path, epochs=1)
+    metrics = run_stage("train", params, tmp_path)
+    ledger, _ = _state(tmp_path)
+    record = ledger["self_check"]
+    assert record["passed"] is True and record["dtype"] == "float64" and record["examples"] == 4
+    assert record["max_relative_error"] < 1e-12
+    assert record["parameters_checked"] == record["parameters_trainable"]
+    assert metrics["self_check_ran"] is True and metrics["self_check_passed"] is True
+    assert metrics["self_check_max_relative_error"] == record["max_relative_error"]
+    assert 0 < metrics["self_check_seconds"] < metrics["wall_time_s"]
+
+
+def test_a_wrong_layer_rule_refuses_training_in_one_line_and_writes_nothing(tmp_path):
+    model = {"model": "test_engine_self_check:make_nudged_model", "clip_norm": 1000.0}
+    params = make_project(tmp_path, epochs=1, train=model)
+    with pytest.raises(DpledgerError, match=r"self-check: .*NudgedLinear") as caught:
+        run_stage("train", params, tmp_path)
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "artifacts/train").exists() and not (tmp_path / "metrics").exists()
+
+
+def test_self_check_off_trains_and_says_it_did_not_run(tmp_path):
+    params = make_project(tmp_path, epochs=1, train={"self_check": False})
+    metrics = run_stage("train", params, tmp_path)
+    assert metrics["self_check_ran"] is False and "self_check_passed" not in metrics
+    assert _state(tmp_path)[0]["self_check"] == {}

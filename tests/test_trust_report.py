@@ -69,3 +69,21 @@ def test_findings_from_the_ledger_alone():
     ledger = {"ledger.json": {"noise_multiplier": 0.3, "nonfinite_examples": 1}}
     kinds = {f.kind for f in find_findings(metrics, mc_failure_warning=1e-6, train_files=ledger)}
     assert {"sigma-mismatch", "nonfinite-examples"} <= kinds
+
+
+def test_the_engine_self_check_is_in_the_headline_and_its_absence_or_failure_is_a_warning(tmp_path):
+    root = fabricate_project(tmp_path)
+    kinds, markdown = _warning_kinds(root)
+    assert kinds == [] and "Engine exactness" in markdown
+    assert "max relative error 2.1e-16" in markdown
+    train = json.loads((root / "metrics/train.json").read_text())
+    failed = {"self_check_passed": False, "self_check_max_relative_error": 0.031}
+    _rewrite(root / "metrics/train.json", **failed)
+    kinds, markdown = _warning_kinds(root)
+    assert "self-check-failed" in kinds and "No warnings" not in markdown and "mismatch" in markdown
+    assert "does not hold as stated" in markdown
+    unchecked = {k: v for k, v in train.items() if not k.startswith("self_check")}
+    (root / "metrics/train.json").write_text(json.dumps(unchecked | {"self_check_ran": False}))
+    kinds, markdown = _warning_kinds(root)
+    assert kinds == ["self-check-missing"] and "unchecked" in markdown
+    assert "No warnings" not in markdown

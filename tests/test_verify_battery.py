@@ -2,10 +2,15 @@
 
 import pytest
 
+from dpledger.params import load_params
+from dpledger.params.verify import VerifyParams
+from dpledger.pipeline.verify import battery_task
 from dpledger.verify.battery import TEST_NAMES, run_battery
+from dpledger.verify.engine_check import run_engine_self_check
 from dpledger.verify.flawed_trainers import ZOO, zoo_trainer
 from dpledger.verify.protocol import load_trainer
 from dpledger.verify.self_check import classified_correctly, self_check
+from dpledger.verify.task import make_task
 
 MAX_TRAINING_STEPS = 400
 
@@ -64,3 +69,21 @@ def test_classification_requires_the_designated_tests_to_fail():
     result = run_battery(zoo_trainer("per_tensor_clipping"), trainer_name="pt", seed=0, progress=False)
     assert classified_correctly("zoo:per_tensor_clipping", result)
     assert not classified_correctly("reference", result)
+
+
+def test_the_engine_self_check_passes_on_the_synthetic_model_in_every_clipping_mode():
+    result = run_engine_self_check(make_task(0))
+    assert result.passed and result.name == "engine_self_check" and result.p_value == 1.0
+    assert result.statistic < 1e-3  # max relative error / tolerance
+    assert {"flat", "per-layer", "automatic"} <= set(result.details)
+    modes = ("flat", "per-layer", "automatic")
+    assert all(result.details[mode]["dtype"] == "float64" for mode in modes)
+
+
+def test_with_model_train_the_engine_self_check_names_a_wrong_rule_of_the_users_model(repo_root):
+    params = load_params(repo_root / "params.yaml")
+    train = params.train.model_copy(update={"model": "test_engine_self_check:make_nudged_model"})
+    params = params.model_copy(update={"train": train, "verify": VerifyParams(model="train")})
+    result = run_engine_self_check(battery_task(params))
+    assert not result.passed and result.p_value == 0.0
+    assert "NudgedLinear" in result.diagnosis and "flat clipping" in result.diagnosis

@@ -789,3 +789,26 @@ class BKEngine:
         self._handles = self._check_handles = []
         for param in self.params:
             param.requires_grad_(True)
+
+    def self_check(self, loss_fn: Callable, inputs: Tensor, targets: Tensor, **options: Any) -> Any:
+        """Prove this engine exact on its model and a few examples against a naive per-example
+        loop, on a float64 copy (model and engine unchanged); ``loss_fn(model, x, y)`` returns
+        per-example losses. Returns a ``SelfCheckResult``; a mismatch raises ``SelfCheckError``
+        naming the layer. ``options`` (``weights``, ``only``, ``precision``): see
+        :func:`dpledger.engine.self_check.run_self_check`."""
+        from dpledger.engine.self_check import run_self_check
+
+        return run_self_check(
+            self.model,
+            loss_fn,
+            inputs,
+            targets,
+            clip_norm=self.clip_norm,
+            clipping=self.clipping,
+            automatic_gamma=self.automatic_gamma,
+            ghost=self.ghost,
+            trainable=self.parameter_names,
+            hidden_hooks=[*self._handles, *self._check_handles],
+            engine_type=type(self),
+            **options,
+        )

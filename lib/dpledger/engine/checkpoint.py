@@ -39,7 +39,7 @@ from dpledger.errors import DpledgerError
 @dataclass(frozen=True)
 class Ledger:
     """Privacy bookkeeping of a run: logical steps taken out of the schedule's, ε spent so far, the σ used,
-    and how many examples were dropped for a non-finite gradient norm."""
+    how many examples were dropped for a non-finite gradient norm, and the engine's self-check."""
 
     steps_done: int
     total_steps: int
@@ -49,6 +49,8 @@ class Ledger:
     fingerprint: str
     history: dict[str, list[float]] = field(default_factory=dict)
     nonfinite_examples: int = 0
+    self_check: dict[str, Any] = field(default_factory=dict)
+    """The engine's self-check of the run (``SelfCheckResult.to_dict``); empty if it did not run."""
 
     @property
     def schedule_position(self) -> int:

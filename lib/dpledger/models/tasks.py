@@ -55,7 +55,7 @@ class Task:
         if self.name == "causal-lm":
             tokens, counts = _token_losses(logits, x)
             return tokens.sum(1) / counts.clamp_min(1)
-        return F.cross_entropy(logits.float(), y, reduction="none")
+        return F.cross_entropy(_loss_precision(logits), y, reduction="none")
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, x: Tensor, y: Tensor) -> dict[str, float]:
@@ -92,10 +92,16 @@ def pad_token_id(model: nn.Module) -> int:
     return pad if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 else 0
 
 
+def _loss_precision(logits: Tensor) -> Tensor:
+    """Half-precision logits in float32 for the loss; float32 and float64 (self-check) as is."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
 def _token_losses(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
     """Next-token cross-entropy at every position whose target is a real token (0 at padding), and the
     number of real targets per sequence."""
     targets = ids[:, 1:]
-    real = (targets != PAD).float()
-    losses = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), targets.clamp_min(0), reduction="none")
+    logits = _loss_precision(logits)
+    real = (targets != PAD).to(logits.dtype)
+    losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), targets.clamp_min(0), reduction="none")
     return losses * real, real.sum(1)

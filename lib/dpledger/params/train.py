@@ -76,6 +76,18 @@ class TrainParams(Section):
         description="data-parallel training processes on this machine (torch.distributed; gloo/nccl)",
     )
 
+    self_check: bool = Field(
+        default=True,
+        description="before the first step, prove the engine exact on the model (naive loop)",
+    )
+    self_check_examples: int = Field(
+        default=4, ge=1, le=64, description="self-check: examples of the run's first batch compared"
+    )
+    self_check_parameters: list[str] = Field(
+        default_factory=list,
+        description="self-check: glob patterns of the parameters compared (empty: all)",
+    )
+
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:

@@ -14,14 +14,14 @@ from dpledger.audit.bgm import BgmAudit, audit_bgm
 from dpledger.audit.estimate import AuditStatistics
 from dpledger.audit.result import Claim, epsilon_versus_observations, tradeoff_points
 from dpledger.params import Params
-from dpledger.seals import verified_record, verified_schedule
 from dpledger.sampling.guard import check_schedule
 from dpledger.sampling.registry import options_for
 from dpledger.sampling.schedule import Schedule
+from dpledger.seals import verified_record, verified_schedule
 
 
 def _inputs(root: Path) -> tuple[CalibrationRecord, Schedule]:
-    """The calibration record and the schedule, each verified (see ``pipeline.inputs_check``)."""
+    """The calibration record and the schedule, each verified (see ``dpledger.seals``)."""
     record = verified_record(root / paths.CALIBRATION, "audit")
     return record, verified_schedule(root / paths.SCHEDULE_DIR, "audit")
 

@@ -38,8 +38,8 @@ from dpledger.data import load_data
 from dpledger.mechanisms import banded_params, coefficients
 from dpledger.mechanisms.rmse import prefix_rmse
 from dpledger.params import CalibrateParams, Params, check_dataset_size
-from dpledger.seals import seal_record
 from dpledger.sampling.registry import build_sampler
+from dpledger.seals import seal_record
 
 
 def describe_run(params: Params, dataset_size: int) -> MechanismDescription:

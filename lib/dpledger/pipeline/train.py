@@ -7,7 +7,7 @@ loss and metric), refuses a schedule whose sampler differs from the accounted on
 A checkpoint with the ledger is written every ``train.checkpoint_every`` steps and at each epoch's end
 into ``artifacts/train/`` (``persist: true`` in dvc.yaml), so a killed run resumes at the step it reached.
 
-Nothing read is trusted (``inputs_check``): the record's ε is recomputed at its σ (deterministic
+Nothing read is trusted (``dpledger.seals``): the record's ε is recomputed at its σ (deterministic
 accountants) or checked against calibrate's seal (Monte Carlo), and the schedule's arrays against their
 digest. The training data's content is part of the checkpoint fingerprint. The ledger and metrics record
 the σ the engine used, the examples dropped for a non-finite gradient norm and whether the loss diverged.
@@ -46,10 +46,11 @@ from dpledger.models.lora import adapter_base, is_adapter_folder
 from dpledger.models.publish import publish_run
 from dpledger.params import Params
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
-from dpledger.seals import verified_record, verified_schedule
+from dpledger.pipeline.self_check import check_before_training, to_metrics
 from dpledger.plugins import plugin_source
 from dpledger.sampling.guard import SamplerCheck, check_schedule
 from dpledger.sampling.schedule import Schedule
+from dpledger.seals import verified_record, verified_schedule
 
 CALIBRATION = paths.CALIBRATION
 SCHEDULE = paths.SCHEDULE_DIR
@@ -109,7 +110,8 @@ def _input_fingerprint(params: Params, root: Path, data: Dataset, device: torch.
     """Everything a step depends on, the training data's content included (a changed file restarts at 0),
     and the resolved device type and torch version (not ``auto``): the noise draws depend on both, and
     correlated noise replays its history on resume (issue 30)."""
-    train = params.train.model_dump(exclude={"checkpoint_every", "processes"})
+    checks = {"self_check", "self_check_examples", "self_check_parameters"}  # they change no step
+    train = params.train.model_dump(exclude={"checkpoint_every", "processes", *checks})
     train |= {"device": device.type, "torch": torch.__version__}
     return fingerprint(
         params.seed,
@@ -254,6 +256,9 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
 
     x_train, y_train = torch.from_numpy(data.x_train).to(device), torch.from_numpy(data.y_train).to(device)
     x_test, y_test = torch.from_numpy(data.x_test).to(device), torch.from_numpy(data.y_test).to(device)
+    start, rows = ledger.steps_done, (x_train, y_train)
+    checked = check_before_training(tp, engine, task, schedule, start, rows)
+    ledger = ledger if checked is None else replace(ledger, self_check=checked)
     history = {k: list(v) for k, v in ledger.history.items()}
     started = time.perf_counter()
     examples = 0
@@ -350,6 +355,7 @@ def _write_outputs(root: Path, run: Finished, tensors: tuple[torch.Tensor, ...])
         "wall_time_s": elapsed,
         "mechanism": record.mechanism,
         **check.to_metrics(),
+        **to_metrics(ledger.self_check),
     }
     out = root / OUT
     with io.atomic_path(out / "model.pt") as tmp:

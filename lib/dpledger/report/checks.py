@@ -13,6 +13,7 @@ from typing import Any, Literal
 from dpledger.report.formatting import format_lower, format_percent, format_upper, format_value
 from dpledger.report.inputs import UPSTREAM_STAGES
 from dpledger.report.sealed import disagreements
+from dpledger.report.self_check import self_check_findings as engine_findings
 from dpledger.sampling.guard import SamplerCheck, declared_equivalent
 
 _RELATIVE_SLACK = 1e-9
@@ -53,6 +54,7 @@ def find_findings(
         _mc_failure(metrics, mc_failure_warning),
         _nonfinite_examples(metrics, train_files),
         _loss_diverged(metrics),
+        *(Finding(kind, "warning", title, say) for kind, title, say in engine_findings(metrics)),
     ]
     notices = [
         _stages_missing(status),

@@ -24,6 +24,7 @@ from dpledger.report.formatting import (
     format_value,
 )
 from dpledger.report.inputs import ReportInputs
+from dpledger.report.self_check import self_check_row
 from dpledger.report.tables import NOT_RUN
 
 VERDICT_TONES: dict[str, Tone] = {"consistent": "good", "contradicted": "bad", "inconclusive": "warn"}
@@ -39,6 +40,7 @@ def headline(inputs: ReportInputs, findings: list[Finding]) -> list[Block]:
         _sampler_row(inputs, kinds),
         _audit_row(inputs, kinds),
         _verify_row(inputs),
+        self_check_row(inputs.metrics, inputs.ran("train")),
         _accuracy_row(inputs),
         _spent_row(inputs, kinds),
         _cost_row(inputs),
@@ -64,7 +66,9 @@ def _claim_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
     )
     if "audit-contradicted" in kinds:
         verdict = Badge("contradicted", "bad")
-    elif kinds & {"sampler-mismatch", "budget-exceeded", "mc-failure", "sigma-mismatch", "sources-disagree"}:
+    elif kinds & {"sampler-mismatch", "budget-exceeded", "mc-failure", "sigma-mismatch", "sources-disagree"} or (
+        "self-check-failed" in kinds
+    ):
         verdict = Badge("does not hold as stated", "bad")
     else:
         verdict = Badge("proven", "good")

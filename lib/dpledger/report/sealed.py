@@ -14,9 +14,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from dpledger import paths
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.errors import DpledgerError
-from dpledger import paths
 from dpledger.seals import SEAL, record_digest, verified_schedule
 
 _RELATIVE_SLACK = 1e-9

@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from dpledger.verify.clipping_checks import run_sensitivity, run_t1, run_t2
+from dpledger.verify.engine_check import run_engine_self_check
 from dpledger.verify.noise_checks import (
     run_noise_distribution,
     run_noise_independence,
@@ -44,6 +45,7 @@ TEST_NAMES = (
     "ks_update_distribution",
     "noise_scale",
     "noise_independence",
+    "engine_self_check",
 )
 
 
@@ -90,7 +92,8 @@ def _run(
     started = time.perf_counter()
     runner = Runner(trainer, task, optimizer, config)
     trainer_seed = 1_000 * seed
-    bar = tqdm(total=6, desc=f"verify {trainer_name}", unit="test", disable=not progress or not sys.stderr.isatty())
+    quiet = not progress or not sys.stderr.isatty()
+    bar = tqdm(total=7, desc=f"verify {trainer_name}", unit="test", disable=quiet)
 
     def step(label: str, compute: Callable[[], object]):
         bar.set_postfix_str(label)
@@ -108,6 +111,7 @@ def _run(
     else:
         noise_results = skipped_noise_tests()
         bar.update()
+    engine_check = step("engine", lambda: run_engine_self_check(task))
     bar.close()
     return BatteryResult(
         trainer=trainer_name,
@@ -115,7 +119,7 @@ def _run(
         seed=seed,
         significance=significance,
         correction="holm",
-        tests=(t1, t2, sensitivity, t3, control, *noise_results),
+        tests=(t1, t2, sensitivity, t3, control, *noise_results, engine_check),
         training_steps=runner.steps_used,
         wall_time_s=time.perf_counter() - started,
         heuristics={
