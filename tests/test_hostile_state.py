@@ -153,7 +153,7 @@ def test_the_output_check_calls_the_model_on_zeros_never_on_training_examples(tm
 
 
 def test_the_standalone_consecutive_trainer_refuses_a_model_that_changes_its_state():
-    from dpledger.engine.consecutive import train_consecutive
+    from dpledger.verify.consecutive import train_consecutive
 
     inputs, targets = torch.randn(8, 3), torch.randint(0, 2, (8,))
 

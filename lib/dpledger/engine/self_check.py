@@ -48,7 +48,7 @@ from torch.utils.hooks import RemovableHandle
 
 from dpledger.engine.clipping import clip_factors, group_threshold
 from dpledger.engine.layers import generic
-from dpledger.engine.validators import UnsupportedLayerError
+from dpledger.engine.validators import UnsupportedLayerError, check_state_unchanged, state_snapshot
 from dpledger.errors import ParamsError
 
 LossFn = Callable[[nn.Module, Tensor, Tensor], Tensor]
@@ -216,7 +216,10 @@ def run_self_check(
         x, y, w = _with_padding_row(x, y, w)
         groups = _clipping_groups(replica, names)
         clip = (clip_norm, clipping, automatic_gamma)
+        trained = [p for name, p in replica.named_parameters() if name in set(trainable)]
+        state = state_snapshot(replica, trained)  # a model changing its own state is named as such
         naive = _naive_loop(replica, loss_fn, (x, y, w), names, groups, clip)
+        check_state_unchanged(replica, trained, state)
         engine = _engine_pass(engine_type, replica, loss_fn, (x, y, w), clip, ghost)
         counts = (len(x) - 1, len(trainable))
         result = _compare(naive, engine, names, replica, dtype, clipping, started, counts)

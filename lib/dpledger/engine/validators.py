@@ -8,6 +8,8 @@ one-call fix for BatchNorm (which mixes examples, so no per-example gradient exi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -269,14 +271,24 @@ def replace_batchnorm(model: nn.Module) -> nn.Module:
 # --- State a private step must not change (issue 27) ---------------------------------------------------------
 
 
-def state_snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
-    """Copies (on the CPU) of every buffer of ``model`` and every parameter ``optimizer`` does not train.
+Trained = torch.optim.Optimizer | Iterable[nn.Parameter]
+"""What a private step may change: an optimizer's parameters, or the trained parameters themselves."""
+
+
+def _trained_ids(trained: Trained) -> set[int]:
+    if isinstance(trained, torch.optim.Optimizer):
+        return {id(p) for group in trained.param_groups for p in group["params"]}
+    return {id(p) for p in trained}
+
+
+def state_snapshot(model: nn.Module, trained: Trained) -> dict[str, Tensor]:
+    """Copies (on the CPU) of every buffer of ``model`` and every parameter that is not ``trained``.
 
     A private step may change only what the optimizer updates from the noisy gradient; anything else that
     changes during it (a running mean updated in ``forward``, an example copied into a frozen parameter under
     ``no_grad``) carries data into the released model without noise, as BatchNorm's running statistics do.
     """
-    trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    trained = _trained_ids(trained)
     state = {f"buffer {name}": b.detach().to("cpu", copy=True) for name, b in model.named_buffers()}
     for name, param in model.named_parameters():
         if id(param) not in trained:
@@ -284,10 +296,10 @@ def state_snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[s
     return state
 
 
-def check_state_unchanged(model: nn.Module, optimizer: torch.optim.Optimizer, before: dict[str, Tensor]) -> None:
+def check_state_unchanged(model: nn.Module, trained: Trained, before: dict[str, Tensor]) -> None:
     """Refuse, naming it, the first buffer or frozen parameter that differs from :func:`state_snapshot`'s copy
     (changed, added or removed): the model changes its own state from the data."""
-    after = state_snapshot(model, optimizer)
+    after = state_snapshot(model, trained)
     for name in [*before, *(n for n in after if n not in before)]:
         old, new = before.get(name), after.get(name)
         if old is None or new is None or not _same_tensor(old, new):
