@@ -30,6 +30,7 @@ from dpledger import io, plotting
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.data import Dataset, load_data
 from dpledger.engine import BKEngine, make_optimizer, retain_freed_memory
+from dpledger.engine.canaries import recorder_for
 from dpledger.engine.checkpoint import (
     Ledger,
     fingerprint,
@@ -104,10 +105,12 @@ def _user_files(params: Params) -> list[Path]:
 def _input_fingerprint(params: Params, root: Path, data: Dataset) -> str:
     """Everything a step depends on, the training data's content included (a changed file restarts at 0)."""
     train = params.train.model_dump(exclude={"checkpoint_every", "processes"})
+    canaries = params.audit.one_run.model_dump(include={"enabled", "canaries"})  # their record must be whole
     return fingerprint(
         params.seed,
         params.data.model_dump(),
         train,
+        canaries,
         root / CALIBRATION,
         root / SCHEDULE / "schedule.json",
         root / SCHEDULE / "schedule.npz",
@@ -229,6 +232,12 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     ledger = _resume(key, checkpoint_path, record, schedule, task, model, optimizer, engine)
     resumed_from = ledger.steps_done
     ranks.check_same_start(resumed_from, model, device)
+    one_run = params.audit.one_run  # canaries in a side copy of the released sums (rank 0, like the noise)
+    canaries = recorder_for(
+        one_run.enabled and ranks.writes, one_run.canaries, params.seed, engine, schedule, tp.clip_norm
+    )
+    if canaries:
+        canaries.resume(root / OUT, key, resumed_from)
 
     x_train, y_train = torch.from_numpy(data.x_train).to(device), torch.from_numpy(data.y_train).to(device)
     x_test, y_test = torch.from_numpy(data.x_test).to(device), torch.from_numpy(data.y_test).to(device)
@@ -250,6 +259,8 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
         loss_sum = _private_step(
             engine, task, model, x_train, y_train, rows, weights, tp.physical_batch_size, device, tp.precision
         )
+        if canaries:
+            canaries.record(step)
         loss_sum, real = ranks.total([loss_sum, real], device)
         examples += int(real)
         history["loss"].append(loss_sum / real if real else float("nan"))
@@ -272,6 +283,8 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
                 nonfinite_examples=engine.nonfinite_examples,
             )
             save_checkpoint(checkpoint_path, ledger, model, optimizer)
+            if canaries:
+                canaries.save(root / OUT, key)
         bar.update(1)
     bar.close()
     if not ranks.writes:
