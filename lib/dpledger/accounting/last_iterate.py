@@ -1,22 +1,23 @@
-"""The last-iterate heuristic (Steinke, Nasr, Ganesh, Balle, Choquette-Choo, Jagielski, Hayes, Thakurta,
-Smith, Terzis; ICLR 2025, arXiv 2410.06186): a heuristic ε for releasing only the final model.
+"""The last-iterate heuristic (Steinke, Nasr, Ganesh, Balle, Choquette-Choo, Jagielski, Hayes,
+Thakurta, Smith, Terzis; ICLR 2025, arXiv 2410.06186): a heuristic ε for releasing only the final
+model.
 
-For linear losses and SGD with a constant learning rate, the final model is θ₀ − η·Σ_t g̃_t, and Σ_t g̃_t
-is a sufficient statistic: in units of the clip norm C it is K + N(0, T·σ²) with the example present
-(K = the number of steps that used it) and N(0, T·σ²) without. The heuristic ε is the ε(δ) of that
-pair, the larger of both directions:
+For linear losses and SGD with a constant learning rate, the final model is θ₀ − η·Σ_t g̃_t, and Σ_t
+g̃_t is a sufficient statistic: in units of the clip norm C it is K + N(0, T·σ²) with the example
+present (K = the number of steps that used it) and N(0, T·σ²) without. The heuristic ε is the ε(δ)
+of that pair, the larger of both directions:
 
-- Poisson or fresh fixed-size subsets (each step with probability q): K ~ Binomial(T, q), a mixture of
-  Gaussians against one Gaussian;
+- Poisson or fresh fixed-size subsets (each step with probability q): K ~ Binomial(T, q), a mixture
+  of Gaussians against one Gaussian;
 - one slot per epoch (shuffle, balls-in-bins, ...): K = E epochs exactly, a Gaussian pair N(E, Tσ²)
   vs N(0, Tσ²).
 
-It is NOT a guarantee: nonlinear losses can leak more (the paper constructs counterexamples); it is a
-prediction of what an auditor of the final model alone can find, computed before training.
+It is NOT a guarantee: nonlinear losses can leak more (the paper constructs counterexamples); it is
+a prediction of what an auditor of the final model alone can find, computed before training.
 
 The hockey-stick divergence is computed in closed form: the likelihood ratio p/q of the mixture
-against the Gaussian is increasing in the output, so {p > e^ε q} is a half-line whose end solves
-one equation, and δ is a sum of normal tails there.
+against the Gaussian is increasing in the output, so {p > e^ε q} is a half-line whose end solves one
+equation, and δ is a sum of normal tails there.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ TAIL_WIDTH = 40.0  # counts beyond mean + 40 sd + 40 have binomial mass far belo
 EPSILON_CAP = 200.0
 
 
-def participation(steps: int, step_probability: float | None, epochs: int) -> tuple[np.ndarray, np.ndarray]:
-    """(counts K, their probabilities): Binomial(T, q) for per-step laws, else E with probability 1."""
+def participation(
+    steps: int, step_probability: float | None, epochs: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(counts K, their probabilities): Binomial(T, q) for per-step laws, else K = E surely."""
     if step_probability is None:
         return np.array([float(epochs)]), np.array([1.0])
     mean = steps * step_probability
@@ -74,7 +77,7 @@ def hockey_stick(epsilon: float, counts: np.ndarray, weights: np.ndarray, scale:
     a = _root(ratio_minus(epsilon), center, scale)
     upper = logsumexp(log_w + log_ndtr(-(a - counts) / scale))
     forward = math.exp(upper) - math.exp(epsilon + log_ndtr(-a / scale))
-    # Q over P: {x < b} with log p/q(b) = −ε, which exists only when the weight of K = 0 is below e^{−ε}
+    # Q over P: {x < b} with log p/q(b) = −ε; it exists only when the weight of K = 0 is < e^{−ε}
     zero = weights[counts == 0].sum()
     backward = 0.0
     if zero < math.exp(-epsilon):
@@ -95,8 +98,8 @@ def last_iterate_epsilon(
     """The heuristic ε at ``delta`` of releasing only the last iterate of ``steps`` DP-SGD steps."""
     if not noise_multiplier > 0 or steps < 1 or not 0 < delta < 1:
         raise ParamsError(
-            f"last-iterate heuristic: σ = {noise_multiplier}, steps = {steps}, δ = {delta} are invalid: "
-            "it needs σ > 0, steps >= 1 and δ in (0, 1)"
+            f"last-iterate heuristic: σ = {noise_multiplier}, steps = {steps}, δ = {delta} "
+            "are invalid: it needs σ > 0, steps >= 1 and δ in (0, 1)"
         )
     counts, weights = participation(steps, step_probability, epochs)
     scale = noise_multiplier * math.sqrt(steps)
@@ -107,4 +110,6 @@ def last_iterate_epsilon(
         high *= 2.0
         if high > EPSILON_CAP:
             return math.inf
-    return float(brentq(lambda eps: hockey_stick(eps, counts, weights, scale) - delta, 0.0, high, xtol=1e-6))
+    return float(
+        brentq(lambda eps: hockey_stick(eps, counts, weights, scale) - delta, 0.0, high, xtol=1e-6)
+    )

@@ -1,21 +1,22 @@
-"""Lower bounds on ε from ONE run: m canaries, each in with probability 1/2, guessed from their scores.
+"""Lower bounds on ε from ONE run: m canaries, each in with probability 1/2, guessed by score.
 
-The auditor guesses "in" for the ``guesses`` highest-scored canaries; ``correct`` of them really were in.
-Two tests of the claim "the run is (ε, δ)-DP for each canary":
+The auditor guesses "in" for the ``guesses`` highest-scored canaries; ``correct`` of them really
+were in. Two tests of the claim "the run is (ε, δ)-DP for each canary":
 
 - ``steinke`` (Steinke, Nasr, Jagielski, NeurIPS 2023, arXiv 2305.08846, Thm 5.2): under the claim,
-  P[correct ≥ v] ≤ β + 2mδ·α, with β = P[Binomial(r, e^ε/(1+e^ε)) ≥ v] and
-  α = max_{1≤i≤v} P[v − i ≤ Binomial(r, e^ε/(1+e^ε)) < v] / i.
+  P[correct ≥ v] ≤ β + 2mδ·α, with β = P[Binomial(r, e^ε/(1+e^ε)) ≥ v] and α = max_{1≤i≤v} P[v − i ≤
+  Binomial(r, e^ε/(1+e^ε)) < v] / i.
 - ``fdp`` (Mahloujifar, Melis, Chaudhuri, ICML 2025, arXiv 2410.22235, the capped recursion of their
   Alg. "audit_rh"): a claim stated as a trade-off function f is refuted when the recursion on the
   (TPR, FPR) pair that f allows for the guesses falls short of what was observed. The family of f is
-  ``eps-delta`` (the (ε, δ)-DP trade-off f(x) = max(0, 1 − δ − e^ε x, e^{−ε}(1 − δ − x)): refuting it
-  refutes the (ε, δ) claim itself) or ``gaussian`` (μ-GDP at the μ whose (ε, δ) curve passes through
-  the claim, as jax_privacy reports it: refuting it refutes "the run is that Gaussian", a stronger claim).
+  ``eps-delta`` (the (ε, δ)-DP trade-off f(x) = max(0, 1 − δ − e^ε x, e^{−ε}(1 − δ − x)): refuting
+  it refutes the (ε, δ) claim itself) or ``gaussian`` (μ-GDP at the μ whose (ε, δ) curve passes
+  through the claim, as jax_privacy reports it: refuting it refutes "the run is that Gaussian", a
+  stronger claim).
 
 ε_emp is the largest ε whose claim the counts refute at significance 1 − confidence. The number of
-guesses r is not chosen after seeing the data: either every r of a data-independent grid is tested with
-a Bonferroni share of the significance, or a held-out part of the canaries picks r (``split``).
+guesses r is not chosen after seeing the data: either every r of a data-independent grid is tested
+with a Bonferroni share of the significance, or a held-out part of the canaries picks r (``split``).
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ EPSILON_CAP = 100.0  # beyond it every test of a finite claim is refuted or numb
 def steinke_p_value(
     canaries: int, guesses: int, correct: int, epsilon: float, delta: float
 ) -> float:
-    """Probability bound of ``correct`` or more right guesses out of ``guesses`` under (ε, δ)-DP (2305.08846
-    Thm 5.2); the claim is refuted at significance s when this is ≤ s."""
+    """Probability bound of ``correct`` or more right guesses out of ``guesses`` under (ε, δ)-DP
+    (2305.08846 Thm 5.2); the claim is refuted at significance s when this is ≤ s."""
     if correct <= 0:
         return 1.0
     p = float(expit(epsilon))
@@ -57,7 +58,8 @@ def steinke_p_value(
 
 
 def _inverse_blow_up(family: str, epsilon: float, delta: float) -> Callable[[float], float]:
-    """x ↦ the least FPR at which a test under the claimed trade-off f reaches TPR x (inverse of 1 − f)."""
+    """x ↦ the least FPR at which a test under the claimed trade-off f reaches TPR x (inverse of 1 −
+    f)."""
     if family == "eps-delta":
         grow, shrink = math.exp(epsilon), math.exp(-epsilon)
         return lambda x: max(0.0, (x - delta) * shrink, 1.0 - delta - grow * (1.0 - x))
@@ -68,9 +70,10 @@ def _inverse_blow_up(family: str, epsilon: float, delta: float) -> Callable[[flo
 def fdp_refutes(
     canaries: int, guesses: int, correct: int, significance: float, inverse: Callable
 ) -> bool:
-    """Whether ``correct`` of ``guesses`` right refutes the trade-off whose inverse blow-up is ``inverse``
-    at ``significance`` (2410.22235, the capped recursion): walk down from the observed counts, raising
-    the FPR to what f requires for the TPR reached; the claim survives when the pair can reach r/m."""
+    """Whether ``correct`` of ``guesses`` right refutes the trade-off whose inverse blow-up is
+    ``inverse`` at ``significance`` (2410.22235, the capped recursion): walk down from the observed
+    counts, raising the FPR to what f requires for the TPR reached; the claim survives when the pair
+    can reach r/m."""
     if correct <= 0:
         return False
     tpr = significance * correct / canaries
@@ -109,7 +112,8 @@ def epsilon_refuted(
     delta: float,
     family: str = "eps-delta",
 ) -> float:
-    """The largest ε whose claim ``correct`` right out of ``guesses`` refutes (0 when not even ε = 0 is)."""
+    """The largest ε whose claim ``correct`` right out of ``guesses`` refutes (0 when not even ε = 0
+    is)."""
     refutes = _refutes(bound, family, canaries, guesses, correct, significance, delta)
     if guesses <= 0 or not refutes(0.0):
         return 0.0
@@ -125,8 +129,9 @@ def epsilon_refuted(
 
 @dataclass(frozen=True)
 class OneRunEstimate:
-    """ε_emp of one run and how it was reached: ``guesses`` top-scored canaries called "in", ``correct`` of
-    them right, out of ``canaries`` evaluated; valid at ``confidence`` (the threshold rule keeps it valid)."""
+    """ε_emp of one run and how it was reached: ``guesses`` top-scored canaries called "in",
+    ``correct`` of them right, out of ``canaries`` evaluated; valid at ``confidence`` (the threshold
+    rule keeps it valid)."""
 
     epsilon: float
     bound: str
@@ -141,14 +146,14 @@ class OneRunEstimate:
 
 
 def _correct_at(scores: np.ndarray, included: np.ndarray, guesses: np.ndarray) -> np.ndarray:
-    """Right guesses among the top-r scores for each r in ``guesses`` (ties broken by a fixed order)."""
+    """Right guesses among the top-r scores for each r in ``guesses`` (ties in a fixed order)."""
     order = np.argsort(-scores, kind="stable")
     hits = np.concatenate([[0], np.cumsum(included[order])])
     return hits[guesses]
 
 
 def guess_grid(canaries: int) -> np.ndarray:
-    """Data-independent numbers of guesses: 1, 2, 4, ... (the count grid of the canary audits) and m."""
+    """Data-independent numbers of guesses: 1, 2, 4, ... (the audits' count grid) and m."""
     grid = count_grid(canaries + 1)
     return np.unique(np.append(grid[grid > 0], canaries))
 
@@ -179,7 +184,7 @@ def one_run_epsilon(
         raise ParamsError(
             f"audit.one_run: {scores.size} canaries are too few to split at {split_fraction}"
         )
-    # The held-out canaries pick a fraction of guesses at full significance; the rest are judged at it.
+    # The held-out canaries pick a fraction of guesses; the rest are judged at it.
     chosen = _best_of_grid(
         scores[:held], included[:held], delta, confidence, bound, family, significance
     )
@@ -257,5 +262,6 @@ def _check(
     ):
         if value not in allowed:
             raise ParamsError(
-                f"audit.one_run.{key} = {value!r} is invalid: allowed values are {', '.join(allowed)}"
+                f"audit.one_run.{key} = {value!r} is invalid: "
+                f"allowed values are {', '.join(allowed)}"
             )

@@ -1,12 +1,14 @@
-"""Gradient canaries of the one-run audit, train side: where they land, and what the run released there.
+"""Gradient canaries of the one-run audit, train side: where they land, and what the run released
+there.
 
-m canaries C·e_j on distinct coordinates j of the trainable parameters (drawn with a recorded seed), each
-"in" with probability 1/2, placed in steps exactly as the schedule's sampler places a real example (its
-:meth:`dpledger.sampling.base.BatchSampler.membership`). The recorder keeps, after each
-``engine.step()``, the canary coordinates of the released noisy sum (``engine.last_noisy_sum``, after the
-data-parallel all-reduce; rank 0 keeps them, as it alone adds the noise). The canaries never enter the
-model: :func:`observe` adds them to this side copy (see :mod:`dpledger.audit.one_run` for why that is the
-run's own observation). The audit stage reads ``canaries.npz``.
+m canaries C·e_j on distinct coordinates j of the trainable parameters (drawn with a recorded seed),
+each "in" with probability 1/2, placed in steps exactly as the schedule's sampler places a real
+example (its :meth:`dpledger.sampling.base.BatchSampler.membership`). The recorder keeps, after each
+``engine.step()``, the canary coordinates of the released noisy sum (``engine.last_noisy_sum``,
+after the data-parallel all-reduce; rank 0 keeps them, as it alone adds the noise). The canaries
+never enter the model: :func:`observe` adds them to this side copy (see
+:mod:`dpledger.audit.one_run` for why that is the run's own observation). The audit stage reads
+``canaries.npz``.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ SEED_TAG = (
 
 @dataclass(frozen=True)
 class CanaryLaw:
-    """Where one canary lands, as the schedule's sampler places a real example: each step independently
-    with ``step_probability``, or one slot of ``slot_weights`` per epoch (the same slot every epoch when
-    ``same_slot_every_epoch``)."""
+    """Where one canary lands, as the schedule's sampler places a real example: each step
+    independently
+    with ``step_probability``, or one slot of ``slot_weights`` per epoch (the same slot every epoch
+    when ``same_slot_every_epoch``)."""
 
     placement: str
     num_steps: int
@@ -80,9 +83,9 @@ def canary_law(schedule: Schedule) -> CanaryLaw:
     law = sampler.membership()
     if law is None:
         raise ParamsError(
-            f"audit.one_run: sampler {schedule.sampler!r} states no closed-form law of membership (plugins, "
-            "pad_truncate, a droppable last batch), so canaries cannot be placed as it places an example; "
-            "set audit.one_run.enabled: false"
+            f"audit.one_run: sampler {schedule.sampler!r} states no closed-form law of membership "
+            "(plugins, pad_truncate, a droppable last batch), so canaries cannot be placed as it "
+            "places an example"
         )
     if law.step_probability is not None:
         return CanaryLaw(
@@ -91,7 +94,8 @@ def canary_law(schedule: Schedule) -> CanaryLaw:
     if len(law.slot_weights) * sampler.epochs != schedule.num_steps:
         raise ParamsError(
             f"audit.one_run: sampler {schedule.sampler!r} has {schedule.num_steps} steps, not "
-            f"{sampler.epochs} epochs × {len(law.slot_weights)} slots; set audit.one_run.enabled: false"
+            f"{sampler.epochs} epochs × {len(law.slot_weights)} slots; "
+            "set audit.one_run.enabled: false"
         )
     return CanaryLaw(
         law.placement,
@@ -104,8 +108,9 @@ def canary_law(schedule: Schedule) -> CanaryLaw:
 
 @dataclass(frozen=True)
 class CanaryPlan:
-    """The canaries of one run: flat coordinates (in ``engine.parameter_names`` order), which are in, and
-    the seed of their placements. Drawn from ``seed`` alone, before training."""
+    """The canaries of one run: flat coordinates (in ``engine.parameter_names`` order), which are
+    in,
+    and the seed of their placements. Drawn from ``seed`` alone, before training."""
 
     seed: int
     coordinates: np.ndarray
@@ -157,7 +162,7 @@ class CanaryRecorder:
         self.raw[step] /= self.clip_norm
 
     def save(self, folder: Path, key: str) -> None:
-        """Write ``canaries.npz`` (atomically): the plan, the raw coordinates so far and the run's key."""
+        """Write ``canaries.npz`` (atomically): the plan, the raw coordinates and the run's key."""
         io.write_npz(
             folder / ARTIFACT,
             raw=self.raw,
@@ -183,8 +188,9 @@ class CanaryRecorder:
 def recorder_for(
     enabled: bool, requested: int, run_seed: int, engine: Any, schedule: Schedule, clip_norm: float
 ):
-    """The recorder of the run's canaries, or None when the one-run audit is off. It records whatever the
-    sampler: placements are drawn only by the audit (:class:`CanaryLaw`)."""
+    """The recorder of the run's canaries, or None when the one-run audit is off. It records
+    whatever
+    the sampler: placements are drawn only by the audit (:class:`CanaryLaw`)."""
     if not enabled:
         return None
     plan = CanaryPlan.draw(run_seed, requested, engine.numel)
@@ -198,6 +204,6 @@ def load_observations(path: Path) -> dict[str, np.ndarray]:
 
 
 def observe(raw: np.ndarray, included: np.ndarray, placed: np.ndarray) -> np.ndarray:
-    """The mechanism's side: (canaries × steps) observations, the raw coordinates (steps × canaries, units
-    of C) plus 1 (the canary C·e_j) where a canary is in and placed."""
+    """The mechanism's side: (canaries × steps) observations, the raw coordinates (steps × canaries,
+    units of C) plus 1 (the canary C·e_j) where a canary is in and placed."""
     return raw.T.astype(np.float64) + (included[:, None] & placed)

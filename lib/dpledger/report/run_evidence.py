@@ -1,7 +1,7 @@
-"""The three numbers about the run itself, side by side at the top of the report: the proven ε (an upper
-bound, the ledger's), the last-iterate heuristic (not a guarantee) and the one-run ε_emp (a lower bound
-for this very run, from canaries in its own noisy sums). The finding when ε_emp exceeds the claim is
-``one-run-contradicted`` (:mod:`dpledger.report.checks`)."""
+"""The three numbers about the run itself, side by side at the top of the report: the proven ε (an
+upper bound, the ledger's), the last-iterate heuristic (not a guarantee) and the one-run ε_emp (a
+lower bound for this very run, from canaries in its own noisy sums). The finding when ε_emp exceeds
+the claim is ``one-run-contradicted`` (:mod:`dpledger.report.checks`)."""
 
 from __future__ import annotations
 
