@@ -1,12 +1,15 @@
-"""The one-run canary audit (issue 28): ε_emp of a real digits run against ideal canaries, and its cost.
+"""The one-run canary audit (issue 28): ε_emp of a real digits run against ideal canaries, and its
+cost.
 
-    python -m benchmarks.bench_one_run --acceptance   # digits, Poisson, ε = 8, 10 epochs, m = 10⁴
-    python -m benchmarks.bench_one_run --cost         # the default pipeline's train stage, canaries on/off
+python -m benchmarks.bench_one_run --acceptance   # digits, Poisson, ε = 8, 10 epochs, m = 10⁴
+python -m benchmarks.bench_one_run --cost         # the default pipeline's train stage, canaries
+on/off
 
 Acceptance: the default MLP trained at the σ calibrated for ε = 8 with the canaries recorded; its
 ε_emp for each bound beside the mean of ``--ideal-seeds`` interference-free simulations at the same
-(σ, law, m, confidence). Cost: the default params.yaml's calibrate and schedule stages once, then the
-train stage alternately with ``audit.one_run.enabled`` true and false (a fresh artifacts/train each time).
+(σ, law, m, confidence). Cost: the default params.yaml's calibrate and schedule stages once, then
+the train stage alternately with ``audit.one_run.enabled`` true and false (a fresh artifacts/train
+each time).
 """
 
 from __future__ import annotations
@@ -136,10 +139,11 @@ def cost(repeats: int) -> dict:
         times: dict[bool, list[float]] = {True: [], False: []}
         metrics: dict[bool, dict] = {}
         for _ in range(repeats):
-            for enabled in (True, False):
+            for enabled in (False, True):  # the last run keeps its canaries for the audit stage
                 shutil.rmtree(root / "artifacts" / "train", ignore_errors=True)
                 metrics[enabled] = run_stage("train", paths[enabled], root)
                 times[enabled].append(metrics[enabled]["stage_wall_time_s"])
+        print(json.dumps({"train_stage_s": times}), flush=True)
         mark = time.perf_counter()
         audit = run_stage("audit", paths[True], root)
         audit_s = time.perf_counter() - mark

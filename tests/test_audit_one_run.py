@@ -1,4 +1,5 @@
-"""Issue 28: the one-run canary audit of the real training run, its bounds, and the last-iterate heuristic."""
+"""Issue 28: the one-run canary audit of the real training run, its bounds, and the last-iterate
+heuristic."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def test_steinke_p_value_equals_a_direct_binomial_sum(canaries, guesses, correct
 def _randomized_response_counts(
     rng, epsilon: float, canaries: int, guesses: int
 ) -> tuple[int, int]:
-    """The worst case of ε-DP for one canary: its bit reported truthfully w.p. e^ε/(1+e^ε); the auditor
+    """The worst case of ε-DP for one canary: its bit told truthfully w.p. e^ε/(1+e^ε); the auditor
     guesses "in" for ``guesses`` canaries reported in."""
     included = rng.random(canaries) < 0.5
     truthful = rng.random(canaries) < expit(epsilon)
@@ -79,8 +80,8 @@ def _randomized_response_counts(
 
 @pytest.mark.parametrize("bound", ["steinke", "fdp"])
 def test_bounds_refute_a_true_claim_at_most_at_their_significance(bound):
-    """Validity from the definition: a mechanism that IS ε-DP (randomized response) is refuted at ε in at
-    most ~5 % of 400 runs at significance 5 % (binomial slack: 3 σ)."""
+    """Validity from the definition: a mechanism that IS ε-DP (randomized response) is refuted at ε
+    at most ~5 % of 400 runs at significance 5 % (binomial slack: 3 σ)."""
     rng = np.random.default_rng(0)
     epsilon, canaries, runs, significance = 1.0, 200, 400, 0.05
     refuted = 0
@@ -91,7 +92,7 @@ def test_bounds_refute_a_true_claim_at_most_at_their_significance(bound):
 
 
 def test_fdp_eps_delta_recursion_refutes_a_perfect_record_only_beyond_what_dp_allows():
-    """r of r right out of m: the (ε, 0) trade-off allows precision e^ε/(1+e^ε), so all-right records
+    """r of r right out of m: the (ε, 0) trade-off allows precision e^ε/(1+e^ε): all-right records
     refute small ε and not large ones; the recursion is monotone in ε."""
     refutes = [
         fdp_refutes(1000, 50, 50, 0.05, one_run_bounds_inverse(eps)) for eps in (0.5, 1.0, 2.0, 8.0)
@@ -186,8 +187,8 @@ def digits():
 
 
 def _train(data, schedule, noise_multiplier: float, canaries: int | None, seed: int = 0):
-    """The default MLP trained on ``schedule`` with the engine at ``noise_multiplier``; the recorder (or
-    None) and the final parameters."""
+    """The default MLP trained on ``schedule`` with the engine at ``noise_multiplier``; the recorder
+    (or None) and the final parameters."""
     torch.manual_seed(seed)
     task = task_for("mlp", "classification", data)
     model = build_task_model("mlp", {}, task, data)
@@ -280,8 +281,9 @@ def test_noise_scaled_by_a_quarter_is_contradicted_at_a_claim_of_two_and_the_cor
 
 @pytest.mark.slow
 def test_real_run_reaches_most_of_the_ideal_canary_bound_at_epsilon_eight(digits):
-    """Digits, Poisson, ε = 8, 3 epochs, m = 5000: the real run's ε_emp against interference-free canaries
-    at the same (σ, law, m), the mean of 3 simulations (benchmarks/RESULTS.md: the full 10-epoch m = 10⁴)."""
+    """Digits, Poisson, ε = 8, 3 epochs, m = 5000: the real run's ε_emp against interference-free
+    canaries at the same (σ, law, m), the mean of 3 simulations (benchmarks/RESULTS.md: the full
+    10-epoch m = 10⁴)."""
     schedule = build_schedule(
         "poisson", dataset_size=digits.train_size, batch_size=64, epochs=3, seed=2
     )
@@ -363,3 +365,17 @@ def test_report_puts_the_three_numbers_at_the_top_and_flags_a_contradiction(tmp_
     assert "proven ε ≤ 2" in run_row and "heuristic" in run_row and "one-run ε_emp ≥" in run_row
     claim_row = next(row for row in rendered if "Claimed ε" in row)
     assert ("contradicted" in claim_row) == (verdict == "contradicted")
+
+
+def test_a_resumed_run_keeps_the_canaries_recorded_before_the_kill(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=4)
+    plan = CanaryPlan.draw(0, 10, engine.numel)
+    before = CanaryRecorder(plan, engine, 3, 1.0)
+    before.raw[:2] = np.arange(20, dtype=np.float32).reshape(2, 10)
+    before.save(tmp_path, "key-a")
+    same, other = CanaryRecorder(plan, engine, 3, 1.0), CanaryRecorder(plan, engine, 3, 1.0)
+    same.resume(tmp_path, "key-a", 2)
+    other.resume(tmp_path, "key-b", 2)  # other inputs: nothing is reused
+    assert np.array_equal(same.raw[:2], before.raw[:2]) and np.isnan(same.raw[2]).all()
+    assert np.isnan(other.raw).all()
