@@ -32,7 +32,7 @@ from dpledger.accounting.pld import PldRun, pld_epsilon
 from dpledger.audit import one_run
 from dpledger.data import load_data
 from dpledger.engine import BKEngine
-from dpledger.engine.canaries import canary_law, recorder_for
+from dpledger.engine.canaries import CanaryRecorder, canary_law, recorder_for
 from dpledger.models import build_task_model, task_for
 from dpledger.params import DataParams
 from dpledger.pipeline import run_stage
@@ -125,6 +125,19 @@ def acceptance(epsilon: float, canaries: int, ideal_seeds: int) -> dict:
     }
 
 
+def _timed(spent: list[float], method):
+    """``method`` with its wall time added to ``spent[0]``."""
+
+    def run(*args, **kwargs):
+        mark = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - mark
+
+    return run
+
+
 def cost(repeats: int) -> dict:
     root = Path(tempfile.mkdtemp(prefix="bench-one-run-"))
     try:
@@ -138,11 +151,24 @@ def cost(repeats: int) -> dict:
         run_stage("schedule", paths[True], root)
         times: dict[bool, list[float]] = {True: [], False: []}
         metrics: dict[bool, dict] = {}
+        shares = []
         for _ in range(repeats):
             for enabled in (False, True):  # the last run keeps its canaries for the audit stage
                 shutil.rmtree(root / "artifacts" / "train", ignore_errors=True)
-                metrics[enabled] = run_stage("train", paths[enabled], root)
+                spent = [
+                    0.0
+                ]  # the recorder's own time inside the stage: the share load cannot blur
+                originals = {name: getattr(CanaryRecorder, name) for name in ("record", "save")}
+                for name, method in originals.items():
+                    setattr(CanaryRecorder, name, _timed(spent, method))
+                try:
+                    metrics[enabled] = run_stage("train", paths[enabled], root)
+                finally:
+                    for name, method in originals.items():
+                        setattr(CanaryRecorder, name, method)
                 times[enabled].append(metrics[enabled]["stage_wall_time_s"])
+                if enabled:
+                    shares.append(round(spent[0] / metrics[enabled]["stage_wall_time_s"], 5))
         print(json.dumps({"train_stage_s": times}), flush=True)
         mark = time.perf_counter()
         audit = run_stage("audit", paths[True], root)
@@ -151,7 +177,8 @@ def cost(repeats: int) -> dict:
         return {
             "train_stage_s_on": times[True],
             "train_stage_s_off": times[False],
-            "overhead": round(on / off - 1.0, 4),
+            "overhead_on_off": round(on / off - 1.0, 4),
+            "recorder_share_of_stage": shares,
             "test_accuracy_on_off": [
                 metrics[True]["test_accuracy"],
                 metrics[False]["test_accuracy"],

@@ -371,11 +371,16 @@ def test_a_resumed_run_keeps_the_canaries_recorded_before_the_kill(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
     engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=4)
     plan = CanaryPlan.draw(0, 10, engine.numel)
-    before = CanaryRecorder(plan, engine, 3, 1.0)
-    before.raw[:2] = np.arange(20, dtype=np.float32).reshape(2, 10)
-    before.save(tmp_path, "key-a")
-    same, other = CanaryRecorder(plan, engine, 3, 1.0), CanaryRecorder(plan, engine, 3, 1.0)
-    same.resume(tmp_path, "key-a", 2)
-    other.resume(tmp_path, "key-b", 2)  # other inputs: nothing is reused
-    assert np.array_equal(same.raw[:2], before.raw[:2]) and np.isnan(same.raw[2]).all()
+    before = CanaryRecorder(plan, engine, 4, 1.0)
+    before.raw[:3] = np.arange(30, dtype=np.float32).reshape(3, 10)
+    before.save(tmp_path, "key-a", 1)
+    before.save(tmp_path, "key-a", 3)  # two checkpoints: two part files
+    same, other = CanaryRecorder(plan, engine, 4, 1.0), CanaryRecorder(plan, engine, 4, 1.0)
+    same.resume(tmp_path, "key-a", 3)
+    other.resume(tmp_path, "key-b", 3)  # other inputs: nothing is reused
+    assert np.array_equal(same.raw[:3], before.raw[:3]) and np.isnan(same.raw[3]).all()
     assert np.isnan(other.raw).all()
+    same.raw[3] = 1.0
+    same.save(tmp_path, "key-a", 4)  # the last step: one whole record, no parts left
+    assert [p.name for p in tmp_path.iterdir()] == ["canaries.npz"]
+    assert np.array_equal(np.load(tmp_path / "canaries.npz")["raw"], same.raw)

@@ -27,6 +27,7 @@ from dpledger.sampling.registry import build_sampler, options_for
 from dpledger.sampling.schedule import Schedule
 
 ARTIFACT = "canaries.npz"
+PARTS = "canaries.part-*.npz"  # the rows of each checkpoint until the run ends
 SEED_TAG = (
     0xCA7A  # the canary plan's own stream of the run seed: independent of noise, batches and init
 )
@@ -136,6 +137,7 @@ class CanaryRecorder:
             "lower audit.one_run.canaries",
         )
         self.plan, self.engine, self.clip_norm = plan, engine, float(clip_norm)
+        self._saved = 0  # rows kept on disk so far
         self.raw = np.full(
             (num_steps, plan.coordinates.size), np.nan, dtype=np.float32
         )  # a row per step
@@ -161,36 +163,51 @@ class CanaryRecorder:
         self.raw[step] = values.float().cpu().numpy()
         self.raw[step] /= self.clip_norm
 
-    def save(self, folder: Path, key: str) -> None:
-        """Write ``canaries.npz`` (atomically): the plan, the raw coordinates and the run's key."""
-        io.write_npz(
-            folder / ARTIFACT,
-            raw=self.raw,
-            coordinates=self.plan.coordinates,
-            included=self.plan.included,
-            seed=np.array(self.plan.seed),
-            key=np.array(key),
-            noise_multiplier_used=np.array(self.engine.noise_multiplier),
-        )
+    def save(self, folder: Path, key: str, steps_done: int) -> None:
+        """Keep what was recorded up to ``steps_done``: at a checkpoint only the rows since the last
+        one, as a part file (a checkpoint then writes O(rows) bytes, not the whole record); once the
+        last step is done, the whole record as ``canaries.npz`` and the parts are removed."""
+        if steps_done == self.raw.shape[0]:
+            io.write_npz(
+                folder / ARTIFACT,
+                raw=self.raw,
+                coordinates=self.plan.coordinates,
+                included=self.plan.included,
+                seed=np.array(self.plan.seed),
+                key=np.array(key),
+                noise_multiplier_used=np.array(self.engine.noise_multiplier),
+            )
+            for part in folder.glob(PARTS):
+                part.unlink()
+        elif steps_done > self._saved:
+            name = f"{ARTIFACT.removesuffix('.npz')}.part-{self._saved:09d}-{steps_done:09d}.npz"
+            io.write_npz(folder / name, raw=self.raw[self._saved : steps_done], key=np.array(key))
+        self._saved = steps_done
 
     def resume(self, folder: Path, key: str, steps_done: int) -> None:
-        """Reload the coordinates recorded before ``steps_done`` by the same run (same ``key``)."""
-        saved = load_observations(folder / ARTIFACT) if (folder / ARTIFACT).exists() else None
-        if (
-            steps_done
-            and saved
-            and str(saved["key"]) == key
-            and saved["raw"].shape == self.raw.shape
-        ):
-            self.raw[:steps_done] = saved["raw"][:steps_done]
+        """Reload the rows before ``steps_done`` recorded by the same run (same ``key``): from the
+        whole record or from consecutive part files; rows not found stay missing (NaN)."""
+        whole = folder / ARTIFACT
+        if whole.exists():
+            saved = load_observations(whole)
+            if str(saved["key"]) == key and saved["raw"].shape == self.raw.shape:
+                self.raw[:steps_done] = saved["raw"][:steps_done]
+                self._saved = steps_done
+                return
+        for part in sorted(folder.glob(PARTS)):
+            start, end = (int(x) for x in part.name.removesuffix(".npz").split("-")[-2:])
+            saved = load_observations(part)
+            if str(saved["key"]) != key or start != self._saved or end > steps_done:
+                continue
+            self.raw[start:end] = saved["raw"]
+            self._saved = end
 
 
 def recorder_for(
     enabled: bool, requested: int, run_seed: int, engine: Any, schedule: Schedule, clip_norm: float
 ):
     """The recorder of the run's canaries, or None when the one-run audit is off. It records
-    whatever
-    the sampler: placements are drawn only by the audit (:class:`CanaryLaw`)."""
+    whatever the sampler: placements are drawn only by the audit (:class:`CanaryLaw`)."""
     if not enabled:
         return None
     plan = CanaryPlan.draw(run_seed, requested, engine.numel)

@@ -284,7 +284,7 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
             )
             save_checkpoint(checkpoint_path, ledger, model, optimizer)
             if canaries:
-                canaries.save(root / OUT, key)
+                canaries.save(root / OUT, key, done)
         bar.update(1)
     bar.close()
     if not ranks.writes:
