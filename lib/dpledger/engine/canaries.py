@@ -168,7 +168,7 @@ class CanaryRecorder:
         one, as a part file (a checkpoint then writes O(rows) bytes, not the whole record); once the
         last step is done, the whole record as ``canaries.npz`` and the parts are removed."""
         if steps_done == self.raw.shape[0]:
-            io.write_npz(
+            _write(
                 folder / ARTIFACT,
                 raw=self.raw,
                 coordinates=self.plan.coordinates,
@@ -181,7 +181,7 @@ class CanaryRecorder:
                 part.unlink()
         elif steps_done > self._saved:
             name = f"{ARTIFACT.removesuffix('.npz')}.part-{self._saved:09d}-{steps_done:09d}.npz"
-            io.write_npz(folder / name, raw=self.raw[self._saved : steps_done], key=np.array(key))
+            _write(folder / name, raw=self.raw[self._saved : steps_done], key=np.array(key))
         self._saved = steps_done
 
     def resume(self, folder: Path, key: str, steps_done: int) -> None:
@@ -201,6 +201,13 @@ class CanaryRecorder:
                 continue
             self.raw[start:end] = saved["raw"]
             self._saved = end
+
+
+def _write(path: Path, **arrays: np.ndarray) -> None:
+    """Save ``arrays`` atomically, uncompressed: noisy sums do not compress, compressing them cost
+    more than the recording itself."""
+    with io.atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        np.savez(handle, **arrays)
 
 
 def recorder_for(
