@@ -45,13 +45,9 @@ BOUNDS = ("fdp", "fdp-gaussian", "steinke")
 
 def acceptance(epsilon: float, canaries: int, ideal_seeds: int) -> dict:
     data = load_data(DataParams(), 0)
-    schedule = build_schedule(
-        "poisson", dataset_size=data.train_size, batch_size=64, epochs=10, seed=0
-    )
+    schedule = build_schedule("poisson", dataset_size=data.train_size, batch_size=64, epochs=10, seed=0)
     run = PldRun(1.0, "poisson", 1, 64 / data.train_size, data.train_size, 64, schedule.num_steps)
-    sigma = brentq(
-        lambda s: pld_epsilon(replace(run, noise_multiplier=s), DELTA) - epsilon, 0.3, 5, xtol=1e-4
-    )
+    sigma = brentq(lambda s: pld_epsilon(replace(run, noise_multiplier=s), DELTA) - epsilon, 0.3, 5, xtol=1e-4)
     torch.manual_seed(0)
     task = task_for("mlp", "classification", data)
     model = build_task_model("mlp", {}, task, data)
@@ -97,9 +93,7 @@ def acceptance(epsilon: float, canaries: int, ideal_seeds: int) -> dict:
         )
         audit_s = time.perf_counter() - mark
         ideal = [
-            one_run.ideal_epsilon(
-                law, sigma, canaries, delta=DELTA, confidence=0.95, bound=bound, seed=s
-            )
+            one_run.ideal_epsilon(law, sigma, canaries, delta=DELTA, confidence=0.95, bound=bound, seed=s)
             for s in range(ideal_seeds)
         ]
         rows[bound] = {
@@ -110,9 +104,7 @@ def acceptance(epsilon: float, canaries: int, ideal_seeds: int) -> dict:
             "noise_measured": round(result.noise_measured, 4),
             "audit_s": round(audit_s, 2),
         }
-    accuracy = task.evaluate(model, torch.from_numpy(data.x_test), torch.from_numpy(data.y_test))[
-        "accuracy"
-    ]
+    accuracy = task.evaluate(model, torch.from_numpy(data.x_test), torch.from_numpy(data.y_test))["accuracy"]
     return {
         "sigma": round(sigma, 4),
         "steps": schedule.num_steps,
@@ -155,9 +147,7 @@ def cost(repeats: int) -> dict:
         for _ in range(repeats):
             for enabled in (False, True):  # the last run keeps its canaries for the audit stage
                 shutil.rmtree(root / "artifacts" / "train", ignore_errors=True)
-                spent = [
-                    0.0
-                ]  # the recorder's own time inside the stage: the share load cannot blur
+                spent = [0.0]  # the recorder's own time inside the stage: the share load cannot blur
                 originals = {name: getattr(CanaryRecorder, name) for name in ("record", "save")}
                 for name, method in originals.items():
                     setattr(CanaryRecorder, name, _timed(spent, method))
@@ -185,9 +175,7 @@ def cost(repeats: int) -> dict:
             ],
             "epsilon_on_off": [metrics[True]["epsilon_spent"], metrics[False]["epsilon_spent"]],
             "audit_stage_s": round(audit_s, 2),
-            "audit_one_run": {
-                k: v for k, v in audit.items() if "one_run" in k or "last_iterate" in k
-            },
+            "audit_one_run": {k: v for k, v in audit.items() if "one_run" in k or "last_iterate" in k},
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)

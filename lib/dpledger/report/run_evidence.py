@@ -42,11 +42,8 @@ def run_evidence_row(inputs: ReportInputs) -> tuple[Text, ...]:
         )
         if value is not None
     )
-    details = (
-        f"{details} · the heuristic is not a guarantee (final model only, linear losses)".lstrip(
-            " ·"
-        )
-    )
+    caveat = "the heuristic is not a guarantee (final model only, linear losses)"
+    details = f"{details} · {caveat}" if details else caveat
     verdict = str(m.get("one_run_verdict", "not run"))
     return (
         label,
