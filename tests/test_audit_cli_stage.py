@@ -92,8 +92,12 @@ def write_inputs(root, sampler, record_sampler="poisson"):
 
 
 def stage_params(repo_root, observations=20000):
+    """The repo's params with ``observations`` games and no one-run audit (these projects have no train stage)."""
     params = load_params(repo_root / "params.yaml")
-    return params.model_copy(update={"audit": params.audit.model_copy(update={"observations": observations})})
+    one_run = params.audit.one_run.model_copy(update={"enabled": False})
+    return params.model_copy(
+        update={"audit": params.audit.model_copy(update={"observations": observations, "one_run": one_run})}
+    )
 
 
 def test_stage_audits_the_sampler_actually_used_and_writes_flat_metrics(tmp_path, repo_root):

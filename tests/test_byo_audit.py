@@ -39,6 +39,7 @@ def _project(root: Path, lm: Path) -> Path:
             "dpsgd_observations": 4,
             "observations": 1000,
             "dpsgd_threat_model": "natural",
+            "one_run": {**raw["audit"]["one_run"], "enabled": False},  # no train stage in this project
         }
     )
     params.write_text(yaml.safe_dump(raw))

@@ -9,9 +9,32 @@ from pydantic import Field
 from dpledger.params.bounds import (
     MAX_AUDIT_OBSERVATIONS,
     MAX_DPSGD_OBSERVATIONS,
+    MAX_ONE_RUN_CANARIES,
     MAX_PATTERN_OBSERVATIONS,
 )
 from dpledger.params.core import Section
+
+
+class OneRunParams(Section):
+    """The one-run canary audit of the real training run (lib/dpledger/audit/one_run.py): the train stage
+    records the canary coordinates of the released noisy sums, the audit stage bounds ε from them."""
+
+    enabled: bool = Field(default=True, description="record canaries in the train stage and bound ε from them")
+    canaries: int = Field(
+        default=10_000,
+        ge=2,
+        le=MAX_ONE_RUN_CANARIES,
+        description="m, at most; a model with fewer trainable parameters gets one per parameter (recorded)",
+    )
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    threshold: Literal["bonferroni", "split"] = Field(
+        default="bonferroni", description="bonferroni (a grid of guess counts) | split (held-out canaries pick it)"
+    )
+    split_fraction: float = Field(default=0.5, gt=0.0, lt=1.0, description="held-out canaries for split")
+    bound: Literal["fdp", "fdp-gaussian", "steinke"] = Field(
+        default="fdp",
+        description="fdp (f-DP test of the (ε, δ) trade-off) | fdp-gaussian (of the Gaussian one) | steinke",
+    )
 
 
 class AuditParams(Section):
@@ -41,3 +64,4 @@ class AuditParams(Section):
     dpsgd_observations: int = Field(
         default=200, ge=4, le=MAX_DPSGD_OBSERVATIONS, description="training runs of the DP-SGD audit"
     )
+    one_run: OneRunParams = Field(default_factory=OneRunParams)

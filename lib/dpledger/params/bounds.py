@@ -18,6 +18,7 @@ MAX_AUDIT_DRAWS = 50_000_000_000  # games × Gaussians per game: ~35 min at 2.3e
 MAX_PATTERN_OBSERVATIONS = 1_000_000  # one run of the (plugin) sampler per game
 MAX_DPSGD_OBSERVATIONS = 10_000  # one training run per game: ~40 min for the default digits MLP
 MAX_DPSGD_EPOCHS = 100_000  # runs × epochs per run of the DP-SGD audit
+MAX_ONE_RUN_CANARIES = 10_000_000  # one float32 per canary and step is kept (memory is checked as well)
 MAX_SELFCHECK_OBSERVATIONS = 1_000_000_000  # repeats × games of `dpledger audit selfcheck`
 MAX_MODEL_PARAMETERS = 1_000_000_000
 MAX_WIDTH = 1_000_000  # any single integer model option (hidden width, channels, dim, depth, ...)

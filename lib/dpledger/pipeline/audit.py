@@ -12,6 +12,7 @@ from dpledger.accounting.record import CalibrationRecord
 from dpledger.audit import plots
 from dpledger.audit.bgm import BgmAudit, audit_bgm
 from dpledger.audit.estimate import AuditStatistics
+from dpledger.audit.one_run import audit_run
 from dpledger.audit.result import Claim, epsilon_versus_observations, tradeoff_points
 from dpledger.params import Params
 from dpledger.sampling.guard import check_schedule
@@ -72,6 +73,17 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         dpsgd = _audit_dpsgd(params, mechanism)
         details["dpsgd"] = {**dpsgd.to_dict(), "assumptions": list(dpsgd.assumptions) + correlated}
         metrics.update({f"dpsgd_{key}": value for key, value in _flat(dpsgd.summary()).items() if key != "sampler"})
+    run_metrics, run_details = audit_run(
+        audit.one_run,
+        schedule,
+        root / paths.TRAIN_DIR,
+        noise_multiplier=record.noise_multiplier,
+        epsilon=record.epsilon,
+        delta=record.delta,
+        correlated=record.mechanism != "identity",
+    )
+    metrics.update(run_metrics)
+    details.update(run_details)
     with io.atomic_dir(root / paths.plots("audit")) as folder:
         title = f"BGM audit, sampler '{schedule.sampler}', N = {result.observations:,}"
         plots.write_tradeoff(

@@ -31,6 +31,7 @@ from dpledger import io, paths, plotting
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.data import Dataset, load_data
 from dpledger.engine import BKEngine, make_optimizer, make_scheduler, retain_freed_memory
+from dpledger.engine.canaries import recorder_for
 from dpledger.engine.checkpoint import (
     Ledger,
     fingerprint,
@@ -113,10 +114,12 @@ def _input_fingerprint(params: Params, root: Path, data: Dataset, device: torch.
     checks = {"self_check", "self_check_examples", "self_check_parameters"}  # they change no step
     train = params.train.model_dump(exclude={"checkpoint_every", "processes", *checks})
     train |= {"device": device.type, "torch": torch.__version__}
+    canaries = params.audit.one_run.model_dump(include={"enabled", "canaries"})  # their record must be whole
     return fingerprint(
         params.seed,
         params.data.model_dump(),
         train,
+        canaries,
         root / CALIBRATION,
         root / SCHEDULE / "schedule.json",
         root / SCHEDULE / "schedule.npz",
@@ -253,6 +256,12 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     )
     resumed_from = ledger.steps_done
     ranks.check_same_start(resumed_from, model, device)
+    one_run = params.audit.one_run  # canaries in a side copy of the released sums (rank 0, like the noise)
+    canaries = recorder_for(
+        one_run.enabled and ranks.writes, one_run.canaries, params.seed, engine, schedule, tp.clip_norm
+    )
+    if canaries:
+        canaries.resume(root / OUT, key, resumed_from)
 
     x_train, y_train = torch.from_numpy(data.x_train).to(device), torch.from_numpy(data.y_train).to(device)
     x_test, y_test = torch.from_numpy(data.x_test).to(device), torch.from_numpy(data.y_test).to(device)
@@ -283,6 +292,8 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
         epoch_end = done % schedule.steps_per_epoch == 0 or done == schedule.num_steps
         if step == resumed_from:
             check_state_unchanged(model, optimizer, state)
+        if canaries:
+            canaries.record(step)
         loss_sum, real = ranks.total([loss_sum, real], device)
         examples += int(real)
         history["loss"].append(loss_sum / real if real else float("nan"))
@@ -305,6 +316,8 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
                 nonfinite_examples=engine.nonfinite_examples,
             )
             save_checkpoint(checkpoint_path, ledger, model, optimizer, scheduler)
+            if canaries:
+                canaries.save(root / OUT, key, done)
         bar.update(1)
     bar.close()
     if not ranks.writes:

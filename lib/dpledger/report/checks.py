@@ -47,6 +47,7 @@ def find_findings(
         _delta_vacuous(metrics),
         _audit_contradicted(metrics, details),
         _sources_disagree(metrics, details, train_files, seals or []),
+        _one_run_contradicted(metrics),
         _sigma_disagrees(metrics, details, train_files),
         _sampler_mismatch(metrics, details),
         _budget_exceeded(metrics),
@@ -100,6 +101,26 @@ def _audit_contradicted(metrics: dict[str, dict[str, Any]], details: dict[str, A
         message=(
             f"The canary audit found ε_emp ≥ {format_lower(empirical)}{at}, above the claimed "
             f"ε = {format_upper(claimed)}: this run leaks more than its privacy claim allows."
+        ),
+    )
+
+
+def _one_run_contradicted(metrics: dict[str, dict[str, Any]]) -> Finding | None:
+    """A warning when the one-run audit's valid lower bound exceeds the claimed ε."""
+    audit = metrics.get("audit", {})
+    if audit.get("one_run_verdict") != "contradicted":
+        return None
+    confidence = audit.get("one_run_confidence")
+    at = f" at {format_percent(confidence)} confidence" if confidence is not None else ""
+    return Finding(
+        kind="one-run-contradicted",
+        severity="warning",
+        title="The run's own canaries contradict the claimed ε",
+        message=(
+            f"{format_value(audit.get('one_run_canaries'))} canaries in this run's noisy sums give "
+            f"ε_emp ≥ {format_lower(audit.get('epsilon_emp_one_run'))}{at} "
+            f"({audit.get('one_run_method')}), above the claimed ε = {format_upper(audit.get('epsilon_claimed'))}: "
+            "this run did not add the noise its ledger claims."
         ),
     )
 

@@ -24,6 +24,7 @@ from dpledger.report.formatting import (
     format_value,
 )
 from dpledger.report.inputs import ReportInputs
+from dpledger.report.run_evidence import run_evidence_row
 from dpledger.report.self_check import self_check_row
 from dpledger.report.tables import NOT_RUN
 
@@ -39,6 +40,7 @@ def headline(inputs: ReportInputs, findings: list[Finding]) -> list[Block]:
         _claim_row(inputs, kinds),
         _sampler_row(inputs, kinds),
         _audit_row(inputs, kinds),
+        run_evidence_row(inputs),
         _verify_row(inputs),
         self_check_row(inputs.metrics, inputs.ran("train")),
         _accuracy_row(inputs),
@@ -64,7 +66,7 @@ def _claim_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
         ("Monte Carlo samples", m.get("mc_samples")),
         ("Monte Carlo failure probability", m.get("mc_failure_probability")),
     )
-    if "audit-contradicted" in kinds:
+    if kinds & {"audit-contradicted", "one-run-contradicted"}:
         verdict = Badge("contradicted", "bad")
     elif kinds & {"sampler-mismatch", "budget-exceeded", "mc-failure", "sigma-mismatch", "sources-disagree"} or (
         "self-check-failed" in kinds

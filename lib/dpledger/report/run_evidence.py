@@ -1,0 +1,53 @@
+"""The three numbers about the run itself, side by side at the top of the report: the proven ε (an
+upper bound, the ledger's), the last-iterate heuristic (not a guarantee) and the one-run ε_emp (a
+lower bound for this very run, from canaries in its own noisy sums). The finding when ε_emp exceeds
+the claim is ``one-run-contradicted`` (:mod:`dpledger.report.checks`)."""
+
+from __future__ import annotations
+
+from dpledger.report.document import Badge, Strong, Text, text
+from dpledger.report.formatting import (
+    MISSING,
+    format_lower,
+    format_percent,
+    format_upper,
+    format_value,
+)
+from dpledger.report.inputs import ReportInputs
+from dpledger.report.tables import NOT_RUN
+
+ONE_RUN_TONES = {"consistent": "good", "contradicted": "bad"}
+
+
+def run_evidence_row(inputs: ReportInputs) -> tuple[Text, ...]:
+    """Proven ε · last-iterate heuristic · one-run ε_emp, with the one-run verdict."""
+    label = text(Strong("This run"))
+    if not inputs.ran("audit"):
+        return label, text(MISSING), text(), text(NOT_RUN)
+    m = inputs.metrics["audit"]
+    heuristic = m.get("epsilon_last_iterate_heuristic")
+    one_run = m.get("epsilon_emp_one_run")
+    result = (
+        f"proven ε ≤ {format_upper(m.get('epsilon_claimed'))} · last-iterate heuristic ε ≈ "
+        f"{format_value(heuristic) if heuristic is not None else 'n/a'} · one-run ε_emp ≥ "
+        f"{format_lower(one_run) if one_run is not None else 'n/a'}"
+    )
+    confidence = m.get("one_run_confidence")
+    details = " · ".join(
+        f"{name} {value}"
+        for name, value in (
+            ("canaries", m.get("one_run_canaries")),
+            ("confidence", format_percent(confidence) if confidence is not None else None),
+            ("method", m.get("one_run_method")),
+        )
+        if value is not None
+    )
+    caveat = "the heuristic is not a guarantee (final model only, linear losses)"
+    details = f"{details} · {caveat}" if details else caveat
+    verdict = str(m.get("one_run_verdict", "not run"))
+    return (
+        label,
+        text(Strong(result)),
+        text(details),
+        text(Badge(verdict, ONE_RUN_TONES.get(verdict, "warn"))),
+    )
