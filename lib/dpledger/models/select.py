@@ -59,10 +59,12 @@ def check_outputs(model: nn.Module, task: Task, data: Dataset, name: str) -> Non
     x = torch.from_numpy(data.x_train[:2])
     try:
         logits = task.logits(model, x)
-    except (TypeError, IndexError, RuntimeError) as error:
+    except (TypeError, IndexError, RuntimeError, ValueError) as error:
+        layout = " (images are read as (N, C, H, W))" if x.ndim == 4 else ""
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise ParamsError(
             f"params: train.model = {name!r} is invalid for this data: calling it on a batch of shape "
-            f"{tuple(x.shape)} failed ({str(error).strip().splitlines()[0]})"
+            f"{tuple(x.shape)}{layout} failed ({first})"
         ) from None
     if not isinstance(logits, torch.Tensor):
         raise ParamsError(f"params: train.model = {name!r} is invalid: it returned {type(logits).__name__}, not logits")

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from dpledger import io, plotting
 from dpledger.accounting.record import CalibrationRecord
@@ -39,11 +38,12 @@ from dpledger.engine.checkpoint import (
 )
 from dpledger.engine.device import autocast, select_device
 from dpledger.errors import DpledgerError
-from dpledger.models import Task, build_task_model, task_for
+from dpledger.models import Task, build_task_model, task_for, utility
 from dpledger.params import Params
 from dpledger.pipeline import paths
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.pipeline.inputs_check import verified_record, verified_schedule
+from dpledger.pipeline.progress import Progress
 from dpledger.sampling.guard import SamplerCheck, check_schedule
 from dpledger.sampling.schedule import Schedule
 
@@ -229,19 +229,15 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     ledger = _resume(key, checkpoint_path, record, schedule, task, model, optimizer, engine)
     resumed_from = ledger.steps_done
     ranks.check_same_start(resumed_from, model, device)
+    if ranks.writes:
+        print(f"train: {_tuning_line(model, engine)}", file=sys.stderr)
 
     x_train, y_train = torch.from_numpy(data.x_train).to(device), torch.from_numpy(data.y_train).to(device)
     x_test, y_test = torch.from_numpy(data.x_test).to(device), torch.from_numpy(data.y_test).to(device)
     history = {k: list(v) for k, v in ledger.history.items()}
     started = time.perf_counter()
     examples = 0
-    bar = tqdm(
-        total=schedule.num_steps,
-        initial=ledger.steps_done,
-        desc="train",
-        unit="step",
-        disable=not sys.stderr.isatty() or not ranks.writes,
-    )
+    bar = Progress(schedule.num_steps, ledger.steps_done, enabled=ranks.writes)
     for step in range(ledger.steps_done, schedule.num_steps):
         indices, padding = ranks.share(*schedule.batch(step))
         rows = torch.from_numpy(indices.astype(np.int64)).to(device)
@@ -272,13 +268,29 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
                 nonfinite_examples=engine.nonfinite_examples,
             )
             save_checkpoint(checkpoint_path, ledger, model, optimizer)
-        bar.update(1)
+        bar.update(history["loss"][-1], history["epsilon"][-1])
     bar.close()
     if not ranks.writes:
         return {}
-    return _write_outputs(
-        root, Finished(ledger, record, check, model, task, engine, resumed_from), (x_train, y_train, x_test, y_test)
+    tensors = (x_train, y_train, x_test, y_test)
+    evidence = utility.measure(
+        task,
+        model,
+        tensors,
+        noise_multiplier=engine.noise_multiplier,
+        clip_norm=engine.clip_norm,
+        batch_size=engine.normalizer,
+        vocab_size=data.vocab_size,
+        trainable=engine.params,
     )
+    return _write_outputs(root, Finished(ledger, record, check, model, task, engine, resumed_from), tensors, evidence)
+
+
+def _tuning_line(model: torch.nn.Module, engine: BKEngine) -> str:
+    """The step's signal-to-noise and what moves it (utility.tuning_hint), for stderr."""
+    trainable = utility.model_summary(model, engine.params)["parameters_trainable"]
+    snr = utility.signal_to_noise(engine.noise_multiplier, engine.clip_norm, trainable, engine.normalizer)
+    return utility.tuning_hint(snr, trainable, engine.normalizer, engine.noise_multiplier)
 
 
 @dataclass(frozen=True)
@@ -294,8 +306,11 @@ class Finished:
     resumed_from: int
 
 
-def _write_outputs(root: Path, run: Finished, tensors: tuple[torch.Tensor, ...]) -> dict[str, Any]:
-    """artifacts/train (model.pt, ledger.json), plots/train and metrics/train.json; returns the metrics."""
+def _write_outputs(
+    root: Path, run: Finished, tensors: tuple[torch.Tensor, ...], evidence: utility.Evidence
+) -> dict[str, Any]:
+    """artifacts/train (model.pt, ledger.json, utility.json), plots/train and metrics/train.json; returns
+    the metrics."""
     ledger, record, check, model, task, engine = run.ledger, run.record, run.check, run.model, run.task, run.engine
     x_train, y_train, x_test, y_test = tensors
     history = ledger.history
@@ -319,6 +334,7 @@ def _write_outputs(root: Path, run: Finished, tensors: tuple[torch.Tensor, ...])
         "wall_time_s": elapsed,
         "mechanism": record.mechanism,
         **check.to_metrics(),
+        **evidence.metrics,
     }
     out = root / OUT
     with io.atomic_path(out / "model.pt") as tmp:
@@ -335,8 +351,10 @@ def _write_outputs(root: Path, run: Finished, tensors: tuple[torch.Tensor, ...])
             "assumptions": assumptions,
         },
     )
+    io.write_json(out / "utility.json", evidence.details)
     with io.atomic_dir(root / paths.plots("train")) as folder:  # replaced whole: no other task's stale curves
         _write_plots(folder, history, task.metric)
+        evidence.write_plots(folder)
     io.write_json(root / paths.metrics("train"), metrics)
     return metrics
 
