@@ -17,9 +17,44 @@ import numpy as np
 
 from dpledger import io
 
-POSITIVE = ("good", "great", "wonderful", "excellent", "lovely", "superb", "pleasant", "brilliant", "fine", "charming")
-NEGATIVE = ("bad", "awful", "terrible", "dull", "boring", "poor", "horrible", "dreadful", "weak", "unpleasant")
-SUBJECTS = ("film", "movie", "soup", "service", "hotel", "book", "concert", "game", "meal", "show", "trip", "room")
+POSITIVE = (
+    "good",
+    "great",
+    "wonderful",
+    "excellent",
+    "lovely",
+    "superb",
+    "pleasant",
+    "brilliant",
+    "fine",
+    "charming",
+)
+NEGATIVE = (
+    "bad",
+    "awful",
+    "terrible",
+    "dull",
+    "boring",
+    "poor",
+    "horrible",
+    "dreadful",
+    "weak",
+    "unpleasant",
+)
+SUBJECTS = (
+    "film",
+    "movie",
+    "soup",
+    "service",
+    "hotel",
+    "book",
+    "concert",
+    "game",
+    "meal",
+    "show",
+    "trip",
+    "room",
+)
 INTENSIFIERS = ("", "really", "truly", "quite", "very", "rather", "so")
 TEMPLATES = (
     "the {subject} was {intensifier} {opinion}",
@@ -32,13 +67,14 @@ TEMPLATES = (
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-def sentences(count: int, seed: int = 0) -> list[tuple[str, int]]:
-    """``count`` (sentence, label) pairs, labels balanced up to one, in a seeded random order."""
+def sentences(count: int, seed: int = 0, opinions: int = len(POSITIVE)) -> list[tuple[str, int]]:
+    """``count`` (sentence, label) pairs, labels balanced up to one, in a seeded random order, using the
+    first ``opinions`` words of each polarity."""
     rng = np.random.default_rng(seed)
     rows = []
     for index in range(count):
         label = index % 2
-        opinion = rng.choice(POSITIVE if label else NEGATIVE)
+        opinion = rng.choice((POSITIVE if label else NEGATIVE)[:opinions])
         template = TEMPLATES[rng.integers(len(TEMPLATES))]
         filled = template.format(subject=rng.choice(SUBJECTS), intensifier=rng.choice(INTENSIFIERS), opinion=opinion)
         rows.append((" ".join(filled.split()), label))
@@ -47,7 +83,15 @@ def sentences(count: int, seed: int = 0) -> list[tuple[str, int]]:
 
 def train_wordpiece(texts: list[str], vocab_size: int = 200):
     """A lower-casing WordPiece tokenizer trained on ``texts`` that adds [CLS] ... [SEP] like BERT's."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -70,9 +114,9 @@ def train_wordpiece(texts: list[str], vocab_size: int = 200):
     )
 
 
-def write_example(folder: str | Path, *, count: int = 4000, seed: int = 0) -> None:
+def write_example(folder: str | Path, *, count: int = 4000, seed: int = 0, opinions: int = len(POSITIVE)) -> None:
     """Write ``folder/sentiment.csv`` (columns ``text``, ``label``) and ``folder/tokenizer/``."""
-    rows = sentences(count, seed)
+    rows = sentences(count, seed, opinions)
     table = text_io.StringIO()
     writer = csv.writer(table, lineterminator="\n")
     writer.writerow(["text", "label"])

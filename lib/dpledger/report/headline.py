@@ -160,7 +160,7 @@ def _accuracy_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
         filter(
             None,
             (
-                f"majority-class baseline {format_percent(baseline)}" if baseline is not None else "",
+                f"baseline (best constant guess) {format_percent(baseline)}" if baseline is not None else "",
                 _joined(("macro F1", m.get("test_macro_f1")), ("classes predicted", m.get("predicted_classes"))),
                 _joined(("final train loss", m.get("final_train_loss"))),
                 model,

@@ -51,7 +51,7 @@ def _baseline_sentence(m: dict[str, Any]) -> Text:
             "best constant guess); "
             f"one-sided binomial p = {format_value(m.get('above_baseline_p_value'))} that a model right at the "
             f"baseline's rate scores as well, on {format_value(m.get('test_examples'))} test examples; "
-            f"{format_value(m.get('predicted_classes'))} classes predicted, macro F1 "
+            f"classes predicted: {format_value(m.get('predicted_classes'))}; macro F1 "
             f"{format_value(m.get('test_macro_f1'))}."
         )
     if "baseline_perplexity_unigram" in m:
