@@ -48,7 +48,10 @@ def _project(root: Path, *, data: dict | None = None, train: dict | None = None)
 @pytest.mark.parametrize(
     "train, match",
     [
-        ({"model": "hf", "model_options": {"config": dict(TINY_VIT)}}, r"train.model_options.init = 'pretrained'"),
+        (
+            {"model": "hf", "model_options": {"config": dict(TINY_VIT)}},
+            r"train.model_options.init = 'pretrained'",
+        ),
         ({"model": "cnn", "model_options": {"channels": [0]}}, r"train.model_options.channels = 0"),
         ({"model": "hf", "model_options": {"path": "data/no-such-model"}}, r"no such folder"),
         ({"model": "transformer", "task": "causal-lm"}, r"train.task = 'causal-lm' is invalid"),
@@ -128,3 +131,23 @@ def test_prepare_writes_nothing_to_stderr(tmp_path, capfd):
     torch.manual_seed(0)
     main(out=tmp_path / "lm", architecture="gpt2")
     assert capfd.readouterr().err == ""
+
+
+def test_the_sentiment_generator_is_balanced_deterministic_and_tokenized_offline(tmp_path):
+    from transformers import AutoTokenizer
+
+    from dpledger.data.example_sentiment import NEGATIVE, POSITIVE, sentences, write_example
+
+    rows = sentences(400, seed=3)
+    assert rows == sentences(400, seed=3) and sum(label for _, label in rows) == 200
+    for text, label in rows:
+        words = set(text.split())
+        assert len(words & set(POSITIVE if label else NEGATIVE)) == 1 and not words & set(
+            NEGATIVE if label else POSITIVE
+        )
+    write_example(tmp_path / "sentiment", count=50)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "sentiment" / "tokenizer", local_files_only=True)
+    ids = tokenizer("the soup was truly wonderful")["input_ids"]
+    assert ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
+    assert tokenizer.unk_token_id not in ids and len(tokenizer) <= 200
+    assert (tmp_path / "sentiment" / "sentiment.csv").read_text().splitlines()[0] == "text,label"

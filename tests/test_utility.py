@@ -158,8 +158,15 @@ def _train_metrics(**changes: object) -> dict[str, dict]:
     [
         {},  # chance, one class: the run
         {"predicted_classes": 2},  # below the baseline
-        {"test_accuracy": 0.53, "above_baseline_p_value": 0.3, "predicted_classes": 2},  # not significantly above
-        {"test_accuracy": 0.99, "above_baseline_p_value": 1e-50},  # one class cannot score 99 %, but says so
+        {
+            "test_accuracy": 0.53,
+            "above_baseline_p_value": 0.3,
+            "predicted_classes": 2,
+        },  # not significantly above
+        {
+            "test_accuracy": 0.99,
+            "above_baseline_p_value": 1e-50,
+        },  # one class cannot score 99 %, but says so
     ],
 )
 def test_chance_or_one_class_is_a_learned_nothing_warning(changes):
@@ -175,7 +182,11 @@ def test_a_clearly_better_model_is_no_finding():
 
 
 def test_language_model_no_better_than_unigram_is_a_warning():
-    lm = {"test_perplexity": 240.0, "baseline": "unigram perplexity", "baseline_perplexity_unigram": 230.0}
+    lm = {
+        "test_perplexity": 240.0,
+        "baseline": "unigram perplexity",
+        "baseline_perplexity_unigram": 230.0,
+    }
     assert _utility_kinds({"train": lm}) == ["learned-nothing"]
     lm["test_perplexity"] = 120.0
     assert _utility_kinds({"train": lm}) == []
@@ -226,7 +237,12 @@ def test_compare_remarks_when_epsilon_moves_and_utility_does_not():
     assert "learned-nothing" in rows["Warnings"].new
     better = {
         "calibrate": {"epsilon": 2.0},
-        "train": {**train, "test_accuracy": 0.9, "predicted_classes": 2, "above_baseline_p_value": 1e-40},
+        "train": {
+            **train,
+            "test_accuracy": 0.9,
+            "predicted_classes": 2,
+            "above_baseline_p_value": 1e-40,
+        },
     }
     row = {r.label: r for r in compare_headlines(old, better, mc_failure_warning=1e-6)}["Utility"]
     assert (row.new, row.change) == ("38.3 points above baseline", "changed")

@@ -67,14 +67,13 @@ TEMPLATES = (
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-def sentences(count: int, seed: int = 0, opinions: int = len(POSITIVE)) -> list[tuple[str, int]]:
-    """``count`` (sentence, label) pairs, labels balanced up to one, in a seeded random order, using the
-    first ``opinions`` words of each polarity."""
+def sentences(count: int, seed: int = 0) -> list[tuple[str, int]]:
+    """``count`` (sentence, label) pairs, labels balanced up to one, in a seeded random order."""
     rng = np.random.default_rng(seed)
     rows = []
     for index in range(count):
         label = index % 2
-        opinion = rng.choice((POSITIVE if label else NEGATIVE)[:opinions])
+        opinion = rng.choice(POSITIVE if label else NEGATIVE)
         template = TEMPLATES[rng.integers(len(TEMPLATES))]
         filled = template.format(subject=rng.choice(SUBJECTS), intensifier=rng.choice(INTENSIFIERS), opinion=opinion)
         rows.append((" ".join(filled.split()), label))
@@ -114,9 +113,9 @@ def train_wordpiece(texts: list[str], vocab_size: int = 200):
     )
 
 
-def write_example(folder: str | Path, *, count: int = 4000, seed: int = 0, opinions: int = len(POSITIVE)) -> None:
+def write_example(folder: str | Path, *, count: int = 4000, seed: int = 0) -> None:
     """Write ``folder/sentiment.csv`` (columns ``text``, ``label``) and ``folder/tokenizer/``."""
-    rows = sentences(count, seed, opinions)
+    rows = sentences(count, seed)
     table = text_io.StringIO()
     writer = csv.writer(table, lineterminator="\n")
     writer.writerow(["text", "label"])

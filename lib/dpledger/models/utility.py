@@ -116,7 +116,13 @@ def classification_utility(
     }
     details = {
         "per_class": [
-            {"class": c, "precision": float(p), "recall": float(r), "f1": float(f), "support": int(s)}
+            {
+                "class": c,
+                "precision": float(p),
+                "recall": float(r),
+                "f1": float(f),
+                "support": int(s),
+            }
             for c, p, r, f, s in zip(labels, precision, recall, f1, support)
         ],
         "confusion_matrix": confusion_matrix(y_test, predicted, labels=labels).tolist(),
@@ -164,7 +170,15 @@ def write_confusion_matrix(folder: Path, matrix: list[list[int]]) -> None:
             axes.set_yticks(range(counts.shape[0]))
             for (t, p), count in np.ndenumerate(counts):
                 light = count > counts.max() / 2
-                axes.text(p, t, str(count), ha="center", va="center", fontsize=7, color="white" if light else "black")
+                axes.text(
+                    p,
+                    t,
+                    str(count),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if light else "black",
+                )
 
 
 @dataclass(frozen=True)
