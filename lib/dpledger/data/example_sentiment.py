@@ -1,10 +1,10 @@
-"""The text-classification recipe's data, built offline: templated sentiment sentences in a CSV and a
-small WordPiece tokenizer trained on them with the ``tokenizers`` library, saved as a transformers
-tokenizer (README "Bring your own model and data"). Deterministic for a given seed.
+"""A generated sentiment set for trying text classification offline (README "Does it learn?"):
+templated sentences in a CSV and a small WordPiece tokenizer trained on them with ``tokenizers``,
+saved as a transformers tokenizer. Deterministic for a given seed.
 
 Each sentence says one opinion about one subject ("the soup was truly wonderful", "i found the film
-dull"); its label is 1 when the opinion word is positive and 0 when negative. Words that carry no label
-(subjects, templates, intensifiers) are shared by both classes, so only the opinion word decides.
+dull"); its label is 1 when the opinion word is positive and 0 when negative. Words that carry no
+label (subjects, templates, intensifiers) are shared by both classes, so only the opinion word decides.
 """
 
 from __future__ import annotations
