@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from dpledger.data.example_lm import ARCHITECTURES, write_example
+from dpledger.quiet import quiet_third_party
 
 
 def main(
@@ -16,7 +17,8 @@ def main(
 ) -> None:
     if architecture not in ARCHITECTURES:
         raise typer.BadParameter(f"allowed values are {', '.join(ARCHITECTURES)}", param_hint="--architecture")
-    write_example(out, architecture=architecture)
+    with quiet_third_party("prepare"):
+        write_example(out, architecture=architecture)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,7 +103,25 @@ def _npz_inputs(x: np.ndarray, what: str) -> np.ndarray:
         x = x.astype(np.float32) / 255.0
     with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, which require_finite then names
         x = require_finite(x.astype(np.float32, copy=False), what)
-    return x[:, None, :, :] if x.ndim == 3 else x
+    return channels_first(x[:, None, :, :] if x.ndim == 3 else x, what)
+
+
+CHANNEL_COUNTS = (1, 3, 4)
+"""Grey, RGB and RGBA: the channel counts an image array's layout is recognised by."""
+
+
+def channels_first(x: np.ndarray, what: str) -> np.ndarray:
+    """Images as (N, C, H, W): an (N, H, W, C) array (last axis 1, 3 or 4 channels, second axis not) is
+    transposed, with a note on stderr; anything else is returned unchanged."""
+    if x.ndim != 4 or x.shape[-1] not in CHANNEL_COUNTS or x.shape[1] in CHANNEL_COUNTS:
+        return x
+    converted = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+    print(
+        f"note: {what}: images of shape {x.shape} are channels-last (N, H, W, C); "
+        f"read as (N, C, H, W) = {converted.shape}",
+        file=sys.stderr,
+    )
+    return converted
 
 
 def load_dataset(name: str, path: str | None, test_fraction: float, seed: int) -> Dataset:

@@ -74,10 +74,11 @@ def check_outputs(model: nn.Module, task: Task, data: Dataset, name: str) -> Non
     try:
         logits = task.logits(model, x)
     except Exception as error:  # the model is the user's code: any failure is one line naming it
+        layout = " (images are read as (N, C, H, W))" if x.ndim == 4 else ""
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
         raise ParamsError(
             f"params: train.model = {name!r} is invalid for this data: calling it on a batch of shape "
-            f"{tuple(x.shape)} failed ({type(error).__name__}: {first})"
+            f"{tuple(x.shape)}{layout} failed ({type(error).__name__}: {first})"
         ) from None
     if not isinstance(logits, torch.Tensor):
         raise ParamsError(f"params: train.model = {name!r} is invalid: it returned {type(logits).__name__}, not logits")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dpledger.params import STAGES, load_params
+from dpledger.quiet import quiet_third_party
 
 
 def run_stage(name: str, params_path: str | Path = "params.yaml", root: str | Path = ".") -> dict[str, Any]:
@@ -22,7 +23,8 @@ def run_stage(name: str, params_path: str | Path = "params.yaml", root: str | Pa
     params = load_params(params_path)
     module = importlib.import_module(f"dpledger.pipeline.{name}")
     started = time.perf_counter()
-    metrics = module.run(params, Path(root))
+    with quiet_third_party(name):
+        metrics = module.run(params, Path(root))
     metrics = dict(metrics or {})
     metrics.setdefault("stage_wall_time_s", round(time.perf_counter() - started, 3))
     return metrics

@@ -38,6 +38,7 @@ from dpledger.data import load_data
 from dpledger.mechanisms import banded_params, coefficients
 from dpledger.mechanisms.rmse import prefix_rmse
 from dpledger.params import CalibrateParams, Params, check_dataset_size
+from dpledger.pipeline.preflight import check_training_inputs
 from dpledger.sampling.registry import build_sampler
 from dpledger.seals import seal_record
 
@@ -151,6 +152,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     cal = params.calibrate
     dataset = load_data(params.data, params.seed)
     description = describe_run(params, dataset.train_size)
+    check_training_inputs(params, dataset)
     name = accountant_name(cal)
     accountant = get_accountant(name, **accountant_settings(params))
     matrix = choose_matrix(cal, description, params.seed)

@@ -25,13 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch.optim.lr_scheduler import LRScheduler
-from tqdm import tqdm
 
 from dpledger import io, paths, plotting
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.data import Dataset, load_data
 from dpledger.engine import BKEngine, make_optimizer, make_scheduler, retain_freed_memory
-from dpledger.engine.canaries import recorder_for
+from dpledger.engine.canaries import CanaryRecorder, recorder_for
 from dpledger.engine.checkpoint import (
     Ledger,
     fingerprint,
@@ -42,11 +41,12 @@ from dpledger.engine.checkpoint import (
 from dpledger.engine.device import autocast, select_device
 from dpledger.engine.validators import check_state_unchanged, state_snapshot
 from dpledger.errors import DpledgerError
-from dpledger.models import Task, build_task_model, task_for
+from dpledger.models import Task, build_task_model, task_for, utility
 from dpledger.models.lora import adapter_base, is_adapter_folder
 from dpledger.models.publish import publish_run
 from dpledger.params import Params
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
+from dpledger.pipeline.progress import Progress
 from dpledger.pipeline.self_check import check_before_training, to_metrics
 from dpledger.plugins import plugin_source
 from dpledger.sampling.guard import SamplerCheck, check_schedule
@@ -256,12 +256,9 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     )
     resumed_from = ledger.steps_done
     ranks.check_same_start(resumed_from, model, device)
-    one_run = params.audit.one_run  # canaries in a side copy of the released sums (rank 0, like the noise)
-    canaries = recorder_for(
-        one_run.enabled and ranks.writes, one_run.canaries, params.seed, engine, schedule, tp.clip_norm
-    )
-    if canaries:
-        canaries.resume(root / OUT, key, resumed_from)
+    canaries = _canaries(params, ranks, engine, schedule, (root / OUT, key, resumed_from))
+    if ranks.writes:
+        print(f"train: {_tuning_line(model, engine)}", file=sys.stderr)
 
     x_train, y_train = torch.from_numpy(data.x_train).to(device), torch.from_numpy(data.y_train).to(device)
     x_test, y_test = torch.from_numpy(data.x_test).to(device), torch.from_numpy(data.y_test).to(device)
@@ -271,13 +268,7 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     history = {k: list(v) for k, v in ledger.history.items()}
     started = time.perf_counter()
     examples = 0
-    bar = tqdm(
-        total=schedule.num_steps,
-        initial=ledger.steps_done,
-        desc="train",
-        unit="step",
-        disable=not sys.stderr.isatty() or not ranks.writes,
-    )
+    bar = Progress(schedule.num_steps, ledger.steps_done, enabled=ranks.writes)
     state = state_snapshot(model, optimizer)  # buffers and frozen parameters: checked after a step, before saving
     for step in range(ledger.steps_done, schedule.num_steps):
         indices, padding = ranks.share(*schedule.batch(step))
@@ -290,7 +281,8 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
         scheduler.step()  # one learning-rate step per logical (engine) step
         done = step + 1
         epoch_end = done % schedule.steps_per_epoch == 0 or done == schedule.num_steps
-        if step == resumed_from:
+        saves = epoch_end or done % tp.checkpoint_every == 0
+        if step == resumed_from or saves:  # after the first step, and before anything is saved
             check_state_unchanged(model, optimizer, state)
         if canaries:
             canaries.record(step)
@@ -299,12 +291,8 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
         history["loss"].append(loss_sum / real if real else float("nan"))
         history["epsilon"].append(epsilon_spent(record, step + 1))
         if epoch_end:
-            history["eval_step"].append(done)
-            for split, xs, ys in (("train", x_train, y_train), ("test", x_test, y_test)):
-                history[f"{split}_{task.metric}"].append(task.evaluate(model, xs, ys)[task.metric])
-        if epoch_end or done % tp.checkpoint_every == 0:
-            check_state_unchanged(model, optimizer, state)  # before anything is saved
-        if (epoch_end or done % tp.checkpoint_every == 0) and ranks.writes:
+            _evaluate(history, done, task, model, (x_train, y_train, x_test, y_test))
+        if saves and ranks.writes:
             history["elapsed_s"] = [history["elapsed_s"][0] + time.perf_counter() - started]
             history["examples"] = [history["examples"][0] + examples]
             started, examples = time.perf_counter(), 0
@@ -318,16 +306,56 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
             save_checkpoint(checkpoint_path, ledger, model, optimizer, scheduler)
             if canaries:
                 canaries.save(root / OUT, key, done)
-        bar.update(1)
+        bar.update(history["loss"][-1], history["epsilon"][-1])
     bar.close()
     if not ranks.writes:
         return {}
-    metrics = _write_outputs(
-        root, Finished(ledger, record, check, model, task, engine, resumed_from), (x_train, y_train, x_test, y_test)
+    tensors = (x_train, y_train, x_test, y_test)
+    evidence = utility.measure(
+        task,
+        model,
+        tensors,
+        noise_multiplier=engine.noise_multiplier,
+        clip_norm=engine.clip_norm,
+        batch_size=engine.normalizer,
+        vocab_size=data.vocab_size,
+        trainable=engine.params,
     )
-    published = root / paths.PUBLISHED_DIR
-    publish_run(published, model, params, record, ledger, check, metrics, engine.numel)
+    finished = Finished(ledger, record, check, model, task, engine, resumed_from)
+    metrics = _write_outputs(root, finished, tensors, evidence)
+    publish_run(root / paths.PUBLISHED_DIR, model, params, record, ledger, check, metrics, engine.numel)
     return metrics
+
+
+def _canaries(
+    params: Params, ranks: Ranks, engine: BKEngine, schedule: Schedule, resume: tuple[Path, str, int]
+) -> CanaryRecorder | None:
+    """The one-run audit's recorder (audit/one_run.py): canaries in a side copy of the released sums, on
+    rank 0 like the noise; resumed from its own checkpoint (folder, fingerprint, step) with the run."""
+    one_run = params.audit.one_run
+    recorder = recorder_for(
+        one_run.enabled and ranks.writes, one_run.canaries, params.seed, engine, schedule, params.train.clip_norm
+    )
+    if recorder:
+        recorder.resume(*resume)
+    return recorder
+
+
+def _evaluate(
+    history: dict[str, list[float]], done: int, task: Task, model: torch.nn.Module, tensors: tuple[torch.Tensor, ...]
+) -> None:
+    """Append the train and test metric after ``done`` steps (an epoch's end) to ``history``."""
+    x_train, y_train, x_test, y_test = tensors
+    history["eval_step"].append(done)
+    for split, xs, ys in (("train", x_train, y_train), ("test", x_test, y_test)):
+        history[f"{split}_{task.metric}"].append(task.evaluate(model, xs, ys)[task.metric])
+
+
+def _tuning_line(model: torch.nn.Module, engine: BKEngine) -> str:
+    """The step's signal-to-noise and what moves it (utility.tuning_hint), for stderr."""
+    trainable = utility.model_summary(model, engine.params)["parameters_trainable"]
+    snr = utility.signal_to_noise(engine.noise_multiplier, engine.clip_norm, trainable, engine.normalizer)
+    return utility.tuning_hint(snr, trainable, engine.normalizer, engine.noise_multiplier)
 
 
 @dataclass(frozen=True)
@@ -343,8 +371,11 @@ class Finished:
     resumed_from: int
 
 
-def _write_outputs(root: Path, run: Finished, tensors: tuple[torch.Tensor, ...]) -> dict[str, Any]:
-    """artifacts/train (model.pt, ledger.json), plots/train and metrics/train.json; returns the metrics."""
+def _write_outputs(
+    root: Path, run: Finished, tensors: tuple[torch.Tensor, ...], evidence: utility.Evidence
+) -> dict[str, Any]:
+    """artifacts/train (model.pt, ledger.json, utility.json), plots/train and metrics/train.json; returns
+    the metrics."""
     ledger, record, check, model, task, engine = run.ledger, run.record, run.check, run.model, run.task, run.engine
     x_train, y_train, x_test, y_test = tensors
     history = ledger.history
@@ -369,6 +400,7 @@ def _write_outputs(root: Path, run: Finished, tensors: tuple[torch.Tensor, ...])
         "mechanism": record.mechanism,
         **check.to_metrics(),
         **to_metrics(ledger.self_check),
+        **evidence.metrics,
     }
     out = root / OUT
     with io.atomic_path(out / "model.pt") as tmp:
@@ -385,8 +417,10 @@ def _write_outputs(root: Path, run: Finished, tensors: tuple[torch.Tensor, ...])
             "assumptions": assumptions,
         },
     )
+    io.write_json(out / "utility.json", evidence.details)
     with io.atomic_dir(root / paths.plots("train")) as folder:  # replaced whole: no other task's stale curves
         _write_plots(folder, history, task.metric)
+        evidence.write_plots(folder)
     io.write_json(root / paths.metrics("train"), metrics)
     return metrics
 

@@ -17,6 +17,10 @@ from dpledger.report.self_check import self_check_findings as engine_findings
 from dpledger.sampling.guard import SamplerCheck, declared_equivalent
 
 _RELATIVE_SLACK = 1e-9
+UTILITY_SIGNIFICANCE = 0.01
+"""A test accuracy counts as above its majority baseline only when a model right at the baseline's rate
+would score at least as well with probability below this (one-sided exact binomial test): a run at
+chance then clears it about once in a hundred runs, and never while it predicts a single class."""
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,10 @@ def find_findings(
         _nonfinite_examples(metrics, train_files),
         _loss_diverged(metrics),
         *(Finding(kind, "warning", title, say) for kind, title, say in engine_findings(metrics)),
+        _learned_nothing(metrics),
     ]
     notices = [
+        _utility_unchecked(metrics),
         _stages_missing(status),
         _audit_inconclusive(metrics),
         _sampler_declared(metrics, details),
@@ -237,6 +243,67 @@ def _loss_diverged(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         message=(
             "A training or test loss is NaN or infinite: the model diverged or the data holds non-finite "
             "values. Its accuracy numbers mean little."
+        ),
+    )
+
+
+def _learned_nothing(metrics: dict[str, dict[str, Any]]) -> Finding | None:
+    """Classification no better than its majority baseline or predicting one class; a language model no
+    better than the unigram perplexity of its training tokens."""
+    train = metrics.get("train", {})
+    accuracy, baseline = _real(train.get("test_accuracy")), _real(train.get("baseline_accuracy"))
+    perplexity, unigram = _real(train.get("test_perplexity")), _real(train.get("baseline_perplexity_unigram"))
+    if accuracy is not None and baseline is not None:
+        p_value = _real(train.get("above_baseline_p_value"))
+        one_class = train.get("predicted_classes") == 1
+        if not (one_class or accuracy <= baseline or (p_value is not None and p_value >= UTILITY_SIGNIFICANCE)):
+            return None
+        found = (
+            f"test accuracy {format_percent(accuracy)} against {format_percent(baseline)} for the best "
+            "constant guess (always the test split's majority class)"
+            + (f", binomial p = {format_value(p_value)}" if p_value is not None else "")
+            + ("; it predicts a single class for every test example" if one_class else "")
+        )
+    elif perplexity is not None and unigram is not None:
+        if math.isfinite(perplexity) and perplexity < unigram:
+            return None
+        found = (
+            f"test perplexity {format_value(perplexity)} is no better than {format_value(unigram)}, the "
+            "perplexity of the training split's token frequencies alone (uniform: "
+            f"{format_value(train.get('baseline_perplexity_uniform'))})"
+        )
+    else:
+        return None
+    return Finding(
+        kind="learned-nothing",
+        severity="warning",
+        title="The model learned nothing",
+        message=f"{found[0].upper()}{found[1:]}. {_tuning_advice(train)}",
+    )
+
+
+def _tuning_advice(train: dict[str, Any]) -> str:
+    snr = _real(train.get("signal_to_noise"))
+    ratio = f"The per-step signal-to-noise B/(σ·√d) is {format_value(snr)}: the noise" if snr is not None else "Noise"
+    return (
+        f"{ratio} may drown the gradient. Raise it with a larger logical batch (batching.batch_size, with "
+        "train.physical_batch_size to fit memory), more data, fewer trainable parameters (LoRA, a smaller "
+        "model) or a larger ε; clipping: automatic and adam often learn where flat clipping and sgd do not."
+    )
+
+
+def _utility_unchecked(metrics: dict[str, dict[str, Any]]) -> Finding | None:
+    """Train ran but wrote no baseline (an older train stage): whether the model learned is unknown."""
+    train = metrics.get("train", {})
+    if not train or "baseline" in train:
+        return None
+    return Finding(
+        kind="utility-unchecked",
+        severity="notice",
+        title="Utility not checked against a baseline",
+        message=(
+            "metrics/train.json has no baseline (majority class or unigram perplexity), so whether the model "
+            "learned anything is unknown; re-run the train stage."
         ),
     )
 

@@ -49,7 +49,11 @@ HEADLINE_METRICS = (
     HeadlineMetric("Implementation tests passed", "verify", "passed"),
     HeadlineMetric("Implementation tests failed", "verify", "tests_failed"),
     HeadlineMetric("Test accuracy", "train", "test_accuracy", format_percent),
+    HeadlineMetric("Baseline accuracy (best constant guess)", "train", "baseline_accuracy", format_percent),
     HeadlineMetric("Test perplexity", "train", "test_perplexity"),
+    HeadlineMetric("Baseline perplexity (unigram)", "train", "baseline_perplexity_unigram"),
+    HeadlineMetric("Signal-to-noise per step", "train", "signal_to_noise"),
+    HeadlineMetric("Trainable parameters", "train", "parameters_trainable"),
     HeadlineMetric("ε spent", "train", "epsilon_spent", format_upper),
     HeadlineMetric("Throughput (examples/s)", "train", "throughput_examples_per_s"),
     HeadlineMetric("Training wall time (s)", "train", "wall_time_s"),
@@ -93,7 +97,7 @@ def compare_headlines(
     old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], *, mc_failure_warning: float
 ) -> list[ComparedRow]:
     """Rows of the side-by-side table, the warnings first."""
-    rows = [_warnings_row(old, new, mc_failure_warning)]
+    rows = [_warnings_row(old, new, mc_failure_warning), _utility_row(old, new, mc_failure_warning)]
     for metric in HEADLINE_METRICS:
         old_value, new_value = old.get(metric.stage, {}).get(metric.key), new.get(metric.stage, {}).get(metric.key)
         rows.append(
@@ -121,6 +125,37 @@ def _warnings_row(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]
 
     before, after = kinds(old), kinds(new)
     return ComparedRow("Warnings", before, after, "" if before == after else "changed")
+
+
+def _utility(metrics: dict[str, dict[str, Any]], threshold: float) -> str:
+    """One side's utility verdict, from the same checks as the report."""
+    train = metrics.get("train") or {}
+    if not train:
+        return NOT_RUN
+    kinds = {f.kind for f in find_findings(metrics, mc_failure_warning=threshold)}
+    if "learned-nothing" in kinds:
+        return "learned nothing"
+    if "baseline_accuracy" in train and "test_accuracy" in train:
+        points = 100 * (train["test_accuracy"] - train["baseline_accuracy"])
+        return f"{format_value(points)} points above baseline"
+    if "baseline_perplexity_unigram" in train and "test_perplexity" in train:
+        return f"perplexity {format_value(train['test_perplexity'])} < unigram {format_value(train['baseline_perplexity_unigram'])}"
+    return "no baseline"
+
+
+def _utility_row(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], threshold: float) -> ComparedRow:
+    """Utility beside its baseline on each side; the change column says when ε moved and utility did not."""
+    before, after = _utility(old, threshold), _utility(new, threshold)
+    epsilons = [side.get("calibrate", {}).get("epsilon") for side in (old, new)]
+    metric = "test_accuracy" if "test_accuracy" in new.get("train", {}) else "test_perplexity"
+    values = [side.get("train", {}).get(metric) for side in (old, new)]
+    if epsilons[0] != epsilons[1] and None not in epsilons and values[0] == values[1] is not None:
+        change = "ε changed, utility did not" + (
+            ": learned nothing at either ε" if after == before == "learned nothing" else ""
+        )
+    else:
+        change = "" if before == after else "changed"
+    return ComparedRow("Utility", before, after, change)
 
 
 def comparison_document(rows: list[ComparedRow], old_label: str, new_label: str) -> Document:

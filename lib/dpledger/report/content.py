@@ -27,6 +27,7 @@ from dpledger.report.formatting import humanize
 from dpledger.report.headline import headline
 from dpledger.report.inputs import UPSTREAM_STAGES, ReportInputs
 from dpledger.report.provenance import UNKNOWN
+from dpledger.report.utility import utility_section
 
 # The order the issue lists the figures in: claim, tests, audit, training, batches.
 FIGURE_STAGE_ORDER = ("calibrate", "verify", "audit", "train", "schedule")
@@ -50,6 +51,7 @@ def build_document(title: str, inputs: ReportInputs, findings: list[Finding], pr
         *evidence.audit_details(inputs),
         *evidence.verify_details(inputs),
         *evidence.training_details(inputs),
+        *utility_section(inputs),
         *evidence.group_section(inputs),
         *evidence.mechanism_section(inputs),
         *_plots_section(inputs),

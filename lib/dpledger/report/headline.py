@@ -43,7 +43,7 @@ def headline(inputs: ReportInputs, findings: list[Finding]) -> list[Block]:
         run_evidence_row(inputs),
         _verify_row(inputs),
         self_check_row(inputs.metrics, inputs.ran("train")),
-        _accuracy_row(inputs),
+        _accuracy_row(inputs, kinds),
         _spent_row(inputs, kinds),
         _cost_row(inputs),
     ]
@@ -136,23 +136,47 @@ def _verify_row(inputs: ReportInputs) -> tuple[Text, ...]:
     return label, text(result), text(details), text(verdict)
 
 
-def _accuracy_row(inputs: ReportInputs) -> tuple[Text, ...]:
-    """The task's metric: test accuracy, or for a language model test perplexity (exp of the token-weighted
-    mean test loss), whichever the train stage wrote."""
+def _accuracy_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
+    """The task's metric beside its baseline: test accuracy against the majority class, or for a language
+    model test perplexity (exp of the token-weighted mean test loss) against the unigram perplexity."""
     m = inputs.metrics["train"]
     perplexity = "test_perplexity" in m
     label = text(Strong("Test perplexity" if perplexity else "Test accuracy"))
     if not inputs.ran("train"):
         return label, text(MISSING), text(), text(NOT_RUN)
+    if "learned-nothing" in kinds:
+        verdict = text(Badge("learned nothing", "bad"))
+    else:
+        verdict = text(Badge("above baseline", "good")) if "baseline" in m else text(Badge("no baseline", "warn"))
+    model = _joined(
+        ("model", m.get("model_architecture")),
+        ("trainable parameters", m.get("parameters_trainable")),
+        ("of", m.get("parameters_total")),
+        ("signal-to-noise", m.get("signal_to_noise")),
+    )
     if perplexity:
         details = _joined(
+            ("unigram baseline", m.get("baseline_perplexity_unigram")),
+            ("uniform", m.get("baseline_perplexity_uniform")),
             ("test loss", m.get("test_loss")),
             ("train perplexity", m.get("train_perplexity")),
             ("final train loss", m.get("final_train_loss")),
         )
-        return label, text(Strong(format_value(m.get("test_perplexity")))), text(details), text()
-    details = _joined(("final train loss", m.get("final_train_loss")))
-    return label, text(Strong(format_percent(m.get("test_accuracy")))), text(details), text()
+        result = text(Strong(format_value(m.get("test_perplexity"))))
+        return label, result, text(" · ".join(filter(None, (details, model)))), verdict
+    baseline = m.get("baseline_accuracy")
+    details = " · ".join(
+        filter(
+            None,
+            (
+                f"baseline (best constant guess) {format_percent(baseline)}" if baseline is not None else "",
+                _joined(("macro F1", m.get("test_macro_f1")), ("classes predicted", m.get("predicted_classes"))),
+                _joined(("final train loss", m.get("final_train_loss"))),
+                model,
+            ),
+        )
+    )
+    return label, text(Strong(format_percent(m.get("test_accuracy")))), text(details), verdict
 
 
 def _spent_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
