@@ -91,6 +91,9 @@ def test_every_transformers_load_passes_trust_remote_code_false():
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr in ("from_pretrained", "from_config")
+        # peft's PeftModel.from_pretrained wraps a model object already built (and checked) here; it reads
+        # adapter_config.json and weights, and has no auto_map through which code could run
+        and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "PeftModel")
     ]
     assert len(calls) >= 4
     unguarded = [

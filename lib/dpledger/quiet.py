@@ -39,8 +39,11 @@ def quiet_third_party(stage: str) -> Iterator[None]:
     error level without progress bars."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    if "transformers" in sys.modules and os.environ["TRANSFORMERS_VERBOSITY"] == "error":
-        sys.modules["transformers"].logging.set_verbosity_error()
+    transformers = sys.modules.get("transformers")  # imported already: the variables were read then
+    if transformers is not None and os.environ["TRANSFORMERS_VERBOSITY"] == "error":
+        transformers.logging.set_verbosity_error()
+    if transformers is not None and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":
+        transformers.logging.disable_progress_bar()
     absl = logging.getLogger("absl")
     drop = _DropRdpConvergence()
     absl.addFilter(drop)

@@ -74,13 +74,11 @@ class _ClipAfterAllReduce(GroupSum):
 
 
 class _UnclippedEngine(BKEngine):
-    """Per-example factors 1 (0 for weight-0 rows): the clipping is left to :class:`_ClipAfterAllReduce`."""
+    """Per-example factors 1 / normalizer (0 for weight-0 and non-finite rows, which ``dropped`` marks): the
+    clipping is left to :class:`_ClipAfterAllReduce`."""
 
-    def _factors(self, norm_sq: dict[int, Tensor], weights: Tensor | None, dropped: Tensor) -> dict[int, Tensor]:
-        return {
-            key: torch.ones_like(value) if weights is None else (weights != 0).to(value.dtype)
-            for key, value in norm_sq.items()
-        }
+    def _factors(self, norm_sq: dict[int, Tensor], flat: Tensor, dropped: Tensor) -> dict[int, Tensor]:
+        return dict.fromkeys(self._owners, (~dropped).to(flat.dtype) / self.normalizer)
 
 
 def _engine(
