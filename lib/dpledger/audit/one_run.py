@@ -158,17 +158,7 @@ def audit_one_run(
     observation = observe(raw, included, placed)
     measured = measured_noise(observation)
     scores = score(law, observation, measured)
-    family = "gaussian" if bound == "fdp-gaussian" else "eps-delta"
-    estimate = one_run_epsilon(
-        scores,
-        included,
-        delta=delta,
-        confidence=confidence,
-        bound="steinke" if bound == "steinke" else "fdp",
-        family=family,
-        threshold=threshold,
-        split_fraction=split_fraction,
-    )
+    estimate = _estimate(scores, included, bound, delta, confidence, threshold, split_fraction)
     verdict = "contradicted" if estimate.epsilon > epsilon_claimed else "consistent"
     return OneRunResult(
         estimate,
@@ -200,16 +190,30 @@ def ideal_epsilon(
     placed = law.placed(seed, canaries)
     observation = observe(raw, included, placed)
     scores = score(law, observation, measured_noise(observation))
-    family = "gaussian" if bound == "fdp-gaussian" else "eps-delta"
+    return _estimate(scores, included, bound, delta, confidence, threshold).epsilon
+
+
+def _estimate(
+    scores: np.ndarray,
+    included: np.ndarray,
+    bound: str,
+    delta: float,
+    confidence: float,
+    threshold: str,
+    split_fraction: float | None = None,
+) -> OneRunEstimate:
+    """:func:`one_run_epsilon` for the params' ``bound`` name (fdp, fdp-gaussian or steinke)."""
+    split = {} if split_fraction is None else {"split_fraction": split_fraction}
     return one_run_epsilon(
         scores,
         included,
         delta=delta,
         confidence=confidence,
         bound="steinke" if bound == "steinke" else "fdp",
-        family=family,
+        family="gaussian" if bound == "fdp-gaussian" else "eps-delta",
         threshold=threshold,
-    ).epsilon
+        **split,
+    )
 
 
 def heuristic_epsilon(law: CanaryLaw | None, noise_multiplier: float, delta: float, correlated: bool) -> dict[str, Any]:
