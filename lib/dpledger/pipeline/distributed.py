@@ -25,13 +25,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 
-from dpledger.engine.distributed import rank_span, share_bounds
+from dpledger.engine.distributed import rank_span
 from dpledger.errors import DpledgerError, ParamsError
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
@@ -60,11 +59,6 @@ class Ranks:
         local = torch.device("cuda", self.local_rank)
         torch.cuda.set_device(local)
         return local
-
-    def share(self, indices: np.ndarray, padding: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's contiguous slice of one logical batch (padding flags alike); possibly empty."""
-        lo, hi = share_bounds(len(indices), self.rank, self.world_size)
-        return indices[lo:hi], padding[lo:hi]
 
     def total(self, values: list[float], device: torch.device) -> list[float]:
         """The sums of per-rank numbers over all ranks (float64; the values themselves alone)."""

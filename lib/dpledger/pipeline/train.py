@@ -45,6 +45,7 @@ from dpledger.models import Task, build_task_model, task_for, utility
 from dpledger.models.lora import adapter_base, is_adapter_folder
 from dpledger.models.publish import publish_run
 from dpledger.params import Params
+from dpledger.pipeline.batches import DeviceBatches
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.pipeline.progress import Progress
 from dpledger.pipeline.self_check import check_before_training, to_metrics
@@ -270,11 +271,9 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     examples = 0
     bar = Progress(schedule.num_steps, ledger.steps_done, enabled=ranks.writes)
     state = state_snapshot(model, optimizer)  # buffers and frozen parameters: checked after a step, before saving
+    batches = DeviceBatches.upload(schedule, ranks, device)
     for step in range(ledger.steps_done, schedule.num_steps):
-        indices, padding = ranks.share(*schedule.batch(step))
-        rows = torch.from_numpy(indices.astype(np.int64)).to(device)
-        weights = torch.from_numpy(~padding).to(device=device, dtype=torch.float32)
-        real = float((~padding).sum())  # from the host copy: no device sync
+        rows, weights, real = batches.batch(step)
         loss_sum = _private_step(
             engine, task, model, x_train, y_train, rows, weights, tp.physical_batch_size, device, tp.precision
         )
