@@ -1,7 +1,7 @@
 """Device choice and mixed precision: CUDA when present, CPU otherwise; autocast only on CUDA.
 
 Under autocast the engine promotes saved activations and output gradients to float32 before it
-computes norms and clipped sums (bk.py ``_norm_precision``), so clipping never happens in half precision.
+computes norms and clipped sums (norms.py ``norm_precision``), so clipping never happens in half precision.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Checks that run on construction (options, layers the engine cannot train), on the first training forward pass
 (parameters used outside their layers), during training (layers whose forward pass changes the model from the
-data) and after the backward pass (inputs changed in place), plus :func:`replace_batchnorm`, the explicit
+data; losses that are not per-example; canaries of the wrong length) and after the backward pass (inputs changed
+in place, layers whose batch dimension is not the losses'), plus :func:`replace_batchnorm`, the explicit
 one-call fix for BatchNorm (which mixes examples, so no per-example gradient exists).
 """
 
@@ -97,6 +98,45 @@ def data_dependent_state(module: nn.Module) -> str | None:
             )
         )
     return None if module.max_norm is None else f"{MAX_NORM_REASON}; use max_norm=None"
+
+
+def refuse_data_dependent_state(model: nn.Module, module: nn.Module, inputs: tuple[object, ...]) -> None:
+    """Forward pre-hook: refuse, while ``model`` trains and even with frozen parameters, a layer whose forward
+    pass changes the model from the data without noise or mixes examples (the cases: :func:`data_dependent_state`)."""
+    if not model.training:
+        return
+    reason = data_dependent_state(module)
+    if reason:
+        name = next((n for n, m in model.named_modules() if m is module), "?") or "<model>"
+        raise UnsupportedLayerError(f"engine: layer {name} ({type(module).__name__}) {reason}")
+
+
+def check_losses(losses: Tensor) -> None:
+    """``engine.backward`` takes per-example losses, shape (B,), not their mean."""
+    if losses.dim() != 1:
+        raise ParamsError(f"engine: losses must be per-example, shape (B,), got {tuple(losses.shape)}")
+
+
+NO_FORWARD = (
+    "engine: no forward pass of the model was recorded since the last backward; run it in training "
+    "mode (model.train()) with gradients enabled before engine.backward"
+)
+
+
+def batch_mismatch_message(label: str, rows: int, batch: int) -> str:
+    """A layer whose input's leading dimension is not the batch and could not be proved to be rows of it."""
+    return (
+        f"engine: layer {label} saw batch dimension "
+        f"{rows} but there are {batch} losses; its input must be batch-first "
+        "(or of size 1 there, shared by the batch), or its rows a contiguous view of a batch-first tensor "
+        "(x.view(-1, d) of x (B, T, d)), where the engine can prove which example each row belongs to"
+    )
+
+
+def check_canary(canary: object, parameters: int) -> None:
+    """A canary has one tensor per trainable parameter."""
+    if len(canary) != parameters:
+        raise ParamsError(f"engine: a canary needs {parameters} tensors (one per parameter), got {len(canary)}")
 
 
 def outside_use_message(name: str) -> str:

@@ -1,0 +1,273 @@
+"""Capture of each hooked layer's activations and output gradients during one forward and backward pass.
+
+Forward hooks keep each layer's input ``a`` (a :class:`Call`) and pass its output through :func:`capture.tap`,
+whose backward hands the output gradient ``b`` to the engine's per-layer norms (``norms.py``) at once. A layer
+under the generic rule keeps all its inputs, outputs and their gradients (a :class:`GenericCall`). The tap
+hangs off a zero-dimensional "origin" leaf so the backward graph reaches every layer, even the first (003
+§3.2). A size-1 batch dimension is broadcast to the batch so each example gets its own gradient; (T, B, ...)
+inputs and (B·k)-row inputs are reshaped batch-first for the rules. The first training pass of the model
+also runs the guards of ``validators.py`` (parameters used outside their layers); every training pass
+refuses layers whose forward changes the model from the data.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from dpledger.engine import capture, validators
+from dpledger.engine.layers import LayerRule, generic
+from dpledger.engine.owners import GENERIC, Layout
+from dpledger.engine.validators import UnsupportedLayerError
+
+
+@dataclass
+class Call:
+    """One forward call of a hooked layer: its input, and later the gradient of its output."""
+
+    name: str
+    module: nn.Module
+    rule: LayerRule
+    params: dict[str, nn.Parameter]
+    activations: Tensor | None
+    backprops: Tensor | None = None
+    version: int = 0
+
+
+@dataclass
+class GenericCall:
+    """One forward call of a layer under the generic rule: all its inputs, its outputs and their gradients."""
+
+    name: str
+    module: nn.Module
+    params: dict[str, nn.Parameter]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    versions: list[tuple[Tensor, int]]
+    layout: generic.Layout
+    outputs: list[Tensor | None]
+    out_grads: list[Tensor | None]
+    output_versions: list[int | None]
+    autocast: list[tuple[str, torch.dtype]] = field(default_factory=list)
+
+
+class Recorder:
+    """The forward hooks of one engine: the calls of the last training forward pass, for its backward.
+
+    ``on_backprops(call, grad)`` receives each :class:`Call`'s output gradient during the backward pass.
+    ``handles`` are the hooks that capture; ``check_handles`` those of the first-pass check, removed by
+    :meth:`take` once it has passed. ``recomputing`` is set while the generic rule re-runs a layer's forward.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layout: Layout,
+        names: dict[int, str],
+        on_backprops: Callable[[Call, Tensor], None],
+    ) -> None:
+        self.model, self.layout, self.on_backprops = model, layout, on_backprops
+        self.calls: list[Call | GenericCall] = []
+        self.origins: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+        self.recomputing = False
+        self.model_batch: int | None = None
+        self.row_sources: dict[int, tuple[Any, int]] = {}  # this forward's taps of proved (B·k)-row outputs: k
+        hooked = layout.hooked_modules(model)
+        self.handles = [module.register_forward_hook(self._forward_hook, with_kwargs=True) for module in hooked]
+        self.handles.append(model.register_forward_pre_hook(self._note_batch, with_kwargs=True))
+        self.handles += [
+            module.register_forward_pre_hook(functools.partial(validators.refuse_data_dependent_state, model))
+            for module in model.modules()
+            if isinstance(module, (_BatchNorm, _InstanceNorm, nn.Embedding))
+        ]
+        self.check: validators.OutsideUses | None = None
+        self.check_passed = False
+        self._names = names  # parameter id -> full name, for the first-pass check
+        self.check_handles = [
+            model.register_forward_pre_hook(self._begin_check),
+            model.register_forward_hook(self._end_check, always_call=True),
+        ]
+        for module in hooked:
+            own = (
+                frozenset(id(p) for p in layout.layer_params[id(module)].values()),
+                layout.rules[id(module)] == GENERIC,
+            )
+            self.check_handles += [
+                module.register_forward_pre_hook(lambda m, i, own=own: self._enter_layer(own)),
+                module.register_forward_hook(lambda m, i, o: self._leave_layer(), always_call=True),
+            ]
+
+    def take(self) -> list[Call | GenericCall]:
+        """The calls recorded since the last take; removes the first-pass check's hooks once it has passed."""
+        if self.check_passed:
+            for handle in self.check_handles:
+                handle.remove()
+            self.check_handles = []
+        calls, self.calls = self.calls, []
+        return calls
+
+    def clear_origin_grads(self) -> None:
+        for origin in self.origins.values():
+            origin.grad = None
+
+    def remove(self) -> None:
+        """Remove every hook."""
+        for handle in self.handles + self.check_handles:
+            handle.remove()
+        self.handles = self.check_handles = []
+
+    def _origin(self, like: Tensor) -> Tensor:
+        """A zero-dimensional leaf that requires grad, an input of the tap on a layer output that would otherwise
+        not need a gradient (the first layers), so the backward graph reaches every layer (003 §3.2 origin
+        trick)."""
+        key = (like.device, like.dtype)
+        if key not in self.origins:
+            self.origins[key] = torch.zeros((), device=like.device, dtype=like.dtype, requires_grad=True)
+        return self.origins[key]
+
+    def _begin_check(self, model: nn.Module, inputs: tuple[Any, ...]) -> None:
+        """First training forward pass of the model: watch for parameters used outside their layers."""
+        if self.check is None and not self.check_passed and torch.is_grad_enabled() and self.model.training:
+            self.check = validators.OutsideUses(self._names)
+            self.check.__enter__()
+
+    def _enter_layer(self, own: tuple[frozenset[int], bool]) -> None:
+        if self.check is not None:
+            self.check.running.append(own)
+
+    def _leave_layer(self) -> None:
+        if self.check is not None and self.check.running:
+            self.check.running.pop()
+
+    def _end_check(self, model: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
+        check, self.check = self.check, None
+        if check is None:
+            return
+        check.__exit__(None, None, None)
+        if output is None:  # the forward pass raised (torch then calls this hook with no output): check the next one
+            return
+        if check.found is not None:
+            self.calls = []
+            raise UnsupportedLayerError(validators.outside_use_message(check.found))
+        self.check_passed = True  # its hooks are removed by the next take: not while torch iterates over them
+
+    def _note_batch(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The batch size B of this forward pass: the leading size of the model's first tensor input."""
+        first = next(
+            (leaf for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, Tensor) and leaf.dim()), None
+        )
+        self.model_batch = None if first is None else first.shape[0]
+        self.row_sources = {}
+
+    def _broadcast(self, tensor: Tensor, dim: int, name: str) -> Tensor:
+        """A tensor of size 1 along the batch dimension ``dim`` while the batch has B > 1 examples (BERT's
+        position embeddings, T5's relative position bias) as B copies, so that its gradient is each example's
+        own rather than their sum; downstream it broadcasts the same."""
+        batch = self.model_batch
+        if batch is None or batch <= 1 or tensor.dim() <= dim or tensor.shape[dim] != 1:
+            return tensor
+        if self.check is not None:  # the first pass: a model that cannot take the expanded tensor is named
+            self.check.broadcast.append(name)
+        return tensor.expand(*tensor.shape[:dim], batch, *tensor.shape[dim + 1 :]).contiguous()
+
+    def _rows(self, rule: LayerRule, inputs: Tensor, output: Tensor) -> int | None:
+        """k when the layer's (B·k, ...) input rows are proved to be k rows of each example in turn, else None."""
+        return (
+            self.model_batch
+            and rule.rowwise
+            and (
+                validators.flattened_rows(inputs, output, self.model_batch)
+                or validators.rows_of_proved_rows(inputs, output, self.model_batch, self.row_sources)
+            )
+        )
+
+    def _forward_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+        # The model's mode, not the layer's: a layer put in eval mode inside a training model still trains
+        # (skipping it would leave its parameters only noise); an evaluation pass of the model is skipped.
+        if self.recomputing or not torch.is_grad_enabled() or not self.model.training:
+            return None
+        name, rule = self.layout.module_names[id(module)], self.layout.rules[id(module)]
+        if rule == GENERIC:
+            return self._record_generic(name, module, args, kwargs, output)
+        inputs = args[0] if args else next(iter(kwargs.values()), None)
+        if not isinstance(inputs, Tensor) or not isinstance(output, Tensor):
+            raise UnsupportedLayerError(
+                f"engine: layer {name} ({type(module).__name__}) was called without a tensor input or output"
+            )
+        if inputs.dim() and inputs.shape[0] == 1 and output.dim() and output.shape[0] == 1:
+            inputs, output = self._broadcast(inputs, 0, name), self._broadcast(output, 0, name)
+        version = inputs._version
+        sequence_first = id(module) in self.layout.sequence_first and inputs.dim() > 1  # (T, B, ...): rules want B
+        rows = self._rows(rule, inputs, output)
+        if sequence_first:
+            inputs = inputs.transpose(0, 1)
+        elif rows:  # (B·k, ...) rows of a batch-first tensor: (B, k, ...) for the rule
+            inputs = inputs.unflatten(0, (-1, rows))
+        call = Call(name, module, rule, self.layout.layer_params[id(module)], inputs.detach(), version=version)
+        self.calls.append(call)
+        sink = functools.partial(self._sink, call, tuple(inputs.shape), sequence_first, rows)
+        tapped = capture.tap(output, sink, self._origin(output))
+        if rows:  # its output rows are proved example-major too: layers after elementwise ops may use them
+            self.row_sources[id(tapped.grad_fn)] = (tapped.grad_fn, rows)
+        return tapped
+
+    def _sink(self, call: Call, shape: tuple[int, ...], sequence_first: bool, rows: int | None, grad: Tensor) -> None:
+        """The tap's backward: the output gradient, batch-first, to ``on_backprops``; a rule given a layout it
+        does not know is refused naming the layer."""
+        grad = grad.transpose(0, 1) if sequence_first else grad.unflatten(0, (-1, rows)) if rows else grad
+        try:
+            self.on_backprops(call, grad)
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, IndexError) as error:
+            label = f"{call.name} ({type(call.module).__name__})"
+            raise UnsupportedLayerError(validators.rule_failure_message(label, shape, error)) from error
+
+    def _record_generic(
+        self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> Any:
+        """Keep every input and output of a generic-rule call; hooks collect each output's gradient."""
+        reason = generic.check_call(module, args, kwargs)
+        if reason:
+            raise UnsupportedLayerError(f"engine: layer {name} ({type(module).__name__}): {reason}")
+        input_leaves, input_spec = tree_flatten((args, kwargs))
+        input_leaves = [v.detach() if isinstance(v, Tensor) else v for v in input_leaves]
+        leaves, spec = tree_flatten(output)
+        layout = generic.layout_of(module, args, kwargs, output)
+        call = GenericCall(
+            name,
+            module,
+            self.layout.layer_params[id(module)],
+            *tree_unflatten(input_leaves, input_spec),
+            versions=[(t, t._version) for t in input_leaves if isinstance(t, Tensor)],
+            layout=layout,
+            outputs=[None] * len(leaves),
+            out_grads=[None] * len(leaves),
+            output_versions=[None] * len(leaves),
+            autocast=[
+                (device, torch.get_autocast_dtype(device))
+                for device in ("cpu", "cuda")
+                if torch.is_autocast_enabled(device)
+            ],
+        )
+        for k, leaf in enumerate(leaves):
+            if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
+                continue
+            # A fresh node (capture.tap): a hook on the module's own tensor would also collect the gradient of the
+            # module's internal uses of it (attention weights it multiplies by the values), which the re-run
+            # forward counts again, and would miss the gradient when the output is changed in place afterwards.
+            leaf = self._broadcast(leaf, layout.outputs[k], name)
+            sink = lambda grad, k=k: call.out_grads.__setitem__(k, grad.detach())  # noqa: E731
+            leaf = leaves[k] = capture.tap(leaf, sink, self._origin(leaf))
+            call.outputs[k] = leaf.detach()
+            call.output_versions[k] = leaf._version
+        self.calls.append(call)
+        return tree_unflatten(leaves, spec)
