@@ -127,8 +127,7 @@ class BKEngine:
         self._norms = LayerNorms(ghost)
         self.layer_methods = self._norms.layer_methods
         self.last_norms: Tensor | None = None
-        names = {id(p): self._owners[id(p)].name for p in self.params}
-        self._recorder = Recorder(model, layout, names, self._norms.take_backprops)
+        self._recorder = Recorder(model, layout, self._norms.take_backprops)
         for param in self.params:
             param.requires_grad_(False)
 

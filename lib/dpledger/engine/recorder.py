@@ -71,7 +71,6 @@ class Recorder:
         self,
         model: nn.Module,
         layout: Layout,
-        names: dict[int, str],
         on_backprops: Callable[[Call, Tensor], None],
     ) -> None:
         self.model, self.layout, self.on_backprops = model, layout, on_backprops
@@ -90,7 +89,6 @@ class Recorder:
         ]
         self.check: validators.OutsideUses | None = None
         self.check_passed = False
-        self._names = names  # parameter id -> full name, for the first-pass check
         self.check_handles = [
             model.register_forward_pre_hook(self._begin_check),
             model.register_forward_hook(self._end_check, always_call=True),
@@ -136,7 +134,7 @@ class Recorder:
     def _begin_check(self, model: nn.Module, inputs: tuple[Any, ...]) -> None:
         """First training forward pass of the model: watch for parameters used outside their layers."""
         if self.check is None and not self.check_passed and torch.is_grad_enabled() and self.model.training:
-            self.check = validators.OutsideUses(self._names)
+            self.check = validators.OutsideUses({key: o.name for key, o in self.layout.owners.items()})
             self.check.__enter__()
 
     def _enter_layer(self, own: tuple[frozenset[int], bool]) -> None:
