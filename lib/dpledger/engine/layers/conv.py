@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpledger.engine.layers import LayerRule, register
+from dpledger.engine.layers.registry import LayerRule, register
 
 
 def _as_2d(layer: nn.Module, a: Tensor) -> tuple[Tensor, tuple, tuple, tuple, tuple]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpledger.engine.layers import LayerRule, register
+from dpledger.engine.layers.registry import LayerRule, register
 
 
 def _tokens_and_grads(layer: nn.Embedding, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:

@@ -7,7 +7,7 @@ with its layout switch). Registered by name, so the engine does not import ``tra
 
 from __future__ import annotations
 
-from dpledger.engine.layers import register_by_name
 from dpledger.engine.layers.linear import sequence_rule
+from dpledger.engine.layers.registry import register_by_name
 
 RULE = register_by_name("transformers.pytorch_utils.Conv1D", rule=sequence_rule(transposed=True))

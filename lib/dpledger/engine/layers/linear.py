@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpledger.engine.layers import LayerRule, add_scaled_product, register
+from dpledger.engine.layers.registry import LayerRule, add_scaled_product, register
 
 
 def as_sequences(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:

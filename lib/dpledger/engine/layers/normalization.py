@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpledger.engine.layers import LayerRule, register
+from dpledger.engine.layers.registry import LayerRule, register
 
 
 def _reduce_to(param_shape: tuple[int, ...], values: Tensor) -> Tensor:
