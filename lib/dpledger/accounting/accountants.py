@@ -38,6 +38,7 @@ from dpledger.accounting.pld import (
     rdp_epsilon,
 )
 from dpledger.accounting.record import AccountantResult
+from dpledger.devices import resolve_device
 from dpledger.errors import DpledgerError, ParamsError, UnsupportedMechanismError
 from dpledger.mechanisms import coefficients
 
@@ -246,7 +247,7 @@ class MonteCarloAccountant:
             raise ParamsError(
                 f"verification = {self.verification!r} is invalid: allowed values are {', '.join(VERIFICATIONS)}"
             )
-        mc.resolve_device(self.device)
+        resolve_device(self.device)
 
     def failure_target(self, delta: float) -> float:
         """β: the user's, or min(δ/10, 1e-6) so that the unconditional δ + β stays within 1.1·δ."""
@@ -353,7 +354,7 @@ class MonteCarloAccountant:
         released claim fails with probability <= attempts·β (union bound).
         """
         threshold, fresh, failure = self.verification_plan(delta)
-        device = mc.resolve_device(self.device)
+        device = resolve_device(self.device)
         for attempt in range(1, EVR_ATTEMPTS + 1):
             seed = self.seed + 1_000_003 * attempt
             plan = self.importance_plan(pair, sigma, epsilon, delta)
@@ -418,7 +419,7 @@ class MonteCarloAccountant:
         """ε̂ at δ' = evr_delta_ratio·δ from ``samples`` samples, without verification (curves, not claims)."""
         if description.noise_multiplier == 0:
             return math.inf
-        prepared = mc.PreparedPair(self.pair(description), mc.resolve_device(self.device))
+        prepared = mc.PreparedPair(self.pair(description), resolve_device(self.device))
         found = prepared.positive_losses(description.noise_multiplier, self.samples, self.seed)
         return mc.epsilon_from_losses(found, self.samples, self.evr_delta_ratio * delta)
 
@@ -442,7 +443,7 @@ class MonteCarloAccountant:
             self.samples,
             self.seed,
             upper,
-            device=mc.resolve_device(self.device),
+            device=resolve_device(self.device),
         )
         sigma, _, details = self.verify(pair, search.noise_multiplier, epsilon, delta, raise_sigma=True)
         details.update(

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from dpledger import philox_normal
-from dpledger.errors import ParamsError, UnsupportedMechanismError
+from dpledger.errors import UnsupportedMechanismError
 from dpledger.precision import exactly
 
 BLOCK = 1 << 12
@@ -135,17 +135,6 @@ class Draw:
 
     bins: torch.Tensor
     normals: torch.Tensor
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``auto``: CUDA when present, else the CPU; ``cuda`` without a GPU is refused with one line."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ParamsError(f"device = {device!s} is invalid here: no CUDA GPU is available (use cpu or auto)")
-    if str(device) not in ("cpu",) and not str(device).startswith("cuda"):
-        raise ParamsError(f"device = {device!s} is invalid: allowed values are auto, cpu, cuda")
-    return torch.device(device)
 
 
 def chunk_rows(pair: DominatingPair) -> int:

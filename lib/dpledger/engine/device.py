@@ -11,6 +11,7 @@ from typing import ContextManager
 
 import torch
 
+from dpledger.devices import resolve_device
 from dpledger.errors import ParamsError
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
@@ -18,14 +19,8 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
 
 def select_device(name: str = "auto") -> torch.device:
-    """``auto``: cuda if available, else cpu. Asking for cuda without one is an error, not a silent fallback."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ParamsError("params: train.device = 'cuda' is invalid: no CUDA device is available (use auto or cpu)")
-    if name not in ("cpu", "cuda"):
-        raise ParamsError(f"params: train.device = {name!r} is invalid: allowed values are auto, cpu, cuda")
-    return torch.device(name)
+    """``train.device`` resolved (:func:`dpledger.devices.resolve_device`)."""
+    return resolve_device(name, key="train.device")
 
 
 def autocast(device: torch.device, precision: str = "fp32") -> ContextManager:
