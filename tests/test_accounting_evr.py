@@ -8,6 +8,7 @@ import pytest
 from dpledger.accounting import describe, evr
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.accountants import EVR_ATTEMPTS, MonteCarloAccountant
+from dpledger.errors import ParamsError
 
 
 def bernstein_bound(samples: int, delta: float, threshold: float) -> float:
@@ -78,5 +79,5 @@ def test_cuda_refused_without_a_gpu():
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    with pytest.raises(Exception, match="no CUDA GPU"):
+    with pytest.raises(ParamsError, match="device = 'cuda' is invalid: no CUDA device is available"):
         MonteCarloAccountant(device="cuda")
