@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 from dpledger import philox_normal
-from dpledger.errors import UnsupportedMechanismError
 from dpledger.precision import exactly
 
 BLOCK = 1 << 12
@@ -65,23 +64,6 @@ class DominatingPair:
     def max_sensitivity(self) -> float:
         """√(Σ_pieces max_i ‖m_i‖²): the unamplified Gaussian with this sensitivity dominates the pair."""
         return math.sqrt(sum(float(np.max(np.diag(g))) for g in self.grams))
-
-
-def gram_from_matrix(matrix: np.ndarray, bins: int) -> np.ndarray:
-    """G = MMᵀ, M's rows m_i = Σ_e C[:, e·b + i] (004 Lemma 3.2), for a dense lower-triangular C >= 0."""
-    matrix = np.asarray(matrix, dtype=np.float64)
-    if np.any(np.triu(matrix, 1) != 0):
-        raise UnsupportedMechanismError("the correlation matrix C must be lower-triangular")
-    if np.any(matrix < 0):
-        raise UnsupportedMechanismError(
-            "the correlation matrix C has negative entries: the balls-in-bins dominating pair needs C >= 0 "
-            "(004 Lemma 3.2; Appendix A gives a C with negative entries whose worst case differs)"
-        )
-    steps = matrix.shape[0]
-    padded = np.zeros((steps, math.ceil(steps / bins) * bins))
-    padded[:, :steps] = matrix
-    modes = padded.reshape(steps, -1, bins).sum(axis=1)
-    return modes.T @ modes
 
 
 def toeplitz_modes(values: torch.Tensor, bins: int, rows: int) -> torch.Tensor:
@@ -565,22 +547,3 @@ class _Survivors:
             mid = 0.5 * (low + high)
             low, high = (mid, high) if self.delta_hat(epsilon, mid) > delta else (low, mid)
         return high
-
-
-def naive_losses(modes: np.ndarray, sigma: float, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Reference O(n·b) sampler: x = m_bin + σZ in n dimensions, Y = log P(x)/Q(x) directly (both directions)."""
-    generator = np.random.default_rng(seed)
-    modes = np.asarray(modes, dtype=np.float64)
-    bins = generator.integers(0, modes.shape[1], samples)
-    noise = generator.standard_normal((samples, modes.shape[0]))
-    log_bins = math.log(modes.shape[1])
-    half_norms = 0.5 * np.sum(modes**2, axis=0)
-
-    def log_ratio(points: np.ndarray) -> np.ndarray:
-        scores = (points @ modes - half_norms) / sigma**2
-        top = scores.max(axis=1, keepdims=True)
-        return (top[:, 0] + np.log(np.exp(scores - top).sum(axis=1))) - log_bins
-
-    remove = log_ratio(modes.T[bins] + sigma * noise)
-    add = -log_ratio(sigma * noise)
-    return remove, add
