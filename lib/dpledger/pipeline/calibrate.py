@@ -243,7 +243,11 @@ def _write_plots(folder: Path, record: CalibrationRecord, groups: list[GroupEpsi
     io.write_csv(folder / "epsilon_vs_group.csv", ["group_size", "mog", "conversion", "linear"], table)
     with plotting.png(folder / "epsilon_vs_group.png") as axes:
         for index, (label, style) in enumerate(
-            (("mixture of Gaussians", "o-"), ("group conversion", "s--"), ("linear k·ε₁", ":"))
+            (
+                ("mixture of Gaussians", "o-"),
+                ("group conversion", "s--"),
+                ("k·ε₁ at the same δ (reference, not a bound)", ":"),
+            )
         ):
             points = [
                 (row[0], row[index + 1])
