@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
+from matplotlib.axes import Axes
 
+from dpledger import plotting
 from dpledger.accounting import describe, group_table
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.accountants import PldAccountant
@@ -178,8 +179,13 @@ def bench_baselines(epsilons: list[float]) -> list[str]:
 
 def bench_group(plot_path: Path = RESULTS / "accounting_group.png") -> list[str]:
     lines = ["| σ | k | ε MoG | ε conversion | k·ε₁ | seconds |", "|---|---|---|---|---|---|"]
-    figure = Figure(figsize=(7, 4))
-    axes = figure.add_subplot()
+    with plotting.png(plot_path) as axes:
+        _group_rows(axes, lines)
+    return lines
+
+
+def _group_rows(axes: Axes, lines: list[str]) -> None:
+    """ε of a group of k by each method at three σ: rows appended to ``lines``, curves on ``axes``."""
     for sigma in (0.5, 1.0, 2.0):
         rows = []
         description = describe(sampler="poisson", noise_multiplier=sigma, sample_rate=0.01, steps=2000)
@@ -206,9 +212,6 @@ def bench_group(plot_path: Path = RESULTS / "accounting_group.png") -> list[str]
     axes.set_xlabel("group size k")
     axes.set_ylabel("ε (δ = 1e-5, T = 2000, q = 0.01); dotted: k·ε₁")
     axes.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(plot_path, dpi=100)
-    return lines
 
 
 def bench_verified(device: str) -> list[str]:
