@@ -171,3 +171,22 @@ def test_the_standalone_consecutive_trainer_refuses_a_model_that_changes_its_sta
     with pytest.raises(DpledgerError, match="buffer mean changed"):
         train_consecutive(RunningMean(3, 2), inputs, targets, seed=0, **run)
     train_consecutive(ConstantState(3, 2), inputs, targets, seed=0, **run)
+
+
+@pytest.mark.parametrize("dtype,size", [(torch.float32, 3 * (1 << 20) + 5), (torch.bfloat16, 1001), (torch.uint8, 7)])
+def test_the_digest_sees_one_flipped_bit_anywhere_and_keeps_no_copy(dtype, size, monkeypatch):
+    """The snapshot digests on the tensor's device instead of copying it to the host (a LoRA base stays
+    put); one flipped bit at the start, in the middle (across the pass boundary) or at the end shows."""
+    from dpledger.engine import validators
+
+    monkeypatch.setattr(validators, "DIGEST_CHUNK", 1 << 20)  # several passes over the float32 tensor
+    generator = torch.Generator().manual_seed(0)
+    tensor = torch.randint(0, 255, (size,), generator=generator, dtype=torch.uint8).to(dtype)
+    before = validators.digest(tensor)
+    assert before.dtype == torch.int64 and before.shape == (2,)
+    assert torch.equal(validators.digest(tensor.clone()), before)
+    raw = tensor.view(torch.uint8) if dtype != torch.uint8 else tensor
+    for index in (0, raw.numel() // 2, raw.numel() - 1):
+        flipped = raw.clone()
+        flipped[index] ^= 1 << (index % 8)
+        assert not torch.equal(validators.digest(flipped.view(dtype) if dtype != torch.uint8 else flipped), before)

@@ -321,28 +321,48 @@ def _trained_ids(trained: Trained) -> set[int]:
     return {id(p) for p in trained}
 
 
-def state_snapshot(model: nn.Module, trained: Trained) -> dict[str, Tensor]:
-    """Copies (on the CPU) of every buffer of ``model`` and every parameter that is not ``trained``.
+DIGEST_CHUNK = 1 << 22
+"""Words digested per pass: bounds the temporaries of :func:`digest` whatever the tensor's size."""
+
+
+def digest(tensor: Tensor) -> Tensor:
+    """Two int64 sums of a tensor's bytes, read as 32-bit words (bytes when the size is not a multiple
+    of 4), plain and position-weighted, computed where the tensor lives: any change of its bits changes
+    them except by a coincidence of both sums. No copy to the host (a LoRA base model stays where it
+    is) and no sync until :func:`check_state_unchanged` reads them; NaN stays equal to itself."""
+    data = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    words = data.view(torch.int32) if data.numel() % 4 == 0 else data
+    sums = torch.zeros(2, dtype=torch.int64, device=tensor.device)
+    for start in range(0, words.numel(), DIGEST_CHUNK):
+        chunk = words[start : start + DIGEST_CHUNK].to(torch.int64)
+        position = torch.arange(start, start + chunk.numel(), device=tensor.device) * 0x9E3779B1 + 1
+        sums += torch.stack([chunk.sum(), (chunk * position).sum()])  # int64 wraps: still a digest
+    return sums
+
+
+def state_snapshot(model: nn.Module, trained: Trained) -> dict[str, tuple]:
+    """(shape, dtype, :func:`digest`) of every buffer of ``model`` and every parameter that is not
+    ``trained``.
 
     A private step may change only what the optimizer updates from the noisy gradient; anything else that
     changes during it (a running mean updated in ``forward``, an example copied into a frozen parameter under
     ``no_grad``) carries data into the released model without noise, as BatchNorm's running statistics do.
     """
     trained = _trained_ids(trained)
-    state = {f"buffer {name}": b.detach().to("cpu", copy=True) for name, b in model.named_buffers()}
+    tensors = {f"buffer {name}": b for name, b in model.named_buffers()}
     for name, param in model.named_parameters():
         if id(param) not in trained:
-            state[f"frozen parameter {name}"] = param.detach().to("cpu", copy=True)
-    return state
+            tensors[f"frozen parameter {name}"] = param
+    return {name: (tuple(t.shape), t.dtype, digest(t)) for name, t in tensors.items()}
 
 
-def check_state_unchanged(model: nn.Module, trained: Trained, before: dict[str, Tensor]) -> None:
-    """Refuse, naming it, the first buffer or frozen parameter that differs from :func:`state_snapshot`'s copy
-    (changed, added or removed): the model changes its own state from the data."""
+def check_state_unchanged(model: nn.Module, trained: Trained, before: dict[str, tuple]) -> None:
+    """Refuse, naming it, the first buffer or frozen parameter that differs from :func:`state_snapshot`'s
+    record (changed, added or removed): the model changes its own state from the data."""
     after = state_snapshot(model, trained)
     for name in [*before, *(n for n in after if n not in before)]:
         old, new = before.get(name), after.get(name)
-        if old is None or new is None or not _same_tensor(old, new):
+        if old is None or new is None or not _same_state(old, new):
             what = "appeared" if old is None else "disappeared" if new is None else "changed"
             raise DpledgerError(
                 f"engine: {name} {what} during a private step: the model changes its own state from the data "
@@ -351,9 +371,5 @@ def check_state_unchanged(model: nn.Module, trained: Trained, before: dict[str, 
             )
 
 
-def _same_tensor(a: Tensor, b: Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.is_floating_point() or a.is_complex():
-        return bool(torch.equal(a, b) or torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True))
-    return bool(torch.equal(a, b))
+def _same_state(a: tuple, b: tuple) -> bool:
+    return a[:2] == b[:2] and a[2].device == b[2].device and bool(torch.equal(a[2], b[2]))
