@@ -18,11 +18,14 @@ from dpledger.engine import BKEngine, UnsupportedLayerError
 from dpledger.params import load_params
 from dpledger.pipeline import run_stage
 from dpledger.pipeline.verify import battery_task
+from dpledger.verify.clipping_checks import probe_first_order_error
 from dpledger.verify.consecutive import train_consecutive
 from dpledger.verify.errors import TrainerError
+from dpledger.verify.task import weighted_half_mse, with_probe
 
 TINY_GPT2 = {"n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 32, "vocab_size": 300}
 NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+TOKENS = {"bos_token_id": 0, "eos_token_id": 0}
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +33,9 @@ def lm(tmp_path_factory) -> Path:
     """The LM example's corpus and tokenizer, and a 1-layer width-16 GPT-2 (save_pretrained)."""
     folder = tiny_lm(tmp_path_factory.mktemp("verify-lora"))
     torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(**TINY_GPT2, **NO_DROPOUT)).save_pretrained(folder / "tiny")
+    GPT2LMHeadModel(GPT2Config(**TINY_GPT2, **NO_DROPOUT, **TOKENS)).save_pretrained(
+        folder / "tiny"
+    )
     return folder
 
 
@@ -165,3 +170,23 @@ def test_a_trainable_parameter_the_engine_cannot_privatize_is_refused_by_name(tm
     ):
         run_stage("verify", tmp_path / "params.yaml", tmp_path)
     assert not (tmp_path / "artifacts/verify").exists()
+
+
+def test_the_probe_steps_departure_from_first_order_is_the_closed_form_on_a_quadratic():
+    """T1/T2 shrink their step while this exceeds 10 % (a fresh LoRA adapter failed T1 at 10 % of the
+    probe's loss). For w·½(θ·x − y)², along the gradient: L(s) − L + s‖g‖ = ½·s²·w·‖x‖², so the
+    departure is s·‖x‖ / (2·|θ·x − y|)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1, bias=False).double()
+    x = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64)
+    rows = torch.randn(4, 3, dtype=torch.float64)
+    with torch.no_grad():
+        labels = model(rows)
+    targets = torch.cat([labels + 0.1, torch.ones(4, 1, dtype=torch.float64)], dim=1)
+    task = with_probe(
+        model, rows, targets, x, torch.tensor([[3.0]]).double(), weighted_half_mse, "q"
+    )
+    residual = abs(float(model(x)) - 3.0)
+    for length in (1e-3, 0.1, 0.5):
+        expected = length * float(x.norm()) / (2 * residual)
+        assert probe_first_order_error(task, length) == pytest.approx(expected, rel=1e-6)

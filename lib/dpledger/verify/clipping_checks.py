@@ -50,13 +50,13 @@ def _probe_lr(runner: Runner, clip_norm_times_norm: float, config: BatteryConfig
     lr = 0.1 * task.probe_loss / clip_norm_times_norm
     for _ in range(LINEARITY_SHRINKS):
         length = lr * clip_norm_times_norm / task.probe_norm
-        if _first_order_error(task, length) <= LINEARITY_TOLERANCE:
+        if probe_first_order_error(task, length) <= LINEARITY_TOLERANCE:
             break
         lr /= 10.0
     return lr
 
 
-def _first_order_error(task: SyntheticTask, length: float) -> float:
+def probe_first_order_error(task: SyntheticTask, length: float) -> float:
     """|L(θ − length·ĝ) − L(θ) + length·‖g‖| / (length·‖g‖) on the probe (ĝ its unit gradient over
     the trainable parameters): how far a step of that length is from the first-order loss change."""
     model = copy.deepcopy(task.model)
