@@ -45,9 +45,8 @@ def test_the_engine_passes_t3_control_under_adam_on_the_digits_model(tmp_path, r
     tests = {test["name"]: test for test in details["tests"]}
     t3, control = tests["t3_noise_calibration"]["details"], tests["t3_control"]
     assert control["statistic"] == 0.0  # the same model at every C, not merely within tolerance
-    assert (
-        t3["largest_gradient_norm"] > t3["c_star"]
-    )  # the old range [C*, 10C*] clipped: t3_control failed
+    # The old range [C*, 10C*] clipped, so t3_control failed the correct engine:
+    assert t3["largest_gradient_norm"] > t3["c_star"]
     assert control["details"]["clip_norms"][0] == pytest.approx(1.5 * t3["largest_gradient_norm"])
 
 
@@ -58,16 +57,12 @@ def test_the_largest_gradient_norm_is_where_clipping_starts(task):
     settings = dict(noise_multiplier=0.0, batch_size=16, lr=0.01, seed=0)
     largest = runner.largest_gradient_norm(inputs, targets, clip_norm=1e6, **settings)
     unclipped = runner.parameters_after(inputs, targets, clip_norm=1e6, **settings)
-    assert torch.equal(
-        runner.parameters_after(inputs, targets, clip_norm=1.01 * largest, **settings), unclipped
-    )
-    assert not torch.equal(
-        runner.parameters_after(inputs, targets, clip_norm=0.99 * largest, **settings), unclipped
-    )
+    above = runner.parameters_after(inputs, targets, clip_norm=1.01 * largest, **settings)
+    below = runner.parameters_after(inputs, targets, clip_norm=0.99 * largest, **settings)
+    assert torch.equal(above, unclipped) and not torch.equal(below, unclipped)
     initial_norms = task.ordinary_norms.max()
-    assert (
-        largest > 2 * initial_norms
-    )  # the warm-up raised them: the premise the old range relied on is false
+    # The warm-up raised them: the premise the old range relied on is false.
+    assert largest > 2 * initial_norms
 
 
 @pytest.mark.parametrize(
@@ -79,8 +74,7 @@ def test_the_largest_gradient_norm_is_where_clipping_starts(task):
     ],
 )
 def test_flawed_trainers_are_still_caught_under_adam_on_the_digits_model(task, name, caught):
-    result = run_battery(
-        zoo_trainer(name), trainer_name=name, seed=0, optimizer="adam", progress=False, task=task
-    )
+    settings = dict(seed=0, optimizer="adam", progress=False, task=task)
+    result = run_battery(zoo_trainer(name), trainer_name=name, **settings)
     assert caught in result.failed_tests, result.findings
     assert "t3_control" not in result.failed_tests  # no flaw here clips beyond the gradients
