@@ -12,15 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-from byo_helpers import text_project, tiny_lm
 from dpledger.errors import ParamsError
 from dpledger.models.hf import load_hf_model
 from dpledger.params import load_params
 from dpledger.params.lora import LoraParams
-from dpledger.pipeline import run_stage
 from test_engine_helpers import bk_clipped_sum, naive_clipped_sum, relative_error
 from test_train_helpers import make_project
 
@@ -239,18 +236,3 @@ def test_the_resume_fingerprint_covers_an_adapters_base_model(bases, tmp_path):
     hashed = {path.resolve() for path in _user_files(params)}
     assert (bases / "lm" / "config.json").resolve() in hashed
     assert (adapter / "adapter_config.json").resolve() in hashed
-
-
-def test_verify_model_train_with_lora_is_one_line_not_a_false_bug_report(tmp_path):
-    """The battery's clipping predictions assume every parameter trains (it reports the engine on a
-    LoRA model as buggy, while its clipped sum equals the naive loop): refused before any work."""
-    lm = tiny_lm(tmp_path)
-    data = {"name": "text", "path": str(lm / "corpus.jsonl"), "tokenizer": str(lm / "model")}
-    train = {"model": "hf", "task": "causal-lm", "model_options": {"path": str(lm / "model")}}
-    params = text_project(tmp_path, train_size=10, data=data, train={**train, "lora": {"rank": 2}})
-    raw = yaml.safe_load(params.read_text())
-    raw["verify"]["model"] = "train"
-    params.write_text(yaml.safe_dump(raw))
-    match = r"^params: verify.model = 'train' is invalid with LoRA: .* use verify.model: synthetic$"
-    _one_line_refusal(match, lambda: run_stage("verify", params, tmp_path))
-    assert not (tmp_path / "artifacts/verify").exists()

@@ -32,26 +32,21 @@ def trainer_from_params(settings: VerifyParams) -> tuple[Trainer, str]:
 
 
 def battery_task(params: Params) -> SyntheticTask:
-    """The synthetic task, or the train stage's model (seeded as train seeds it) on its first training rows."""
+    """The synthetic task, or the train stage's model (seeded as train seeds it, with its LoRA
+    adapter) on its first training rows; the battery reads the parameters the engine trains (a
+    LoRA model: the adapter)."""
     if params.verify.model == "synthetic":
         return make_task(params.seed)
     import torch
 
     from dpledger.data import load_data
     from dpledger.models import build_task_model, task_for
-    from dpledger.params.lora import is_adapter_folder
 
     tp = params.train
-    if tp.lora is not None or is_adapter_folder(tp.model_options.get("path")):
-        raise ParamsError(
-            "params: verify.model = 'train' is invalid with LoRA: the battery's predictions "
-            "assume every parameter is trained and LoRA freezes the base weights; use "
-            "verify.model: synthetic"
-        )
     data = load_data(params.data, params.seed)
     task = task_for(tp.model, tp.task, data)
     torch.manual_seed(params.seed)
-    model = build_task_model(tp.model, tp.model_options, task, data)
+    model = build_task_model(tp.model, tp.model_options, task, data, lora=tp.lora)
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
     try:
         return model_task(model, task, x, y, f"train.model = {tp.model!r} ({task.name})")

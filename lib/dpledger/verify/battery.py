@@ -27,7 +27,6 @@ from dpledger.verify.noise_checks import (
     run_sigma_heuristic,
     run_t3,
     skipped_noise_tests,
-    t3_noise_multiplier,
 )
 from dpledger.verify.protocol import Trainer
 from dpledger.verify.result import BatteryResult, PendingResult, TestResult
@@ -128,7 +127,7 @@ def _run(
             "sigma_grid": list(heuristics.sigma_grid),
             "sigma_loss_changes": list(heuristics.sigma_loss_changes),
             "sigma_zero_loss_change": heuristics.sigma_zero_loss_change,
-            "t3_noise_multiplier": t3_noise_multiplier(runner, config, heuristics),
+            "t3_noise_multiplier": t3.details["noise_multiplier"],
             "probe_gradient_norm": runner.task.probe_norm,
             "model": task.description,
             "warmup_steps": runner.warmup_steps,

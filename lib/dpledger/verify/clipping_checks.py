@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 
@@ -9,7 +11,13 @@ from dpledger.verify.heuristics import plateau_start
 from dpledger.verify.result import Check, Curve, Figure, TestResult, ratio_figure, skipped_result
 from dpledger.verify.runner import BatteryConfig, Runner
 from dpledger.verify.stats import slope_test
+from dpledger.verify.task import SyntheticTask
 
+LINEARITY_TOLERANCE = 0.1
+"""T1/T2: the probe's loss after the largest step may depart from its first-order change by this
+fraction."""
+LINEARITY_SHRINKS = 3
+"""T1/T2: the probe's step is shrunk tenfold at most this many times (to 0.01 % of its loss)."""
 SENSITIVITY_TOLERANCE = 1e-3
 """Relative slack for the sensitivity bound: float32 rounding, far below any clipping bug's excess."""
 
@@ -31,10 +39,38 @@ SENSITIVITY = Check(
 
 
 def _probe_lr(runner: Runner, clip_norm_times_norm: float, config: BatteryConfig) -> float:
-    """SGD step so that a full step moves the probe's loss by about 10 % (keeps ΔL first-order, linear in C/B)."""
+    """SGD step so that a full step moves the probe's loss by at most 10 % and to first order: ΔL
+    linear in C/B is what T1 and T2 test. The probe's largest update, of length lr·C along its
+    gradient (B = 1), is shrunk tenfold while the probe's loss after it departs from the first-order
+    change by more than ``LINEARITY_TOLERANCE`` (measured on the model by the harness: a fresh LoRA
+    adapter, B = 0, is far from linear at a 10 % step)."""
     if runner.optimizer == "adam":
         return config.adam_lr
-    return 0.1 * runner.task.probe_loss / clip_norm_times_norm
+    task = runner.task
+    lr = 0.1 * task.probe_loss / clip_norm_times_norm
+    for _ in range(LINEARITY_SHRINKS):
+        length = lr * clip_norm_times_norm / task.probe_norm
+        if probe_first_order_error(task, length) <= LINEARITY_TOLERANCE:
+            break
+        lr /= 10.0
+    return lr
+
+
+def probe_first_order_error(task: SyntheticTask, length: float) -> float:
+    """|L(θ − length·ĝ) − L(θ) + length·‖g‖| / (length·‖g‖) on the probe (ĝ its unit gradient over
+    the trainable parameters): how far a step of that length is from the first-order loss change."""
+    model = copy.deepcopy(task.model)
+    named = dict(model.named_parameters())
+    trained = [named[name] for name in task.trainable]
+    loss = task.loss_fn(model(task.probe_input), task.probe_target).sum()
+    gradients = torch.autograd.grad(loss, trained, allow_unused=True)
+    with torch.no_grad():
+        for parameter, gradient in zip(trained, gradients):
+            if gradient is not None:
+                parameter -= (length / task.probe_norm) * gradient
+    change = float(task.losses(model, task.probe_input, task.probe_target).sum()) - task.probe_loss
+    first_order = length * task.probe_norm
+    return abs(change + first_order) / first_order
 
 
 def run_t1(runner: Runner, config: BatteryConfig, seed: int, significance: float) -> tuple[TestResult, float]:
@@ -99,6 +135,7 @@ def run_t1(runner: Runner, config: BatteryConfig, seed: int, significance: float
             "clip_norms": grid.tolist(),
             "loss_changes": changes.tolist(),
             "c_star": c_star,
+            "lr": lr,
             "decision": "pass iff ΔL is not flat below the plateau (SGD: and the slope's p < the significance)",
         },
         figure=figure,
@@ -155,6 +192,7 @@ def run_t2(runner: Runner, config: BatteryConfig, seed: int, significance: float
             "batch_sizes": batch_sizes.tolist(),
             "loss_changes": changes.tolist(),
             "clip_norm": clip_norm,
+            "lr": lr,
             "regressor": "1/B (000 Eq. 6 predicts ΔL linear in 1/B)",
         },
         figure=Figure(

@@ -42,6 +42,7 @@ def run_engine_self_check(task: SyntheticTask) -> TestResult:
                 targets,
                 clip_norm=clip_norm,
                 clipping=mode,
+                trainable=task.trainable,
                 raise_on_mismatch=False,
             )
         except DpledgerError as error:

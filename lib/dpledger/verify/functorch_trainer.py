@@ -97,19 +97,21 @@ def train_with_flaws(
         return loss_fn(functional_call(model, params, (x.unsqueeze(0),)), y.unsqueeze(0)).sum()
 
     per_example_grads = vmap(grad(example_loss), in_dims=(None, 0, 0))
-    optim = _make_optimizer(run.optimizer, model.parameters(), run.lr)
+    # Only what requires a gradient is trained (LoRA: the adapter); frozen weights stay as they are.
+    trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    optim = _make_optimizer(run.optimizer, trainable.values(), run.lr)
     noise_seed = 0 if flaws.noise_seed == "fixed" else run.seed
     generator = torch.Generator().manual_seed(noise_seed)
     std = _noise_std(flaws, run.clip_norm, run.noise_multiplier, run.batch_size)
     for step, (batch_inputs, batch_targets) in enumerate(
         consecutive_batches(inputs, targets, run.batch_size, run.steps)
     ):
-        params = {name: p.detach() for name, p in model.named_parameters()}
+        params = {name: p.detach() for name, p in trainable.items()}
         summed = _clipped_sum(per_example_grads(params, batch_inputs, batch_targets), run.clip_norm, flaws.clipping)
         if flaws.noise_steps == "reused":
             generator.manual_seed(noise_seed)
         add_noise = std > 0 and not (flaws.noise_steps == "first_step_only" and step > 0)
-        for name, p in model.named_parameters():
+        for name, p in trainable.items():
             noise = torch.normal(0.0, std, size=p.shape, generator=generator) if add_noise else 0.0
             p.grad = (summed[name] + noise) / run.batch_size
         optim.step()

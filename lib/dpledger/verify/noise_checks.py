@@ -22,20 +22,24 @@ from dpledger.verify.stats import (
     variance_ratio_lower_p,
     variance_ratio_upper_p,
 )
-from dpledger.verify.task import flat_parameters
 
+CLIP_MARGIN = 1.5
+"""T3: the smallest C exceeds the largest per-example gradient norm along the σ = 0 run by this
+factor."""
+CLIP_REFERENCE = 1e3
+"""T3: the σ = 0 run whose gradient norms are measured has C = this × max(C*, the probe's norm)."""
 CONTROL_TOLERANCE = 1e-3
 """T3 control: σ = 0 models at different C may differ by this fraction of their update (rounding only)."""
 
 T3 = Check(
     "t3_noise_calibration",
-    "000 T3: mean pairwise distance of runs differing only in their noise must grow with C",
+    "000 T3: mean pairwise distance of runs differing only in their noise grows with C (unclipped)",
     "t of the slope of pairwise distance on C",
 )
 T3_CONTROL = Check(
     "t3_control",
     "000 T3 control: with σ = 0 the models trained at every C of T3 must coincide",
-    "max ‖θ_C − θ_C*‖ / ‖θ_C* − θ_0‖",
+    "max ‖θ_C − θ_C₀‖ / ‖θ_C₀ − θ_0‖ (C₀ the smallest C of T3)",
 )
 KS = Check(
     "ks_update_distribution",
@@ -73,13 +77,15 @@ def run_sigma_heuristic(runner: Runner, config: BatteryConfig, c_star: float, se
     initial_loss = float(runner.task.losses(runner.task.model, inputs, targets).sum())
     steps_before = runner.steps_used
     noiseless = runner.train(inputs, targets, noise_multiplier=0.0, **settings)
-    noiseless_parameters = flat_parameters(noiseless)
-    update = float(torch.linalg.vector_norm(noiseless_parameters - flat_parameters(runner.task.model)))
+    noiseless_parameters = runner.task.flat(noiseless)
+    initial_parameters = runner.task.flat(runner.task.model)
+    update = float(torch.linalg.vector_norm(noiseless_parameters - initial_parameters))
     changes, distances = [], []
     for noise_multiplier in config.sigma_grid:
         model = runner.train(inputs, targets, noise_multiplier=noise_multiplier, **settings)
         changes.append(float(runner.task.losses(model, inputs, targets).sum()) - initial_loss)
-        distances.append(float(torch.linalg.vector_norm(flat_parameters(model) - noiseless_parameters)))
+        distance = torch.linalg.vector_norm(runner.task.flat(model) - noiseless_parameters)
+        distances.append(float(distance))
     return Heuristics(
         c_star=c_star,
         sigma_star=noise_onset(config.sigma_grid, np.array(distances), 0.0, scale=max(update, 1e-30)),
@@ -100,14 +106,27 @@ def t3_noise_multiplier(runner: Runner, config: BatteryConfig, heuristics: Heuri
 def run_t3(
     runner: Runner, config: BatteryConfig, heuristics: Heuristics, seed: int, significance: float
 ) -> tuple[TestResult, TestResult]:
-    """T3 (000 §3.2): mean pairwise distance of noisy runs vs C ∈ [C*, 10C*], slope t-test; plus the σ = 0 control."""
+    """T3 (000 §3.2): mean pairwise distance of noisy runs vs C ∈ [C₀, 10C₀], slope t-test; plus
+    the σ = 0 control.
+
+    C₀ is C* or, where larger, ``CLIP_MARGIN`` × the largest per-example gradient norm along the
+    σ = 0 run (:meth:`Runner.largest_gradient_norm`), so no C of T3 clips (§3.2 step 2). Under
+    Adam C* is where its normalised step stops changing, not where clipping stops, and the warm-up
+    moves the model enough to raise the rows' gradient norms above C* (the digits MLP: from 5.3 to
+    15 against C* = 5.5). σ is scaled by C*/C₀ so the noise at C₀ is the σ heuristic's; the
+    learning rate is that of C*."""
     c_star = heuristics.c_star
-    noise_multiplier = t3_noise_multiplier(runner, config, heuristics)
+    base_multiplier = t3_noise_multiplier(runner, config, heuristics)
     batch_size = config.t3_batch_size
     inputs, targets = runner.task.ordinary_rows(0, batch_size * config.t3_steps)
-    lr = noise_lr(runner, config, c_star, noise_multiplier, batch_size)
-    clip_values = np.linspace(c_star, 10.0 * c_star, config.t3_clip_values)
+    lr = noise_lr(runner, config, c_star, base_multiplier, batch_size)
     steps_before = runner.steps_used
+    reference = CLIP_REFERENCE * max(c_star, runner.task.probe_norm)
+    unclipped = dict(clip_norm=reference, noise_multiplier=0.0, lr=lr, seed=seed)
+    largest = runner.largest_gradient_norm(inputs, targets, batch_size=batch_size, **unclipped)
+    clip_floor = max(c_star, CLIP_MARGIN * largest)
+    noise_multiplier = base_multiplier * c_star / clip_floor
+    clip_values = np.linspace(clip_floor, 10.0 * clip_floor, config.t3_clip_values)
     pair_c, pair_distance = [], []
     for clip_norm in clip_values:
         finals = [
@@ -128,7 +147,7 @@ def run_t3(
     t3_steps = runner.steps_used - steps_before
     pair_c, pair_distance = np.array(pair_c), np.array(pair_distance)
     test = slope_test(pair_c, pair_distance)
-    scale = float(torch.linalg.vector_norm(flat_parameters(runner.task.model)))
+    scale = float(torch.linalg.vector_norm(runner.task.flat(runner.task.model)))
     no_noise = float(pair_distance.max()) <= 1e-9 * scale
     passed = not no_noise and not test.flat and test.slope > 0 and test.p_value < significance
     if passed:
@@ -157,6 +176,8 @@ def run_t3(
             "clip_norms": clip_values.tolist(),
             "mean_pairwise_distance": means,
             "noise_multiplier": noise_multiplier,
+            "c_star": c_star,
+            "largest_gradient_norm": largest,
             "slope": test.slope,
             "runs_per_clip_norm": config.t3_seeds,
             "steps_per_run": config.t3_steps,
@@ -172,13 +193,27 @@ def run_t3(
             ),
         ),
     )
-    return t3, _run_t3_control(runner, inputs, targets, clip_values, batch_size, lr, seed)
+    return t3, _run_t3_control(runner, inputs, targets, clip_values, batch_size, lr, seed, largest)
 
 
-def _run_t3_control(runner: Runner, inputs, targets, clip_values, batch_size: int, lr: float, seed: int) -> TestResult:
-    """000 §3.2 step 7: with σ = 0 the C range must not change training, else T3's slope could come from clipping."""
+def _run_t3_control(
+    runner: Runner,
+    inputs,
+    targets,
+    clip_values,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    largest: float,
+) -> TestResult:
+    """000 §3.2 step 7: with σ = 0 the C range must not change training, else T3's slope could come
+    from clipping.
+
+    Every C of the range exceeds ``largest``, the largest per-example gradient norm along the run,
+    so a trainer that clips at C gives the same model at each; one that does not clips beyond the
+    gradients."""
     steps_before = runner.steps_used
-    initial = flat_parameters(runner.task.model)
+    initial = runner.task.flat(runner.task.model)
     finals = [
         runner.parameters_after(
             inputs, targets, clip_norm=c, noise_multiplier=0.0, batch_size=batch_size, lr=lr, seed=seed
@@ -188,18 +223,28 @@ def _run_t3_control(runner: Runner, inputs, targets, clip_values, batch_size: in
     update = max(float(torch.linalg.vector_norm(finals[0] - initial)), 1e-30)
     deviations = np.array([float(torch.linalg.vector_norm(f - finals[0])) / update for f in finals])
     passed = bool(deviations.max() <= CONTROL_TOLERANCE)
-    diagnosis = (
-        "with σ = 0 the models at every C in [C*, 10C*] coincide: this C range disables clipping, so T3's "
-        "slope comes from the noise"
-        if passed
-        else f"with σ = 0 the model still changes with C ≥ C* (relative deviation {deviations.max():.3g}): clipping "
-        "acts beyond the largest gradient norm, so the clip threshold is not C"
-    )
+    low, high = float(clip_values[0]), float(clip_values[-1])
+    if passed:
+        diagnosis = (
+            f"with σ = 0 the models at every C in [{low:.3g}, {high:.3g}] coincide: this C range "
+            "disables clipping, so T3's slope comes from the noise"
+        )
+    else:
+        diagnosis = (
+            f"with σ = 0 the model still changes with C in [{low:.3g}, {high:.3g}] (relative "
+            f"deviation {deviations.max():.3g}) although no per-example gradient norm along the "
+            f"run exceeds {largest:.3g}: clipping acts beyond the largest gradient norm, so the "
+            "clip threshold is not C"
+        )
     return T3_CONTROL.deterministic(
         statistic=float(deviations.max()),
         passed=passed,
         tolerance=CONTROL_TOLERANCE,
-        details={"clip_norms": list(map(float, clip_values)), "relative_deviation": deviations.tolist()},
+        details={
+            "clip_norms": list(map(float, clip_values)),
+            "relative_deviation": deviations.tolist(),
+            "largest_gradient_norm": largest,
+        },
         diagnosis=diagnosis,
         steps=runner.steps_used - steps_before,
         figure=Figure(
@@ -294,7 +339,7 @@ def run_noise_independence(
     inputs, targets = runner.task.zero_rows(batch_size * steps)
     lr = noise_lr(runner, config, c_star, 1.0, batch_size)
     steps_before = runner.steps_used
-    initial = flat_parameters(runner.task.model)
+    initial = runner.task.flat(runner.task.model)
     unit = lr * c_star / batch_size * np.sqrt(steps)
     z = torch.cat(
         [

@@ -10,7 +10,7 @@ from torch import nn
 
 from dpledger.verify.errors import TrainerError
 from dpledger.verify.protocol import Trainer
-from dpledger.verify.task import SyntheticTask, flat_parameters
+from dpledger.verify.task import SyntheticTask, per_example_gradient_norms
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,56 @@ class Runner:
         seed: int,
     ) -> nn.Module:
         """Train a copy of the initial model (warm-up first, under Adam) and return it."""
+        inputs, targets = self._with_warmup(inputs, targets, batch_size)
+        return self._run(
+            inputs,
+            targets,
+            clip_norm=clip_norm,
+            noise_multiplier=noise_multiplier,
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
+        )
+
+    def largest_gradient_norm(self, inputs: torch.Tensor, targets: torch.Tensor, **run) -> float:
+        """The largest per-example gradient norm of a run's rows (warm-up included), each batch's
+        measured by the harness's own loop at the model the trainer reached before that batch: a
+        σ = 0 run at any clip norm above it clips nothing. Costs one run per prefix, T·(T − 1)/2
+        steps for T batches."""
+        batch_size = run["batch_size"]
+        inputs, targets = self._with_warmup(inputs, targets, batch_size)
+        largest = 0.0
+        for start in range(0, inputs.shape[0], batch_size):
+            model = self.task.model
+            if start:
+                model = self._run(inputs[:start], targets[:start], **run)
+            rows = slice(start, start + batch_size)
+            loss_fn = self.task.loss_fn
+            norms = per_example_gradient_norms(model, inputs[rows], targets[rows], loss_fn)
+            largest = max(largest, float(norms.max()))
+        return largest
+
+    def _with_warmup(
+        self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The warm-up rows (none under SGD), then ``inputs``."""
         warm_inputs, warm_targets = self._warmup_rows(batch_size)
-        inputs = torch.cat([warm_inputs, inputs])
-        targets = torch.cat([warm_targets, targets])
         if inputs.shape[0] % batch_size:
             raise ValueError("the rows must fill whole batches")
+        return torch.cat([warm_inputs, inputs]), torch.cat([warm_targets, targets])
+
+    def _run(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        clip_norm: float,
+        noise_multiplier: float,
+        batch_size: int,
+        lr: float,
+        seed: int,
+    ) -> nn.Module:
+        """Train a copy of the initial model on exactly these rows (no warm-up added); return it."""
         steps = inputs.shape[0] // batch_size
         model = copy.deepcopy(self.task.model)
         try:
@@ -98,11 +143,17 @@ class Runner:
                 f"the trainer under test raised {type(error).__name__}: {error}".splitlines()[0]
             ) from None
         self.steps_used += steps
+        if changed := self.task.changed_frozen_parameter(model):
+            raise TrainerError(
+                f"the trainer under test changed {changed!r}, a parameter the engine does not "
+                "train (requires_grad=False): that change is released without clipping or noise; "
+                "train only the trainable parameters"
+            )
         return model
 
     def parameters_after(self, inputs: torch.Tensor, targets: torch.Tensor, **settings) -> torch.Tensor:
-        """Flat float64 parameters after training (see :meth:`train`)."""
-        return flat_parameters(self.train(inputs, targets, **settings))
+        """Flat float64 trainable parameters after training (see :meth:`train`)."""
+        return self.task.flat(self.train(inputs, targets, **settings))
 
     def loss_change(
         self,

@@ -10,12 +10,13 @@ gives a row whose gradient is exactly zero for every parameter value (the paper'
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from dpledger.engine.bk import BKEngine
 from dpledger.models.tasks import Task
 
 INPUT_DIM = 8
@@ -70,10 +71,24 @@ def build_mlp(seed: int) -> nn.Module:
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def flat_parameters(model: nn.Module) -> torch.Tensor:
-    """All parameters as one float64 vector, each tensor once (a tied weight is not counted twice: the noise
-    tests treat the vector's coordinates as independent draws)."""
-    return torch.cat([value.detach().reshape(-1).to(torch.float64) for value in model.parameters()])
+def flat_parameters(model: nn.Module, names: Sequence[str] | None = None) -> torch.Tensor:
+    """The parameters ``names`` (default: all of them) as one float64 vector, each tensor once (a
+    tied weight is not counted twice: the noise tests treat the vector's coordinates as independent
+    draws). The battery reads only the engine's trainable set (:attr:`SyntheticTask.trainable`)."""
+    named = dict(model.named_parameters())
+    chosen = named.values() if names is None else (named[name] for name in names)
+    return torch.cat([value.detach().reshape(-1).to(torch.float64) for value in chosen])
+
+
+def engine_parameter_names(model: nn.Module) -> tuple[str, ...]:
+    """The parameters dpledger's engine privatizes on ``model``, in its order:
+    ``BKEngine.parameter_names`` (the trainable ones, tied weights once; LoRA: the adapter), asked
+    of the engine itself so the battery counts exactly the coordinates that get noise. A trainable
+    parameter the engine cannot train raises :class:`~dpledger.engine.UnsupportedLayerError` naming
+    its layer. The model is left as it was."""
+    engine = BKEngine(model, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
+    engine.detach()
+    return tuple(engine.parameter_names)
 
 
 def per_example_losses(
@@ -112,9 +127,31 @@ class SyntheticTask:
     """‖∇ loss‖ of the probe row at the initial model."""
     probe_loss: float
     ordinary_norms: torch.Tensor
+    trainable: tuple[str, ...]
+    """The parameters the engine privatizes (:func:`engine_parameter_names`): the only ones a
+    trainer may change, and the coordinates the noise tests count as draws."""
     loss_fn: LossFn = weighted_half_mse
     """Per-example loss ``loss_fn(outputs, targets)`` the trainers are handed."""
     description: str = "synthetic MLP"
+
+    def flat(self, model: nn.Module) -> torch.Tensor:
+        """The trainable parameters of ``model`` (a trained copy of :attr:`model`), flat float64."""
+        return flat_parameters(model, self.trainable)
+
+    def changed_frozen_parameter(self, model: nn.Module) -> str | None:
+        """The name of a parameter outside :attr:`trainable` that ``model`` (a trained copy)
+        changed, or None: a frozen weight changed by training is released without clipping or
+        noise."""
+        initial = dict(self.model.named_parameters())
+        trainable = set(self.trainable)
+        return next(
+            (
+                name
+                for name, value in model.named_parameters()
+                if name not in trainable and not torch.equal(value, initial[name])
+            ),
+            None,
+        )
 
     def losses(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The loss of each row under ``model`` (float64, no gradient)."""
@@ -182,7 +219,10 @@ def with_probe(
     description: str,
 ) -> SyntheticTask:
     """The task with the probe's weight chosen so that its gradient norm is at least ``PROBE_NORM_FACTOR`` ×
-    every ordinary row's and at least 10 (a weight scales the gradient exactly)."""
+    every ordinary row's and at least 10 (a weight scales the gradient exactly).
+
+    A trainable parameter the engine cannot train is refused first, naming its layer."""
+    trainable = engine_parameter_names(model)
     ordinary_norms = per_example_gradient_norms(model, inputs, targets, loss_fn)
     unit_probe = torch.cat([probe_label, torch.ones(1, 1, dtype=probe_label.dtype)], dim=1)
     unit_norm = float(per_example_gradient_norms(model, probe_input, unit_probe, loss_fn)[0])
@@ -197,6 +237,7 @@ def with_probe(
         probe_norm=unit_norm * weight,
         probe_loss=float(per_example_losses(model, probe_input, probe_target, loss_fn)[0]),
         ordinary_norms=ordinary_norms,
+        trainable=trainable,
         loss_fn=loss_fn,
         description=description,
     )
