@@ -29,6 +29,7 @@ from dpledger.audit.one_run_bounds import (
 from dpledger.data import load_data
 from dpledger.engine import BKEngine
 from dpledger.engine.canaries import CanaryPlan, CanaryRecorder, canary_law, observe, recorder_for
+from dpledger.errors import DpledgerError
 from dpledger.models import build_task_model, task_for
 from dpledger.params import DataParams
 from dpledger.pipeline import run_stage
@@ -322,8 +323,13 @@ def test_stages_record_canaries_and_write_the_three_numbers(tmp_path, repo_root)
     assert metrics["one_run_canaries"] == 3000 and metrics["one_run_verdict"] == "consistent"
     assert 0 <= metrics["epsilon_emp_one_run"] <= metrics["epsilon_claimed"]
     assert 0 < metrics["epsilon_last_iterate_heuristic"] < metrics["epsilon_claimed"]
+    assert metrics["one_run_method"].endswith("adversary knows the other records")
     saved = json.loads((tmp_path / "metrics/audit.json").read_text())
     assert saved["epsilon_emp_one_run"] == metrics["epsilon_emp_one_run"]
+    record = dict(np.load(tmp_path / "artifacts/train/canaries.npz"))
+    np.savez(tmp_path / "artifacts/train/canaries.npz", **{k: v for k, v in record.items() if k != "real"})
+    with pytest.raises(DpledgerError, match="no real examples' clipped sums"):  # an older train stage's record
+        run_stage("audit", path, tmp_path)
 
 
 def _audit_metrics(verdict: str, emp: float) -> dict:

@@ -62,6 +62,7 @@ from dpledger.engine.canaries import (
 from dpledger.errors import DpledgerError, ParamsError
 from dpledger.sampling.schedule import Schedule
 
+ADVERSARY = "adversary knows the other records"  # the report's words for what the scores remove
 MAD_TO_STD = 1.482602218505602  # 1/Φ⁻¹(3/4): the median absolute deviation of N(0, s²) is s/1.4826
 
 
@@ -110,9 +111,8 @@ class OneRunResult:
             "one_run_confidence": e.confidence,
             "one_run_canaries": e.canaries,
             "one_run_noise_measured": self.noise_measured,
-            "one_run_method": f"{e.bound} ({e.family}), {e.threshold}"
-            if e.bound == "fdp"
-            else f"steinke, {e.threshold}",
+            "one_run_method": (f"{e.bound} ({e.family})" if e.bound == "fdp" else "steinke")
+            + f", {e.threshold}, {ADVERSARY}",
         }
 
     def to_dict(self) -> dict[str, Any]:
