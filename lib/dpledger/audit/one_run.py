@@ -7,9 +7,9 @@ the schedule's sampler places a real example
 shuffle one slot per epoch, balls-in-bins its bin, ...).
 
 Side copy (the released model is unchanged): after each ``engine.step()`` the train stage reads the
-canary coordinates of the released noisy sum g̃_t (``engine.last_noisy_sum``: clipped sum + the
-step's noise, after the data-parallel all-reduce) and of the real examples' clipped sum s_t in it
-(``engine.last_clipped_watched``, gathered apart from the noise). g̃_t[j]/C + 1{j in, placed at t}
+canary coordinates of the released noisy sum g̃_t (clipped sum + the step's noise, after the
+data-parallel all-reduce) and of the real examples' clipped sum s_t in it (gathered apart from the
+noise), both from ``engine.last_watched``. g̃_t[j]/C + 1{j in, placed at t}
 is exactly what an all-iterates adversary sees of coordinate j had the canary been one more example
 of the run, with the same noise draw, except for the canary's effect on later iterates (it would
 move weight j by lr·C/B when used, and so the later gradients of the real examples). ASSUMPTION:

@@ -4,9 +4,9 @@ there.
 m canaries C·e_j on distinct coordinates j of the trainable parameters (drawn with a recorded seed),
 each "in" with probability 1/2, placed in steps exactly as the schedule's sampler places a real
 example (its :meth:`dpledger.sampling.base.BatchSampler.membership`). The recorder keeps, after each
-``engine.step()``, the canary coordinates of the released noisy sum (``engine.last_noisy_sum``,
-after the data-parallel all-reduce; rank 0 keeps them, as it alone adds the noise) and of the real
-examples' clipped sum (``engine.last_clipped_watched``: rank 0's, measured apart from the noise).
+``engine.step()``, the canary coordinates of the released noisy sum (after the data-parallel
+all-reduce; rank 0 keeps them, as it alone adds the noise) and of the real examples' clipped sum
+(rank 0's, measured apart from the noise): ``engine.last_watched``, gathered by the engine.
 The canaries never enter the model: :func:`observe` adds them to this side copy, after removing the
 real examples' clipped sum (the adversary knows the other records; see :mod:`dpledger.audit.one_run`
 for why that is the run's own observation and a valid audit). The audit stage reads
@@ -142,7 +142,7 @@ class CanaryRecorder:
         self._gather = [
             (int(i), torch.from_numpy(plan.coordinates[owner == i] - starts[i]).to(device)) for i in np.unique(owner)
         ]
-        engine.watch_clipped(self.select)
+        engine.watch(self.select)
 
     def select(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """The canary coordinates of per-parameter ``tensors`` (in ``engine.params`` order), in plan order."""
@@ -151,12 +151,10 @@ class CanaryRecorder:
     def record(self, step: int) -> None:
         """Keep the canary coordinates of the noisy sum the engine released at ``step`` and of the
         real examples' clipped sum in it (one copy to the host)."""
-        released, real = self.engine.last_noisy_sum, self.engine.last_clipped_watched
-        if released is None or real is None:
+        watched = self.engine.last_watched
+        if watched is None:
             raise DpledgerError(f"audit.one_run: the engine released no noisy sum at step {step}")
-        with torch.no_grad():
-            rows = torch.stack([self.select(released), real.to(released[0].dtype)]).float().cpu().numpy()
-        rows /= self.clip_norm
+        rows = watched.float().cpu().numpy() / self.clip_norm
         self.raw[step], self.real[step] = rows
 
     def save(self, folder: Path, key: str, steps_done: int) -> None:

@@ -5,7 +5,7 @@ clipped sums are formed directly into it by book-keeping (aᵀ·diag(C)·b of ea
 instantiated gradients' weighted sums; :meth:`NoisySum.release` adds the canary, all-reduces it over the ranks
 and hands it to the optimizer as ``p.grad`` (views of the one buffer). It also counts the logical steps (the
 privacy ledger) and the real examples dropped for a non-finite norm. :func:`factors` are the clipping factors.
-:meth:`NoisySum.watch` keeps each step's clipped sum at a few coordinates (the one-run audit's side information).
+:meth:`NoisySum.watch` keeps each step's released sum and clipped sum at a few coordinates (the one-run audit).
 """
 
 from __future__ import annotations
@@ -91,15 +91,15 @@ class NoisySum:
         self.steps_taken = 0
         self._select: Callable[[list[Tensor]], Tensor] | None = None
         self._noise_watched: Tensor | None = None
-        self.last_clipped_watched: Tensor | None = None
+        self.last_watched: Tensor | None = None
 
     def watch(self, select: Callable[[list[Tensor]], Tensor]) -> None:
-        """Keep, for each step, this rank's clipped sum at the coordinates ``select`` gathers from the
-        per-parameter views (one small tensor on the buffer's device, no host copy): the buffer there just
-        before the canary and the all-reduce minus the buffer there right after the noise draw. It is a
-        difference of two gathers, not released sum minus noise, so a fault that alters the noise between its
-        draw and the release still shows in released sum minus it. ``last_clipped_watched``: the last step's,
-        times ``normalizer`` (the units of the released sum)."""
+        """Keep, for each step, the released sum and this rank's clipped sum at the coordinates ``select``
+        gathers from the per-parameter views: ``last_watched``, (2 × coordinates) in the units of
+        :meth:`last`, on the buffer's device (no host copy, and no parameter-sized copy as :meth:`last`
+        makes). The clipped sum is the buffer there just before the canary and the all-reduce minus the
+        buffer there right after the noise draw: two gathers, not released sum minus noise, so a fault that
+        alters the noise between its draw and the release still shows in released sum minus it."""
         self._select = select
 
     def drop(self, flat: Tensor, weights: Tensor | None) -> Tensor:
@@ -172,14 +172,15 @@ class NoisySum:
         """Finish the step: add ``canary`` (rank 0 only), all-reduce, set each ``p.grad`` to its view, step
         ``optimizer``, count the step."""
         self._open()
-        if self._select is not None:
-            self.last_clipped_watched = (self._select(self.views) - self._noise_watched) * self.normalizer
+        clipped = None if self._select is None else self._select(self.views) - self._noise_watched
         if canary is not None:
             validators.check_canary(canary, len(self.params))
             for view, vector in zip(self.views, canary if self.adds_noise else ()):
                 view.add_(vector.reshape(view.shape).to(view.device, view.dtype), alpha=1 / self.normalizer)
         if self.ranks is not None:
             self.ranks.all_reduce(self.buffer)
+        if clipped is not None:
+            self.last_watched = torch.stack([self._select(self.views), clipped]) * self.normalizer
         for param, grad in zip(self.params, self.views):
             param.grad = grad
         if optimizer is not None:
