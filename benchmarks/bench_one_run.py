@@ -145,7 +145,7 @@ def cost(repeats: int, params_file: Path) -> dict:
     try:
         params = yaml.safe_load(params_file.read_text())
         lm_data = REPO / "examples/lm/data"
-        if lm_data.exists():  # the LM example's prepared corpus and model, where its params name them
+        if lm_data.exists():  # the LM example's prepared corpus and model (its params name them)
             (root / "examples/lm").mkdir(parents=True)
             (root / "examples/lm/data").symlink_to(lm_data)
         paths = {}
@@ -161,7 +161,7 @@ def cost(repeats: int, params_file: Path) -> dict:
         for _ in range(repeats):
             for enabled in (False, True):  # the last run keeps its canaries for the audit stage
                 shutil.rmtree(root / "artifacts" / "train", ignore_errors=True)
-                spent = [0.0, 0]  # the recorder's own time inside the stage (load cannot blur the share)
+                spent = [0.0, 0]  # the recorder's time in the stage (load cannot blur the share)
                 originals = {name: getattr(CanaryRecorder, name) for name in TIMED}
                 for name, method in originals.items():
                     setattr(CanaryRecorder, name, _timed(spent, method))
@@ -173,7 +173,8 @@ def cost(repeats: int, params_file: Path) -> dict:
                 times[enabled].append(metrics[enabled]["stage_wall_time_s"])
                 if enabled:
                     shares.append(round(spent[0] / metrics[enabled]["stage_wall_time_s"], 5))
-                    print(json.dumps({"recorder_s": round(spent[0], 3), "share": shares[-1]}), flush=True)
+                    line = {"recorder_s": round(spent[0], 3), "share": shares[-1]}
+                    print(json.dumps(line), flush=True)
         print(json.dumps({"train_stage_s": times}), flush=True)
         mark = time.perf_counter()
         audit = run_stage("audit", paths[True], root)
@@ -205,7 +206,12 @@ def main() -> None:
     parser.add_argument("--canaries", type=int, default=10_000)
     parser.add_argument("--ideal-seeds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--params", type=Path, default=REPO / "params.yaml", help="--cost: the params file")
+    parser.add_argument(
+        "--params",
+        type=Path,
+        default=REPO / "params.yaml",
+        help="--cost: the params file",
+    )
     args = parser.parse_args()
     if args.acceptance:
         print(json.dumps(acceptance(args.epsilon, args.canaries, args.ideal_seeds), indent=1))

@@ -206,8 +206,9 @@ def test_recorded_real_sums_are_the_clipped_sum_and_the_residual_is_the_noise():
         twin = copy.deepcopy(model)
         engine = BKEngine(twin, None, clip_norm=0.5, noise_multiplier=sigma, normalizer=8, seed=3)
         recorder = CanaryRecorder(CanaryPlan.draw(0, 30, engine.numel), engine, 2, 0.5)
-        for step in range(2):  # the second step: the buffer held the first step's sum before the draw
-            engine.backward(torch.nn.functional.cross_entropy(twin(inputs), targets, reduction="none"))
+        for step in range(2):  # step 1: the buffer held step 0's sum before the draw
+            losses = torch.nn.functional.cross_entropy(twin(inputs), targets, reduction="none")
+            engine.backward(losses)
             engine.step()
             recorder.record(step)
         released[sigma] = torch.cat([t.reshape(-1) for t in engine.last_noisy_sum]).numpy()
@@ -224,14 +225,14 @@ def test_residual_score_removes_the_real_gradients_interference(digits):
     examples' clipped sums, the run reaches 0.8 × the mean of 5 interference-free simulations at
     the same (σ, law, m); scored on the released sums alone (the former default: real gradients at a
     canary's coordinate persist over steps) it reached 0.75 here. The residuals are N(0, σ²)."""
-    schedule = build_schedule("poisson", dataset_size=digits.train_size, batch_size=64, epochs=2, seed=3)
+    size = digits.train_size
+    schedule = build_schedule("poisson", dataset_size=size, batch_size=64, epochs=2, seed=3)
     sigma = _sigma_for(8.0, schedule)
     recorder, _ = _train(digits, schedule, sigma, 4000, seed=3)
     result = _audit(recorder, schedule, sigma, 8.0)
     law = canary_law(schedule)
-    ideal = np.mean(
-        [one_run.ideal_epsilon(law, sigma, 4000, delta=DELTA, confidence=0.95, bound="fdp", seed=s) for s in range(5)]
-    )
+    same = dict(delta=DELTA, confidence=0.95, bound="fdp")
+    ideal = np.mean([one_run.ideal_epsilon(law, sigma, 4000, seed=s, **same) for s in range(5)])
     residual = recorder.raw.astype(np.float64) - recorder.real
     assert residual.std() == pytest.approx(sigma, rel=0.01) and abs(residual.mean()) < 0.01
     assert result.estimate.epsilon >= 0.8 * ideal and ideal > 1.0
@@ -327,8 +328,9 @@ def test_stages_record_canaries_and_write_the_three_numbers(tmp_path, repo_root)
     saved = json.loads((tmp_path / "metrics/audit.json").read_text())
     assert saved["epsilon_emp_one_run"] == metrics["epsilon_emp_one_run"]
     record = dict(np.load(tmp_path / "artifacts/train/canaries.npz"))
-    np.savez(tmp_path / "artifacts/train/canaries.npz", **{k: v for k, v in record.items() if k != "real"})
-    with pytest.raises(DpledgerError, match="no real examples' clipped sums"):  # an older train stage's record
+    older = {k: v for k, v in record.items() if k != "real"}  # an older train stage's record
+    np.savez(tmp_path / "artifacts/train/canaries.npz", **older)
+    with pytest.raises(DpledgerError, match="no real examples' clipped sums"):
         run_stage("audit", path, tmp_path)
 
 

@@ -145,8 +145,10 @@ class CanaryRecorder:
         engine.watch(self.select)
 
     def select(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """The canary coordinates of per-parameter ``tensors`` (in ``engine.params`` order), in plan order."""
-        return torch.cat([torch.index_select(tensors[i].reshape(-1), 0, local) for i, local in self._gather])
+        """The canary coordinates of per-parameter ``tensors`` (``engine.params`` order), in plan
+        order."""
+        parts = [torch.index_select(tensors[i].reshape(-1), 0, local) for i, local in self._gather]
+        return torch.cat(parts)
 
     def record(self, step: int) -> None:
         """Keep the canary coordinates of the noisy sum the engine released at ``step`` and of the
@@ -182,12 +184,13 @@ class CanaryRecorder:
 
     def resume(self, folder: Path, key: str, steps_done: int) -> None:
         """Reload the rows before ``steps_done`` recorded by the same run (same ``key``): from the
-        whole record or from consecutive part files; rows not found stay missing (NaN), as do those of
-        a record without the real examples' clipped sums (an older version's)."""
+        whole record or from consecutive part files; rows not found stay missing (NaN), as do those
+        of a record without the real examples' clipped sums (an older version's)."""
         whole = folder / ARTIFACT
         if whole.exists():
             saved = load_observations(whole)
-            if str(saved["key"]) == key and "real" in saved and saved["raw"].shape == self.raw.shape:
+            same = str(saved["key"]) == key and "real" in saved
+            if same and saved["raw"].shape == self.raw.shape:
                 self.raw[:steps_done] = saved["raw"][:steps_done]
                 self.real[:steps_done] = saved["real"][:steps_done]
                 self._saved = steps_done
@@ -195,7 +198,8 @@ class CanaryRecorder:
         for part in sorted(folder.glob(PARTS)):
             start, end = (int(x) for x in part.name.removesuffix(".npz").split("-")[-2:])
             saved = load_observations(part)
-            if str(saved["key"]) != key or "real" not in saved or start != self._saved or end > steps_done:
+            other = str(saved["key"]) != key or "real" not in saved
+            if other or start != self._saved or end > steps_done:
                 continue
             self.raw[start:end], self.real[start:end] = saved["raw"], saved["real"]
             self._saved = end
@@ -223,7 +227,12 @@ def load_observations(path: Path) -> dict[str, np.ndarray]:
         return {name: saved[name] for name in saved.files}
 
 
-def observe(raw: np.ndarray, real: np.ndarray, included: np.ndarray, placed: np.ndarray) -> np.ndarray:
+def observe(
+    raw: np.ndarray,
+    real: np.ndarray,
+    included: np.ndarray,
+    placed: np.ndarray,
+) -> np.ndarray:
     """(canaries × steps) observations: the released coordinates ``raw`` less the real examples'
     clipped sum ``real`` there (both steps × canaries, units of C; the adversary knows the other
     records, :mod:`dpledger.audit.one_run`), plus 1 (the canary C·e_j) where a canary is in and

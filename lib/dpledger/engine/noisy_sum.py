@@ -5,7 +5,8 @@ clipped sums are formed directly into it by book-keeping (aᵀ·diag(C)·b of ea
 instantiated gradients' weighted sums; :meth:`NoisySum.release` adds the canary, all-reduces it over the ranks
 and hands it to the optimizer as ``p.grad`` (views of the one buffer). It also counts the logical steps (the
 privacy ledger) and the real examples dropped for a non-finite norm. :func:`factors` are the clipping factors.
-:meth:`NoisySum.watch` keeps each step's released sum and clipped sum at a few coordinates (the one-run audit).
+:meth:`NoisySum.watch` keeps each step's released and clipped sums at a few coordinates (the one-run
+audit).
 """
 
 from __future__ import annotations
@@ -94,12 +95,13 @@ class NoisySum:
         self.last_watched: Tensor | None = None
 
     def watch(self, select: Callable[[list[Tensor]], Tensor]) -> None:
-        """Keep, for each step, the released sum and this rank's clipped sum at the coordinates ``select``
-        gathers from the per-parameter views: ``last_watched``, (2 × coordinates) in the units of
-        :meth:`last`, on the buffer's device (no host copy, and no parameter-sized copy as :meth:`last`
-        makes). The clipped sum is the buffer there just before the canary and the all-reduce minus the
-        buffer there right after the noise draw: two gathers, not released sum minus noise, so a fault that
-        alters the noise between its draw and the release still shows in released sum minus it."""
+        """Keep, for each step, the released sum and this rank's clipped sum at the coordinates
+        ``select`` gathers from the per-parameter views: ``last_watched``, (2 × coordinates) in the
+        units of :meth:`last`, on the buffer's device (no host copy, and no parameter-sized copy as
+        :meth:`last` makes). The clipped sum is the buffer there just before the canary and the
+        all-reduce minus the buffer there right after the noise draw: two gathers, not released sum
+        minus noise, so a fault that alters the noise between its draw and the release still shows
+        in released sum minus it."""
         self._select = select
 
     def drop(self, flat: Tensor, weights: Tensor | None) -> Tensor:
