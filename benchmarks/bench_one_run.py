@@ -4,12 +4,15 @@ cost.
 python -m benchmarks.bench_one_run --acceptance   # digits, Poisson, ε = 8, 10 epochs, m = 10⁴
 python -m benchmarks.bench_one_run --cost         # the default pipeline's train stage, canaries
 on/off
+python -m benchmarks.bench_one_run --cost --params examples/lm/params.yaml  # the LM example (after
+`python -m stages.prepare --out examples/lm/data`)
 
 Acceptance: the default MLP trained at the σ calibrated for ε = 8 with the canaries recorded; its
 ε_emp for each bound beside the mean of ``--ideal-seeds`` interference-free simulations at the same
-(σ, law, m, confidence). Cost: the default params.yaml's calibrate and schedule stages once, then
-the train stage alternately with ``audit.one_run.enabled`` true and false (a fresh artifacts/train
-each time).
+(σ, law, m, confidence). Cost: the params file's calibrate and schedule stages once, then the
+train stage alternately with ``audit.one_run.enabled`` true and false (a fresh artifacts/train each
+time); the recorder's own time (its ``record``, ``save`` and the engine's per-step gathers through
+its ``select``) is timed inside the same stage run.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def acceptance(epsilon: float, canaries: int, ideal_seeds: int) -> dict:
     training = time.perf_counter() - started
     saved = {
         "raw": recorder.raw,
+        "real": recorder.real,
         "included": recorder.plan.included,
         "seed": np.array(recorder.plan.seed),
     }
@@ -118,22 +122,32 @@ def acceptance(epsilon: float, canaries: int, ideal_seeds: int) -> dict:
 
 
 def _timed(spent: list[float], method):
-    """``method`` with its wall time added to ``spent[0]``."""
+    """``method`` with its wall time added to ``spent[0]``, once for calls nested in timed calls."""
 
     def run(*args, **kwargs):
+        spent[1] += 1
         mark = time.perf_counter()
         try:
             return method(*args, **kwargs)
         finally:
-            spent[0] += time.perf_counter() - mark
+            spent[1] -= 1
+            if spent[1] == 0:
+                spent[0] += time.perf_counter() - mark
 
     return run
 
 
-def cost(repeats: int) -> dict:
+TIMED = ("record", "save", "select")  # select: the engine's two gathers per step, and record's
+
+
+def cost(repeats: int, params_file: Path) -> dict:
     root = Path(tempfile.mkdtemp(prefix="bench-one-run-"))
     try:
-        params = yaml.safe_load((REPO / "params.yaml").read_text())
+        params = yaml.safe_load(params_file.read_text())
+        lm_data = REPO / "examples/lm/data"
+        if lm_data.exists():  # the LM example's prepared corpus and model (its params name them)
+            (root / "examples/lm").mkdir(parents=True)
+            (root / "examples/lm/data").symlink_to(lm_data)
         paths = {}
         for enabled in (True, False):
             params["audit"]["one_run"]["enabled"] = enabled
@@ -147,8 +161,8 @@ def cost(repeats: int) -> dict:
         for _ in range(repeats):
             for enabled in (False, True):  # the last run keeps its canaries for the audit stage
                 shutil.rmtree(root / "artifacts" / "train", ignore_errors=True)
-                spent = [0.0]  # the recorder's own time inside the stage: the share load cannot blur
-                originals = {name: getattr(CanaryRecorder, name) for name in ("record", "save")}
+                spent = [0.0, 0]  # the recorder's time in the stage (load cannot blur the share)
+                originals = {name: getattr(CanaryRecorder, name) for name in TIMED}
                 for name, method in originals.items():
                     setattr(CanaryRecorder, name, _timed(spent, method))
                 try:
@@ -159,6 +173,8 @@ def cost(repeats: int) -> dict:
                 times[enabled].append(metrics[enabled]["stage_wall_time_s"])
                 if enabled:
                     shares.append(round(spent[0] / metrics[enabled]["stage_wall_time_s"], 5))
+                    line = {"recorder_s": round(spent[0], 3), "share": shares[-1]}
+                    print(json.dumps(line), flush=True)
         print(json.dumps({"train_stage_s": times}), flush=True)
         mark = time.perf_counter()
         audit = run_stage("audit", paths[True], root)
@@ -169,10 +185,11 @@ def cost(repeats: int) -> dict:
             "train_stage_s_off": times[False],
             "overhead_on_off": round(on / off - 1.0, 4),
             "recorder_share_of_stage": shares,
-            "test_accuracy_on_off": [
-                metrics[True]["test_accuracy"],
-                metrics[False]["test_accuracy"],
-            ],
+            "quality_on_off": {
+                key: [metrics[True][key], metrics[False][key]]
+                for key in ("test_accuracy", "test_loss", "test_perplexity")
+                if key in metrics[True]
+            },
             "epsilon_on_off": [metrics[True]["epsilon_spent"], metrics[False]["epsilon_spent"]],
             "audit_stage_s": round(audit_s, 2),
             "audit_one_run": {k: v for k, v in audit.items() if "one_run" in k or "last_iterate" in k},
@@ -189,11 +206,17 @@ def main() -> None:
     parser.add_argument("--canaries", type=int, default=10_000)
     parser.add_argument("--ideal-seeds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--params",
+        type=Path,
+        default=REPO / "params.yaml",
+        help="--cost: the params file",
+    )
     args = parser.parse_args()
     if args.acceptance:
         print(json.dumps(acceptance(args.epsilon, args.canaries, args.ideal_seeds), indent=1))
     if args.cost:
-        print(json.dumps(cost(args.repeats), indent=1))
+        print(json.dumps(cost(args.repeats, args.params), indent=1))
 
 
 if __name__ == "__main__":

@@ -64,10 +64,43 @@ def _released_sums(mechanism: str, canary_scale: float, steps: int, ranks=None) 
     return sums
 
 
+def _watched_sums(
+    share: tuple[int, int],
+    ranks=None,
+    noise: float = 0.7,
+    canary: float = 0.25,
+) -> list[torch.Tensor]:
+    """Every step's ``last_watched`` (released sum, this rank's clipped sum) at all coordinates,
+    and the released sum, of an engine without updates (the model stays put) fed the rows
+    ``share`` of each batch."""
+    model, x, y = _data()
+    engine = BKEngine(
+        model,
+        None,
+        clip_norm=0.5,
+        noise_multiplier=noise,
+        normalizer=BATCH,
+        seed=3,
+        process_group=None if ranks is None else ranks.group,
+        canary_hook=lambda t: [torch.full_like(p, canary) for p in model.parameters()],
+    )
+    engine.watch(lambda tensors: torch.cat([t.reshape(-1) for t in tensors]))
+    out = []
+    for step in range(3):
+        rows = (torch.arange(*share) + step * BATCH) % ROWS
+        engine.backward(((model(x[rows]) - y[rows]) ** 2).sum(1))
+        engine.step()
+        released = torch.cat([s.reshape(-1) for s in engine.last_noisy_sum])
+        out.append(torch.stack([*engine.last_watched, released]))
+    engine.detach()
+    return out
+
+
 def _rank_checks(ranks) -> dict[str, object]:
     """Everything the 2-rank tests need from one spawn (a spawn costs seconds): the released sums under both
     mechanisms, and the refusal of ranks whose models differ."""
     outcome: dict[str, object] = {m: _released_sums(m, 0.25, 4, ranks) for m in ("identity", "banded")}
+    outcome["watched"] = _watched_sums(share_bounds(BATCH, ranks.rank, ranks.world_size), ranks)
     try:
         BKEngine(
             nn.Linear(4, 2 + ranks.rank),
@@ -94,6 +127,17 @@ def test_two_ranks_release_the_single_process_noisy_sum_with_noise_and_canary_on
         torch.testing.assert_close(b, a, **TOLERANCE)
     # an empty step releases exactly noise + canary: rank 0's alone, bit for bit (not twice, not rounded)
     assert torch.equal(alone[1], ranked[1])
+
+
+def test_rank_zero_watches_the_released_sum_and_its_own_clipped_sum(two_ranks):
+    """The one-run audit's record on rank 0 of 2: the released sum (all ranks, noise and canary
+    once) and rank 0's clipped sum alone (no noise, no canary), against single-process engines."""
+    alone = _watched_sums((0, BATCH))
+    own = _watched_sums(share_bounds(BATCH, 0, 2), noise=0.0, canary=0.0)  # rank 0's rows alone
+    for ranked, single, clipped in zip(two_ranks["watched"], alone, own):
+        assert torch.equal(ranked[0], ranked[2])  # watched = last_noisy_sum
+        torch.testing.assert_close(ranked[0], single[2], **TOLERANCE)
+        torch.testing.assert_close(ranked[1], clipped[2], **TOLERANCE)
 
 
 def test_ranks_with_different_models_are_refused_with_one_line(two_ranks):

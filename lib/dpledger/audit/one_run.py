@@ -7,23 +7,36 @@ the schedule's sampler places a real example
 shuffle one slot per epoch, balls-in-bins its bin, ...).
 
 Side copy (the released model is unchanged): after each ``engine.step()`` the train stage reads the
-canary coordinates of the released noisy sum g̃_t (``engine.last_noisy_sum``: clipped sum + the
-step's noise, after the data-parallel all-reduce) and the audit forms the observation g̃_t[j]/C +
-1{j in, placed at t}. That is exactly what an all-iterates adversary sees of coordinate j had the
-canary been one more example of the run, with the same noise draw, except for the canary's effect on
-later iterates (it would move weight j by lr·C/B when used, and so the later gradients of the real
-examples). ASSUMPTION: that effect is negligible; a canary on its own coordinate touches no other
-weight, and the audit does not model it. The real examples' clipped sums at j stay in the
-observation as interference, which costs power only.
+canary coordinates of the released noisy sum g̃_t (clipped sum + the step's noise, after the
+data-parallel all-reduce) and of the real examples' clipped sum s_t in it (gathered apart from the
+noise), both from ``engine.last_watched``. g̃_t[j]/C + 1{j in, placed at t}
+is exactly what an all-iterates adversary sees of coordinate j had the canary been one more example
+of the run, with the same noise draw, except for the canary's effect on later iterates (it would
+move weight j by lr·C/B when used, and so the later gradients of the real examples). ASSUMPTION:
+that effect is negligible; a canary on its own coordinate touches no other weight, and the audit
+does not model it.
+
+The adversary (ASSUMPTION, the one DP protects against): it knows every other record of the data
+set, the run's iterates and its batches, so it computes the real examples' clipped sum s_t itself
+and observes the residual (g̃_t[j] − s_t[j])/C + 1{j in, placed at t}: the noise as released plus
+the canary. This is valid: the canaries never enter the model, so the trajectory and every s_t are
+independent of the inclusion bits; the guarantee of each step holds whatever the other examples'
+gradients (the accountant's worst case fixes them), so removing them is post-processing with
+information independent of the bits, and the Steinke and f-DP bounds hold as for the raw sums.
+It is what makes the audit reach the ideal canaries: left in, the real gradients at a coordinate
+persist over steps and drown the canary's few uses (benchmarks/RESULTS.md, issue 28). s_t is
+measured as the buffer before the canary and the all-reduce minus the buffer right after the noise
+draw, not as the released sum minus the noise, so noise lost after its draw still shows. With data
+parallelism s_t is rank 0's share; the other ranks' stay in the residual as interference (less
+power, same validity).
 
 Scores (the adversary's side, memberships unknown): the exact log likelihood ratio of "in" vs "out"
 for the all-iterates observation of one coordinate under the sampler's law, at the noise std the
-observations show (:func:`measured_noise`; the claimed σ on an honest run, less on a run that
-cheats), with the other examples' contribution taken as 0 (:mod:`dpledger.audit.models`: per step
-log[(1 − q) + q·e^{(x − 1/2)/σ²}] summed for independent steps; the slot mixture per epoch for
-shuffling). A misspecified score (real interference, correlated noise) loses power but never
-validity: the bounds of :mod:`one_run_bounds` hold for any score computed from the observation
-alone.
+residuals show (:func:`measured_noise`; the claimed σ on an honest run, less on a run that
+cheats) (:mod:`dpledger.audit.models`: per step log[(1 − q) + q·e^{(x − 1/2)/σ²}] summed for
+independent steps; the slot mixture per epoch for shuffling). A misspecified score (correlated
+noise, leftover interference) loses power but never validity: the bounds of :mod:`one_run_bounds`
+hold for any score computed from the observation and information independent of the bits.
 """
 
 from __future__ import annotations
@@ -49,14 +62,15 @@ from dpledger.engine.canaries import (
 from dpledger.errors import DpledgerError, ParamsError
 from dpledger.sampling.schedule import Schedule
 
+ADVERSARY = "adversary knows the other records"  # the report's words for what the scores remove
 MAD_TO_STD = 1.482602218505602  # 1/Φ⁻¹(3/4): the median absolute deviation of N(0, s²) is s/1.4826
 
 
 def measured_noise(observation: np.ndarray) -> float:
     """The noise std the observations show (units of C): a median absolute deviation over all canary
     coordinates and steps, robust to the canaries' +1 in a fraction q/2 of them. A function of the
-    observation alone, so scoring at it keeps the bound valid; on an honest run it is the claimed σ
-    up to the interference, on a run with less noise it is what makes the scores sharp."""
+    observation alone, so scoring at it keeps the bound valid; on an honest run it is the claimed σ,
+    on a run with less noise it is what makes the scores sharp."""
     deviations = np.abs(observation - np.median(observation))
     return float(MAD_TO_STD * np.median(deviations))
 
@@ -97,9 +111,8 @@ class OneRunResult:
             "one_run_confidence": e.confidence,
             "one_run_canaries": e.canaries,
             "one_run_noise_measured": self.noise_measured,
-            "one_run_method": f"{e.bound} ({e.family}), {e.threshold}"
-            if e.bound == "fdp"
-            else f"steinke, {e.threshold}",
+            "one_run_method": (f"{e.bound} ({e.family})" if e.bound == "fdp" else "steinke")
+            + f", {e.threshold}, {ADVERSARY}",
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,9 +133,11 @@ def assumptions(correlated: bool) -> tuple[str, ...]:
         "One run, m gradient canaries C·e_j on distinct coordinates, each in with probability 1/2 (2305.08846).",
         "Side copy: the canary is added to the released noisy sums of its own coordinate, not to "
         "the model; its effect on later iterates is assumed negligible.",
-        "Scores: log likelihood ratio of one coordinate's noisy sums under the sampler's law at "
-        "the noise std measured from the observations (the claimed σ on an honest run); the other "
-        "examples' gradients at that coordinate are interference (less power, same validity).",
+        "Adversary: knows every other record (the standard DP adversary), so it removes the real "
+        "examples' clipped sum from each released coordinate; valid because the canaries never "
+        "enter the model, which makes those sums independent of the canaries' inclusion.",
+        "Scores: log likelihood ratio of one coordinate's residual sums under the sampler's law at "
+        "the noise std measured from them (the claimed σ on an honest run).",
     ]
     if correlated:
         lines.append(
@@ -145,17 +160,23 @@ def audit_one_run(
     split_fraction: float,
     correlated: bool,
 ) -> OneRunResult:
-    """ε_emp of the run from its recorded canary coordinates, scored at the noise std they show."""
-    raw = saved["raw"]
-    if raw.shape[0] != law.num_steps or not np.all(np.isfinite(raw)):
-        missing = int(np.count_nonzero(~np.isfinite(raw).all(axis=1)))
+    """ε_emp of the run from its recorded canary coordinates, less the real examples' clipped sums
+    there, scored at the noise std they show."""
+    if "real" not in saved:
         raise DpledgerError(
-            f"audit.one_run: {ARTIFACT} lacks {missing} of {law.num_steps} steps (or does not "
-            "match the schedule); re-run the train stage"
+            f"audit.one_run: {ARTIFACT} has no real examples' clipped sums (an older train "
+            "stage wrote it); re-run the train stage"
+        )
+    raw, real = saved["raw"], saved["real"]
+    whole = np.isfinite(raw).all(axis=1) & np.isfinite(real).all(axis=1)
+    if raw.shape[0] != law.num_steps or real.shape != raw.shape or not whole.all():
+        raise DpledgerError(
+            f"audit.one_run: {ARTIFACT} lacks {np.count_nonzero(~whole)} of {law.num_steps} "
+            "steps (or does not match the schedule); re-run the train stage"
         )
     included = saved["included"].astype(bool)
     placed = law.placed(int(saved["seed"]), included.size)
-    observation = observe(raw, included, placed)
+    observation = observe(raw, real, included, placed)
     measured = measured_noise(observation)
     scores = score(law, observation, measured)
     estimate = _estimate(scores, included, bound, delta, confidence, threshold, split_fraction)
@@ -188,7 +209,7 @@ def ideal_epsilon(
     included = rng.random(canaries) < 0.5
     raw = rng.standard_normal((law.num_steps, canaries)) * noise_multiplier
     placed = law.placed(seed, canaries)
-    observation = observe(raw, included, placed)
+    observation = observe(raw, np.zeros_like(raw), included, placed)
     scores = score(law, observation, measured_noise(observation))
     return _estimate(scores, included, bound, delta, confidence, threshold).epsilon
 

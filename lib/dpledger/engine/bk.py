@@ -241,6 +241,18 @@ class BKEngine:
         parameter; None before the first step and once the next step's ``backward`` has begun."""
         return self._sum.last()
 
+    def watch(self, select: Callable[[list[Tensor]], Tensor]) -> None:
+        """Keep each step's released noisy sum and clipped sum (this rank's: no noise, no canary)
+        at the coordinates ``select`` gathers from per-parameter tensors, as ``last_watched``
+        (``NoisySum.watch``; the one-run audit's record, engine/canaries.py)."""
+        self._sum.watch(select)
+
+    @property
+    def last_watched(self) -> Tensor | None:
+        """(2 × coordinates): the last step's released noisy sum and clipped sum at the watched
+        coordinates, in the units of ``last_noisy_sum``; None before a step or without ``watch``."""
+        return self._sum.last_watched
+
     def step(self, canary: Sequence[Tensor] | None = None) -> None:
         """Finish one logical step: (σ·R·z_t + clipped sum (+ canary)) / ``normalizer`` to the optimizer
         (with a process group: summed over the ranks first, by one all-reduce)."""

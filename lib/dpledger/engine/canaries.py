@@ -4,10 +4,12 @@ there.
 m canaries C·e_j on distinct coordinates j of the trainable parameters (drawn with a recorded seed),
 each "in" with probability 1/2, placed in steps exactly as the schedule's sampler places a real
 example (its :meth:`dpledger.sampling.base.BatchSampler.membership`). The recorder keeps, after each
-``engine.step()``, the canary coordinates of the released noisy sum (``engine.last_noisy_sum``,
-after the data-parallel all-reduce; rank 0 keeps them, as it alone adds the noise). The canaries
-never enter the model: :func:`observe` adds them to this side copy (see
-:mod:`dpledger.audit.one_run` for why that is the run's own observation). The audit stage reads
+``engine.step()``, the canary coordinates of the released noisy sum (after the data-parallel
+all-reduce; rank 0 keeps them, as it alone adds the noise) and of the real examples' clipped sum
+(rank 0's, measured apart from the noise): ``engine.last_watched``, gathered by the engine.
+The canaries never enter the model: :func:`observe` adds them to this side copy, after removing the
+real examples' clipped sum (the adversary knows the other records; see :mod:`dpledger.audit.one_run`
+for why that is the run's own observation and a valid audit). The audit stage reads
 ``canaries.npz``.
 """
 
@@ -119,17 +121,19 @@ class CanaryPlan:
 
 
 class CanaryRecorder:
-    """Reads the canary coordinates of each step's released noisy sum (units of the clip norm C)."""
+    """Reads the canary coordinates of each step's released noisy sum (``raw``) and of the real
+    examples' clipped sum in it (``real``), a row per step, units of the clip norm C."""
 
     def __init__(self, plan: CanaryPlan, engine: Any, num_steps: int, clip_norm: float) -> None:
         refuse_beyond_memory(
             f"audit.one_run.canaries = {plan.coordinates.size} observed over {num_steps} steps",
-            4 * plan.coordinates.size * num_steps,
+            8 * plan.coordinates.size * num_steps,
             "lower audit.one_run.canaries",
         )
         self.plan, self.engine, self.clip_norm = plan, engine, float(clip_norm)
         self._saved = 0  # rows kept on disk so far
-        self.raw = np.full((num_steps, plan.coordinates.size), np.nan, dtype=np.float32)  # a row per step
+        self.raw = np.full((num_steps, plan.coordinates.size), np.nan, dtype=np.float32)
+        self.real = np.full_like(self.raw, np.nan)
         sizes = np.array([p.numel() for p in engine.params], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)])
         owner = np.searchsorted(starts, plan.coordinates, side="right") - 1
@@ -138,16 +142,22 @@ class CanaryRecorder:
         self._gather = [
             (int(i), torch.from_numpy(plan.coordinates[owner == i] - starts[i]).to(device)) for i in np.unique(owner)
         ]
+        engine.watch(self.select)
+
+    def select(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The canary coordinates of per-parameter ``tensors`` (``engine.params`` order), in plan
+        order."""
+        parts = [torch.index_select(tensors[i].reshape(-1), 0, local) for i, local in self._gather]
+        return torch.cat(parts)
 
     def record(self, step: int) -> None:
-        """Keep the canary coordinates of the noisy sum the engine released at ``step``."""
-        released = self.engine.last_noisy_sum
-        if released is None:
+        """Keep the canary coordinates of the noisy sum the engine released at ``step`` and of the
+        real examples' clipped sum in it (one copy to the host)."""
+        watched = self.engine.last_watched
+        if watched is None:
             raise DpledgerError(f"audit.one_run: the engine released no noisy sum at step {step}")
-        with torch.no_grad():
-            values = torch.cat([torch.index_select(released[i].reshape(-1), 0, local) for i, local in self._gather])
-        self.raw[step] = values.float().cpu().numpy()
-        self.raw[step] /= self.clip_norm
+        rows = watched.float().cpu().numpy() / self.clip_norm
+        self.raw[step], self.real[step] = rows
 
     def save(self, folder: Path, key: str, steps_done: int) -> None:
         """Keep what was recorded up to ``steps_done``: at a checkpoint only the rows since the last
@@ -157,6 +167,7 @@ class CanaryRecorder:
             _write(
                 folder / ARTIFACT,
                 raw=self.raw,
+                real=self.real,
                 coordinates=self.plan.coordinates,
                 included=self.plan.included,
                 seed=np.array(self.plan.seed),
@@ -167,25 +178,30 @@ class CanaryRecorder:
                 part.unlink()
         elif steps_done > self._saved:
             name = f"{ARTIFACT.removesuffix('.npz')}.part-{self._saved:09d}-{steps_done:09d}.npz"
-            _write(folder / name, raw=self.raw[self._saved : steps_done], key=np.array(key))
+            rows = slice(self._saved, steps_done)
+            _write(folder / name, raw=self.raw[rows], real=self.real[rows], key=np.array(key))
         self._saved = steps_done
 
     def resume(self, folder: Path, key: str, steps_done: int) -> None:
         """Reload the rows before ``steps_done`` recorded by the same run (same ``key``): from the
-        whole record or from consecutive part files; rows not found stay missing (NaN)."""
+        whole record or from consecutive part files; rows not found stay missing (NaN), as do those
+        of a record without the real examples' clipped sums (an older version's)."""
         whole = folder / ARTIFACT
         if whole.exists():
             saved = load_observations(whole)
-            if str(saved["key"]) == key and saved["raw"].shape == self.raw.shape:
+            same = str(saved["key"]) == key and "real" in saved
+            if same and saved["raw"].shape == self.raw.shape:
                 self.raw[:steps_done] = saved["raw"][:steps_done]
+                self.real[:steps_done] = saved["real"][:steps_done]
                 self._saved = steps_done
                 return
         for part in sorted(folder.glob(PARTS)):
             start, end = (int(x) for x in part.name.removesuffix(".npz").split("-")[-2:])
             saved = load_observations(part)
-            if str(saved["key"]) != key or start != self._saved or end > steps_done:
+            other = str(saved["key"]) != key or "real" not in saved
+            if other or start != self._saved or end > steps_done:
                 continue
-            self.raw[start:end] = saved["raw"]
+            self.raw[start:end], self.real[start:end] = saved["raw"], saved["real"]
             self._saved = end
 
 
@@ -211,7 +227,15 @@ def load_observations(path: Path) -> dict[str, np.ndarray]:
         return {name: saved[name] for name in saved.files}
 
 
-def observe(raw: np.ndarray, included: np.ndarray, placed: np.ndarray) -> np.ndarray:
-    """The mechanism's side: (canaries × steps) observations, the raw coordinates (steps × canaries,
-    units of C) plus 1 (the canary C·e_j) where a canary is in and placed."""
-    return raw.T.astype(np.float64) + (included[:, None] & placed)
+def observe(
+    raw: np.ndarray,
+    real: np.ndarray,
+    included: np.ndarray,
+    placed: np.ndarray,
+) -> np.ndarray:
+    """(canaries × steps) observations: the released coordinates ``raw`` less the real examples'
+    clipped sum ``real`` there (both steps × canaries, units of C; the adversary knows the other
+    records, :mod:`dpledger.audit.one_run`), plus 1 (the canary C·e_j) where a canary is in and
+    placed."""
+    residual = raw.astype(np.float64) - real.astype(np.float64)
+    return residual.T + (included[:, None] & placed)

@@ -5,6 +5,8 @@ clipped sums are formed directly into it by book-keeping (aᵀ·diag(C)·b of ea
 instantiated gradients' weighted sums; :meth:`NoisySum.release` adds the canary, all-reduces it over the ranks
 and hands it to the optimizer as ``p.grad`` (views of the one buffer). It also counts the logical steps (the
 privacy ledger) and the real examples dropped for a non-finite norm. :func:`factors` are the clipping factors.
+:meth:`NoisySum.watch` keeps each step's released and clipped sums at a few coordinates (the one-run
+audit).
 """
 
 from __future__ import annotations
@@ -88,6 +90,19 @@ class NoisySum:
         self.nonfinite = torch.zeros((), dtype=torch.int64, device=reference.device)
         self.pending = False
         self.steps_taken = 0
+        self._select: Callable[[list[Tensor]], Tensor] | None = None
+        self._noise_watched: Tensor | None = None
+        self.last_watched: Tensor | None = None
+
+    def watch(self, select: Callable[[list[Tensor]], Tensor]) -> None:
+        """Keep, for each step, the released sum and this rank's clipped sum at the coordinates
+        ``select`` gathers from the per-parameter views: ``last_watched``, (2 × coordinates) in the
+        units of :meth:`last`, on the buffer's device (no host copy, and no parameter-sized copy as
+        :meth:`last` makes). The clipped sum is the buffer there just before the canary and the
+        all-reduce minus the buffer there right after the noise draw: two gathers, not released sum
+        minus noise, so a fault that alters the noise between its draw and the release still shows
+        in released sum minus it."""
+        self._select = select
 
     def drop(self, flat: Tensor, weights: Tensor | None) -> Tensor:
         """The rows whose factor is zero: a non-finite flat norm or weight 0; the real ones of the former counted."""
@@ -108,6 +123,8 @@ class NoisySum:
                 self.noise.draw_into(self.buffer, self.steps_taken, scale)
             else:
                 self.buffer.zero_()
+            if self._select is not None:
+                self._noise_watched = self._select(self.views)
             self.pending = True
         return self.buffer
 
@@ -157,12 +174,15 @@ class NoisySum:
         """Finish the step: add ``canary`` (rank 0 only), all-reduce, set each ``p.grad`` to its view, step
         ``optimizer``, count the step."""
         self._open()
+        clipped = None if self._select is None else self._select(self.views) - self._noise_watched
         if canary is not None:
             validators.check_canary(canary, len(self.params))
             for view, vector in zip(self.views, canary if self.adds_noise else ()):
                 view.add_(vector.reshape(view.shape).to(view.device, view.dtype), alpha=1 / self.normalizer)
         if self.ranks is not None:
             self.ranks.all_reduce(self.buffer)
+        if clipped is not None:
+            self.last_watched = torch.stack([self._select(self.views), clipped]) * self.normalizer
         for param, grad in zip(self.params, self.views):
             param.grad = grad
         if optimizer is not None:
