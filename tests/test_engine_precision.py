@@ -214,3 +214,12 @@ def test_fp16_autocast_in_an_evaluation_pass_is_left_alone():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
         assert model(_inputs()).dtype == torch.float16
     engine.detach()
+
+
+def test_a_training_pass_on_meta_tensors_is_not_mistaken_for_autocast():
+    """The autocast question has no answer on the meta device (torch raises): the check skips it."""
+    with torch.device("meta"):
+        model = _model()
+    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
+    assert model(torch.empty(B, T, D, device="meta")).device.type == "meta"
+    engine.detach()

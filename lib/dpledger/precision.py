@@ -42,6 +42,8 @@ def refuse_float16_autocast(where: str, device: torch.device | None = None) -> N
     float16 is on for ``device``'s type (any type when None). The engine cannot scale the loss: it clips the
     gradients of the loss it is given, so fp16 has no exact use here; bf16 (float32's range) has."""
     for device_type in (device.type,) if device is not None else AUTOCAST_DEVICES:
+        if not torch.amp.is_autocast_available(device_type):  # meta tensors: no autocast to ask about
+            continue
         if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.float16:
             raise Float16Error(f"engine: {where} runs under torch.autocast(dtype=torch.float16): {FLOAT16_ADVICE}")
 
