@@ -4,9 +4,9 @@
 cores against 2 spawned gloo ranks with half the cores each (each rank clips half of every batch; one
 all-reduce per step), and 1 process through the distributed path (world size 1, gloo) against without it.
 ``--device cuda``: one GPU through the distributed path (world size 1, nccl) against without it; the
-target is ≤ 1.03×. Each variant runs the train stage's step: forward, ``engine.backward`` on the rank's
-share, ``engine.step`` (the all-reduce), and the summed loss (one small all-reduce on the device, read back
-once at the end: ``pipeline/step_losses.py``).
+target is ≤ 1.03×. Each variant runs the train stage's step: forward, ``engine.backward`` on the
+rank's share, ``engine.step`` (the all-reduce), and the summed loss (one small all-reduce on the
+device, read back once at the end: ``pipeline/step_losses.py``).
 
 Run: ``python -m benchmarks.bench_distributed [--device cpu|cuda] [--steps N]``.
 """

@@ -1,6 +1,6 @@
-"""The generic rule's recomputation check, formed on the device (issue 30), decides exactly as the host check
-it replaces: finite entries within the dtype's tolerance of the largest finite saved entry, non-finite
-entries non-finite in both."""
+"""The generic rule's recomputation check, formed on the device (issue 30), decides exactly as the
+host check it replaces: finite entries within the dtype's tolerance of the largest finite saved
+entry, non-finite entries non-finite in both."""
 
 from __future__ import annotations
 
@@ -28,9 +28,11 @@ def _host_close(recomputed: torch.Tensor, saved: torch.Tensor) -> bool:
 def _cases(dtype: torch.dtype):
     generator = torch.Generator().manual_seed(0)
     for trial in range(200):
-        saved = (torch.randn(3, 5, generator=generator, dtype=torch.float64) * 10 ** (trial % 5 - 2)).to(dtype)
+        draw = torch.randn(3, 5, generator=generator, dtype=torch.float64)
+        saved = (draw * 10 ** (trial % 5 - 2)).to(dtype)
         step = 10 ** (-float(torch.randint(1, 9, (), generator=generator)))
-        recomputed = saved + step * torch.randn(3, 5, generator=generator, dtype=torch.float64).to(dtype)
+        noise = torch.randn(3, 5, generator=generator, dtype=torch.float64).to(dtype)
+        recomputed = saved + step * noise
         if trial % 4 == 1:  # the same non-finite entries in both
             saved[0, trial % 5] = recomputed[0, trial % 5] = float("nan")
             saved[2, 1] = recomputed[2, 1] = float("inf")

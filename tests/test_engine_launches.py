@@ -78,8 +78,8 @@ def _losses(model, ids):
 def count_step(
     model: torch.nn.Module | None = None, weights: torch.Tensor | None = None, poison: bool = False
 ) -> OpCounter:
-    """Launches and syncs of ``backward`` + ``step`` (after one warm-up step) of the engine on ``model``, by
-    default the tiny GPT-2."""
+    """Launches and syncs of ``backward`` + ``step`` (after one warm-up step) of the engine on
+    ``model``, by default the tiny GPT-2."""
     model = _gpt2() if model is None else model
     engine = BKEngine(
         model, make_optimizer("sgd", model.parameters(), 0.1), clip_norm=1.0, noise_multiplier=1.0, normalizer=4.0
@@ -114,7 +114,8 @@ LLAMA_GENERIC_CALLS = 9
 """The tiny Llama's RMSNorms (two per layer and the final one) use the generic rule."""
 LLAMA_LAUNCHES_BEFORE, LLAMA_SYNCS_BEFORE = 651, 27
 LLAMA_LAUNCH_BUDGET = 680
-"""The recomputation check formed on the device costs ~1 launch more per generic call than the host checks did."""
+"""The recomputation check formed on the device costs ~1 launch more per generic call than the
+host checks did."""
 
 
 def _llama() -> torch.nn.Module:
@@ -133,9 +134,10 @@ def _llama() -> torch.nn.Module:
 
 
 def test_the_generic_rule_checks_all_its_calls_in_one_host_sync_per_step():
-    """Before issue 30 each generic-rule call read its recomputation check back three times (torch.equal,
-    ``.any()``, ``bool``; on CUDA also two boolean-mask indexings): 27 syncs for the 9 RMSNorm calls of the
-    tiny Llama. The check is now formed on the device and read once for the whole backward pass."""
+    """Before issue 30 each generic-rule call read its recomputation check back three times
+    (torch.equal, ``.any()``, ``bool``; on CUDA also two boolean-mask indexings): 27 syncs for the 9
+    RMSNorm calls of the tiny Llama. The check is now formed on the device and read once for the
+    whole backward pass."""
     model = _llama()
     counter = count_step(model)
     assert list(counter.engine.layer_methods.values()).count("generic") == LLAMA_GENERIC_CALLS

@@ -177,15 +177,17 @@ class _AutocastInside(nn.Module):
 
 @pytest.mark.parametrize("inside", [False, True])
 def test_a_forward_pass_under_fp16_autocast_is_refused_in_one_line_naming_bf16(inside):
-    """fp16 without loss scaling underflows an LM head's ~1e-7 output gradients: the standalone API refuses it
-    as train.precision does (issue 30), before the backward pass (before any layer runs, for the caller's)."""
+    """fp16 without loss scaling underflows an LM head's ~1e-7 output gradients: the standalone API
+    refuses it as train.precision does (issue 30), before the backward pass (before any layer runs,
+    for the caller's)."""
     model = _AutocastInside().train() if inside else _model()
     engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
     with pytest.raises(Float16Error) as error:
         with contextlib.nullcontext() if inside else torch.autocast("cpu", dtype=torch.float16):
             model(_inputs())
     message = str(error.value)
-    assert "\n" not in message and "torch.autocast(dtype=torch.float16)" in message and "bfloat16" in message
+    assert "\n" not in message and "bfloat16" in message
+    assert "torch.autocast(dtype=torch.float16)" in message
     assert ("layer net.0 (Linear)" if inside else "forward pass of Sequential") in message
     engine.detach()
 

@@ -1,5 +1,5 @@
-"""The train loop's loss stays on the device (issue 30): no host sync per physical batch, one read per
-progress line or checkpoint, and the same numbers as the per-batch reads it replaces."""
+"""The train loop's loss stays on the device (issue 30): no host sync per physical batch, one read
+per progress line or checkpoint, and the same numbers as the per-batch reads it replaces."""
 
 from __future__ import annotations
 
@@ -27,7 +27,10 @@ def _setup():
     model = nn.Sequential(nn.Linear(D, 8), nn.Tanh(), nn.Linear(8, CLASSES)).train()
     engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=8.0)
     generator = torch.Generator().manual_seed(1)
-    x, y = torch.randn(N, D, generator=generator), torch.randint(0, CLASSES, (N,), generator=generator)
+    x, y = (
+        torch.randn(N, D, generator=generator),
+        torch.randint(0, CLASSES, (N,), generator=generator),
+    )
     return model, engine, x, y
 
 
@@ -39,12 +42,12 @@ def test_a_step_of_three_physical_batches_reads_nothing_back_and_sums_as_the_per
     expected = 0.0  # the old loop: one float() per physical batch, summed in Python
     with torch.no_grad():
         for lo in range(0, 10, 4):
-            expected += float(
-                (task.losses(model, x[rows[lo : lo + 4]], y[rows[lo : lo + 4]]) * weights[lo : lo + 4]).sum()
-            )
+            part = rows[lo : lo + 4]
+            expected += float((task.losses(model, x[part], y[part]) * weights[lo : lo + 4]).sum())
     counter = OpCounter()
     with counter:
-        loss_sum = _private_step(engine, task, model, x, y, rows, weights, 4, torch.device("cpu"), "fp32")
+        cpu = torch.device("cpu")
+        loss_sum = _private_step(engine, task, model, x, y, rows, weights, 4, cpu, "fp32")
     assert counter.syncs == 0, counter.ops
     assert loss_sum.dtype == torch.float64 and loss_sum.item() == expected
 
@@ -59,10 +62,12 @@ def test_step_losses_are_read_in_one_copy_with_the_old_means():
     counter = OpCounter()
     with counter:
         means = losses.read()
-    assert list(counter.ops) == ["aten.stack.default"], counter.ops  # then one .tolist(): one copy to the host
+    # one stack, then one .tolist(): one copy to the host
+    assert list(counter.ops) == ["aten.stack.default"], counter.ops
     assert losses.read() == []
     reals = [float((~schedule.batch(step)[1]).sum()) for step in range(schedule.num_steps)]
-    np.testing.assert_array_equal(means, [float(s) / r if r else float("nan") for s, r in zip(sums, reals)])
+    expected = [float(s) / r if r else float("nan") for s, r in zip(sums, reals)]
+    np.testing.assert_array_equal(means, expected)
 
 
 def test_the_progress_lines_ask_for_the_loss_only_where_they_show_it():

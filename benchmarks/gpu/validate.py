@@ -96,7 +96,7 @@ def exactness(args) -> None:
     device = _device(args.dry_run)
     result = {"float64_vs_naive": {}}
     names = ("gpt2",) if args.dry_run else tuple(hf.MODELS)
-    examples = 2 if args.dry_run else None  # the dry run: the same paths on two examples (still a batch)
+    examples = 2 if args.dry_run else None  # dry run: the same paths on two examples (a batch)
     for name in names:
         make = hf.MODELS[name]
         model, loss_fn, inputs, targets = make()
@@ -235,7 +235,7 @@ def bench(args) -> None:  # noqa: C901  (one linear benchmark script: set-up, th
             dp_optimizer.step()
             dp_optimizer.zero_grad(set_to_none=True)
 
-    warmup, timed = (0, 1) if args.dry_run else (3, 10)  # the dry run checks that a step runs, not its time
+    warmup, timed = (0, 1) if args.dry_run else (3, 10)  # dry run: that a step runs, not its time
     for _ in range(warmup):
         step()
     _sync(device)

@@ -34,13 +34,13 @@ from dpledger.precision import exactly
 BLOCK = 1 << 12
 MEMORY_VALUES = 1 << 22
 CUDA_MAX_VALUES = 1 << 28
-"""On CUDA a chunk may hold up to this many normals (1 GiB of float32) where free memory allows (issue 30):
-each chunk costs a host sync (the screen's survivors) and a few dozen launches, so 4M-value chunks left
-an H100 idle between them."""
+"""On CUDA a chunk may hold up to this many normals (1 GiB of float32) where free memory allows
+(issue 30): each chunk costs a host sync (the screen's survivors) and a few dozen launches, so
+4M-value chunks left an H100 idle between them."""
 CUDA_MEMORY_FRACTION = 0.25
 CUDA_BYTES_PER_VALUE = 32
-"""Bytes of device memory per normal in flight: the float32 normals and their concatenation, U, the LSE
-terms and their exponentials, a gathered kernel row (about 8 float32 values)."""
+"""Bytes of device memory per normal in flight: the float32 normals and their concatenation, U, the
+LSE terms and their exponentials, a gathered kernel row (about 8 float32 values)."""
 T = TypeVar("T")
 
 
@@ -146,8 +146,8 @@ class Draw:
 
 
 def chunk_rows(pair: DominatingPair, device: torch.device = torch.device("cpu")) -> int:
-    """Samples per chunk: whole blocks, at most :func:`chunk_values` normals in flight unless one block is
-    larger.
+    """Samples per chunk: whole blocks, at most :func:`chunk_values` normals in flight unless one
+    block is larger.
 
     Memory bound: a chunk holds rows × b × pieces float32 normals plus a few tensors of that size
     (U, the LSE arguments), so peak memory is O(max(values, BLOCK · b · pieces)) values whatever
@@ -158,13 +158,14 @@ def chunk_rows(pair: DominatingPair, device: torch.device = torch.device("cpu"))
 
 
 def chunk_values(device: torch.device) -> int:
-    """Normals one chunk may hold: MEMORY_VALUES on the CPU (cache-sized chunks are fastest there); on CUDA
-    a quarter of the free device memory at CUDA_BYTES_PER_VALUE each, between MEMORY_VALUES and
-    CUDA_MAX_VALUES. The results do not depend on it (samples are seeded per block)."""
+    """Normals one chunk may hold: MEMORY_VALUES on the CPU (cache-sized chunks are fastest there);
+    on CUDA a quarter of the free device memory at CUDA_BYTES_PER_VALUE each, between MEMORY_VALUES
+    and CUDA_MAX_VALUES. The results do not depend on it (samples are seeded per block)."""
     if device.type != "cuda":
         return MEMORY_VALUES
     free, _ = torch.cuda.mem_get_info(device)
-    return min(CUDA_MAX_VALUES, max(MEMORY_VALUES, int(free * CUDA_MEMORY_FRACTION) // CUDA_BYTES_PER_VALUE))
+    affordable = int(free * CUDA_MEMORY_FRACTION) // CUDA_BYTES_PER_VALUE
+    return min(CUDA_MAX_VALUES, max(MEMORY_VALUES, affordable))
 
 
 def _block(pair: DominatingPair, seed: int, block: int, piece: int, rows: int, device: torch.device) -> Draw:
@@ -195,7 +196,10 @@ def _block(pair: DominatingPair, seed: int, block: int, piece: int, rows: int, d
 
 
 def block_ranges(
-    samples: int, chunk: int | None, pair: DominatingPair, device: torch.device = torch.device("cpu")
+    samples: int,
+    chunk: int | None,
+    pair: DominatingPair,
+    device: torch.device = torch.device("cpu"),
 ) -> list[tuple[int, int]]:
     """[first, last) block ranges of the chunks: ``chunk`` samples rounded up to whole blocks (default
     :func:`chunk_rows` on ``device``)."""
@@ -437,9 +441,9 @@ def estimate_delta(
     Chunks (on the CPU one block by default: its tensors stay in cache, twice as fast as 32768-row chunks
     at b = 128; on CUDA :func:`chunk_rows`) run on ``workers`` threads (default :func:`worker_count`; the
     Philox fills and torch's kernels release the GIL), each with one chunk in flight, so memory is
-    ``workers`` × the bound of :func:`chunk_rows` (on CUDA up to a quarter of the free memory). Sums are kept
-    per block and added in block order, so the result does not depend on the chunk size or the number of
-    workers."""
+    ``workers`` × the bound of :func:`chunk_rows` (on CUDA up to a quarter of the free memory). Sums
+    are kept per block and added in block order, so the result does not depend on the chunk size or
+    the number of workers."""
     prepared = PreparedPair(pair, device)
     screen = Screen(prepared, sigma)
     ranges = block_ranges(samples, chunk or (BLOCK if device.type == "cpu" else None), pair, device)

@@ -202,8 +202,8 @@ class LayerNorms:
 
     @staticmethod
     def _generic_grads(call: GenericCall, batch: int, recorder: Recorder) -> generic.Recomputed:
-        """Per-example gradients of a generic-rule call (their check still on the device), or a refusal naming
-        its layer."""
+        """Per-example gradients of a generic-rule call (their check still on the device), or a
+        refusal naming its layer."""
         label = _label(call)
         if any(t._version != version for t, version in call.versions):
             raise UnsupportedLayerError(validators.in_place_message(label))
@@ -233,16 +233,16 @@ def _label(call: GenericCall) -> str:
 
 
 def _refuse_mismatches(checks: list[tuple[GenericCall, generic.Recomputed]]) -> None:
-    """Every generic-rule call's recomputed outputs matched the forward's, read in ONE host sync for the pass
-    (before any clipping); else the first mismatching layer is refused, naming it."""
+    """Every generic-rule call's recomputed outputs matched the forward's, read in ONE host sync for
+    the pass (before any clipping); else the first mismatching layer is refused, naming it."""
     flags = [recomputed.matches for _, recomputed in checks if recomputed.outputs]
     if not flags or bool(torch.cat(flags).all()):
         return
     for call, recomputed in checks:
         for output, match in zip(recomputed.outputs, recomputed.matches.tolist()):
             if not match:
-                message = generic.mismatch_message(output)
-                raise UnsupportedLayerError(f"engine: layer {_label(call)} cannot be trained privately: {message}")
+                reason = f"cannot be trained privately: {generic.mismatch_message(output)}"
+                raise UnsupportedLayerError(f"engine: layer {_label(call)} {reason}")
 
 
 def _refresh_changed_outputs(call: GenericCall) -> None:

@@ -11,12 +11,13 @@ from tqdm import tqdm
 LINES = 10
 """Plain lines per run when stderr is not a terminal (plus one at the end)."""
 BAR_LOSSES = 100
-"""Loss updates of the terminal bar per run: each is a device-to-host read of the loss (StepLosses)."""
+"""Loss updates of the terminal bar per run: each is a device-to-host read of the loss
+(StepLosses)."""
 
 
 class Progress:
-    """Steps ``initial..total`` of a run; ``update`` after each step with the ε spent so far and its loss,
-    which is needed (read from the device) only where :meth:`shows_loss` says so."""
+    """Steps ``initial..total`` of a run; ``update`` after each step with the ε spent so far and its
+    loss, which is needed (read from the device) only where :meth:`shows_loss` says so."""
 
     def __init__(self, total: int, initial: int, *, enabled: bool = True, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stderr
@@ -28,11 +29,13 @@ class Progress:
         self.every = max(1, (total - initial) // (LINES if self.bar is None else BAR_LOSSES))
 
     def shows_loss(self, done: int) -> bool:
-        """Whether the update after step ``done`` shows the loss: at every ``every``-th step and the last."""
+        """Whether the update after step ``done`` shows the loss: at every ``every``-th step and the
+        last."""
         return self.enabled and (done % self.every == 0 or done == self.total)
 
     def update(self, loss: float | None, epsilon: float) -> None:
-        """After each step; ``loss`` (None where not read) is shown where :meth:`shows_loss` said so."""
+        """After each step; ``loss`` (None where not read) is shown where :meth:`shows_loss` said
+        so."""
         self.done += 1
         if not self.enabled:
             return

@@ -214,8 +214,9 @@ def _private_step(
     device: torch.device,
     precision: str,
 ) -> torch.Tensor:
-    """One DP-SGD step over the batch ``rows`` (in physical chunks); returns the batch's summed loss, a float64
-    scalar left on the device (read back by ``StepLosses``: no host sync per physical batch)."""
+    """One DP-SGD step over the batch ``rows`` (in physical chunks); returns the batch's summed
+    loss, a float64 scalar left on the device (read back by ``StepLosses``: no host sync per
+    physical batch)."""
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     chunk = physical or max(len(rows), 1)
     for lo in range(0, len(rows), chunk):
@@ -291,7 +292,8 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
         real = batches.real_rows(step)
         examples += int(real)
         step_losses.add(loss_sum, real)
-        reads = saves or bar.shows_loss(done)  # one device-to-host copy for the steps since the last read
+        # one device-to-host copy of the losses of the steps since the last read
+        reads = saves or bar.shows_loss(done)
         history["loss"] += step_losses.read() if reads else []
         history["epsilon"].append(epsilon_spent(record, step + 1))
         if epoch_end:

@@ -13,9 +13,10 @@ Batch layout: each input and output tensor is batched along the module's batch d
 says ``batch_first=False``, as torch's RNNs and MultiheadAttention; RNN hidden states always along 1) when its
 size there is B, and otherwise shared by all examples (masks, position ids). The recomputed outputs must equal
 the ones the forward pass produced: a module that mixes examples, or whose layout is not the one assumed, is
-refused naming it rather than given a wrong gradient. That check is formed on the device (:attr:`Recomputed.matches`)
-and read by the engine once for all generic-rule calls of a backward pass, before any clipping (issue 30: it
-was three host syncs per call, about 325 per step of a 32-layer Llama).
+refused naming it rather than given a wrong gradient. That check is formed on the device
+(:attr:`Recomputed.matches`) and read by the engine once for all generic-rule calls of a backward
+pass, before any clipping (issue 30: it was three host syncs per call, about 325 per step of a
+32-layer Llama).
 """
 
 from __future__ import annotations
@@ -70,9 +71,10 @@ class GenericRuleError(Exception):
 
 @dataclass
 class Recomputed:
-    """Per-example gradients of one call, {parameter path: (B, *shape)}, and for each output the recomputation
-    was checked on (``outputs``, flattened indices) whether it matched the forward's: ``matches``, a bool device
-    tensor, read by the caller (:func:`mismatch_message`) so that many calls cost one host sync."""
+    """Per-example gradients of one call, {parameter path: (B, *shape)}, and for each output the
+    recomputation was checked on (``outputs``, flattened indices) whether it matched the forward's:
+    ``matches``, a bool device tensor, read by the caller (:func:`mismatch_message`) so that many
+    calls cost one host sync."""
 
     grads: dict[str, Tensor]
     outputs: list[int]
@@ -81,8 +83,8 @@ class Recomputed:
 
 def mismatch_message(output: int) -> str:
     return (
-        f"recomputing output {output} one example at a time does not give the batch's output, so the layer mixes "
-        "examples or its inputs are not batch-first"
+        f"recomputing output {output} one example at a time does not give the batch's output, "
+        "so the layer mixes examples or its inputs are not batch-first"
     )
 
 
@@ -155,8 +157,8 @@ def per_example_grads(
     out_grads: list[Tensor | None],
     batch: int,
 ) -> Recomputed:
-    """Per-example gradients of ``params`` (paths relative to ``module``) from the saved call, and whether the
-    recomputed outputs match the saved ones (on the device: :class:`Recomputed`).
+    """Per-example gradients of ``params`` (paths relative to ``module``) from the saved call, and
+    whether the recomputed outputs match the saved ones (on the device: :class:`Recomputed`).
 
     ``layout``: :func:`layout_of` the call; ``outputs``/``out_grads``: the forward's flattened output
     tensors and their gradients (None where the output got none or is not a floating tensor)."""
@@ -219,10 +221,10 @@ def batch_outputs(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
 
 
 def close(recomputed: Tensor, saved: Tensor) -> Tensor:
-    """Same up to rounding, as a 0-dim bool tensor on the device (no host sync): relative 1e-6 in float64,
-    1e-3 in float32, 3e-2 in half precision, of the largest finite saved entry (at least 1). Non-finite entries
-    must be non-finite in both (an example with a NaN input is then dropped by the engine, not mistaken for a
-    layer that mixes examples)."""
+    """Same up to rounding, as a 0-dim bool tensor on the device (no host sync): relative 1e-6 in
+    float64, 1e-3 in float32, 3e-2 in half precision, of the largest finite saved entry (at least
+    1). Non-finite entries must be non-finite in both (an example with a NaN input is then dropped
+    by the engine, not mistaken for a layer that mixes examples)."""
     if not saved.numel():
         return torch.ones((), dtype=torch.bool, device=saved.device)
     recomputed = recomputed.to(saved.dtype)
