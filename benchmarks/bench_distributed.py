@@ -4,8 +4,9 @@
 cores against 2 spawned gloo ranks with half the cores each (each rank clips half of every batch; one
 all-reduce per step), and 1 process through the distributed path (world size 1, gloo) against without it.
 ``--device cuda``: one GPU through the distributed path (world size 1, nccl) against without it; the
-target is ≤ 1.03×. Each variant runs the train stage's step: forward, ``engine.backward`` on the rank's
-share, ``engine.step`` (the all-reduce), and the summed loss (one small all-reduce).
+target is ≤ 1.03×. Each variant runs the train stage's step: forward, ``engine.backward`` on the
+rank's share, ``engine.step`` (the all-reduce), and the summed loss (one small all-reduce on the
+device, read back once at the end: ``pipeline/step_losses.py``).
 
 Run: ``python -m benchmarks.bench_distributed [--device cpu|cuda] [--steps N]``.
 """
@@ -24,6 +25,7 @@ from torch import nn
 from dpledger.engine import BKEngine
 from dpledger.engine.distributed import share_bounds
 from dpledger.pipeline.distributed import SINGLE, Ranks, spawn_ranks
+from dpledger.pipeline.step_losses import StepLosses
 
 BATCH, FEATURES, CLASSES, WARMUP = 256, 784, 10, 3
 
@@ -48,7 +50,7 @@ def _steps(steps: int, device_name: str, ranks: Ranks = SINGLE) -> list[float]:
     x = torch.randn(BATCH * 4, FEATURES, generator=generator).to(device)
     y = torch.randint(0, CLASSES, (BATCH * 4,), generator=generator).to(device)
     lo, hi = share_bounds(BATCH, ranks.rank, ranks.world_size)
-    times = []
+    times, step_losses = [], StepLosses(ranks)
     for step in range(WARMUP + steps):
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -57,10 +59,11 @@ def _steps(steps: int, device_name: str, ranks: Ranks = SINGLE) -> list[float]:
         losses = F.cross_entropy(model(x[rows]), y[rows], reduction="none")
         engine.backward(losses)
         engine.step()
-        ranks.total([float(losses.detach().sum()), float(hi - lo)], device)
+        step_losses.add(losses.detach().sum().double(), float(BATCH))
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - started)
+    step_losses.read()  # as the train stage does at a progress line: one copy for the pending steps
     return times[WARMUP:]
 
 

@@ -338,3 +338,31 @@ def test_the_float32_screen_and_the_bounds_never_run_under_the_callers_tf32(monk
         for leaf, value in zip(leaves, saved):
             leaf.fp32_precision = value
     assert len(seen) == 2 and not any(seen)
+
+
+@pytest.mark.parametrize(
+    "free,values",
+    [
+        (80 << 30, mc.CUDA_MAX_VALUES),  # an H100: capped
+        (2 << 30, (2 << 30) // 4 // mc.CUDA_BYTES_PER_VALUE),  # a quarter of what is free
+        (1 << 20, mc.MEMORY_VALUES),  # never below the CPU's chunks
+    ],
+)
+def test_cuda_chunks_grow_with_free_memory_at_the_same_estimate(monkeypatch, free, values):
+    """Issue 30: 4M-value chunks left a GPU idle between host syncs; CUDA now takes up to a quarter
+    of its free memory. The estimate is the same, bit for bit, at any chunk size (blocks are seeded
+    alone): checked on the CPU with the chunk size CUDA would take."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 << 30))
+    pair = mc.fixed_bins_pair(coefficients("banded", banded_params(4), 48), 12, 48)
+    cuda = torch.device("cuda")
+    assert mc.chunk_values(cuda) == values
+    assert mc.chunk_values(torch.device("cpu")) == mc.MEMORY_VALUES
+    rows = mc.chunk_rows(pair, cuda)
+    assert rows % mc.BLOCK == 0
+    assert rows * pair.bins <= values < (rows + mc.BLOCK) * pair.bins
+    samples = 5 * mc.BLOCK + 123
+    assert mc.block_ranges(samples, None, pair, cuda) == [(0, 6)]
+    whole = mc.estimate_delta(pair, 2.0, 1.0, samples, seed=4, chunk=rows, workers=1)
+    blockwise = mc.estimate_delta(pair, 2.0, 1.0, samples, seed=4, chunk=mc.BLOCK, workers=1)
+    assert (whole.delta_remove, whole.delta_add) == (blockwise.delta_remove, blockwise.delta_add)
+    assert whole.stderr == pytest.approx(blockwise.stderr, rel=1e-12)

@@ -287,12 +287,11 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
     [
         ("cpu", torch.bfloat16),
         pytest.param("cuda", torch.bfloat16, marks=[pytest.mark.gpu, CUDA]),
-        pytest.param("cuda", torch.float16, marks=[pytest.mark.gpu, CUDA]),
     ],
 )
 def test_gpt2_and_llama_under_half_precision_autocast_are_within_five_percent(device, dtype):
-    """The forward pass in bf16/fp16 (8 or 11 mantissa bits), norms in float32: the stated tolerance is 5e-2
-    relative against the float32 naive loop."""
+    """The forward pass in bf16 (8 mantissa bits), norms in float32: the stated tolerance is 5e-2
+    relative against the float32 naive loop (fp16 is refused: test_engine_precision.py)."""
     for name in ("gpt2", "llama"):
         model, loss_fn, inputs, targets = MODELS[name]()
         model, inputs, targets = model.to(device).train(), inputs.to(device), targets.to(device)

@@ -28,7 +28,14 @@ LAUNCHES_BEFORE, SYNCS_BEFORE = 1764, 1
 LAUNCH_BUDGET = LAUNCHES_BEFORE // 2
 WEIGHTS_EXTRA = 8
 """Padding weights cost a few launches of (B,) vectors: the weighted loss, the masks of weight-0 rows."""
-SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.item", "aten.masked_select", "aten.is_nonzero")
+SYNC_OPS = (
+    "aten._local_scalar_dense",
+    "aten.nonzero",
+    "aten.item",
+    "aten.masked_select",
+    "aten.is_nonzero",
+    "aten.equal",
+)
 VOCAB, B, T = 64, 4, 16
 
 
@@ -68,9 +75,12 @@ def _losses(model, ids):
     return F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none").sum(1)
 
 
-def count_step(weights: torch.Tensor | None = None, poison: bool = False) -> OpCounter:
-    """Launches and syncs of ``backward`` + ``step`` (after one warm-up step) of the engine on the tiny GPT-2."""
-    model = _gpt2()
+def count_step(
+    model: torch.nn.Module | None = None, weights: torch.Tensor | None = None, poison: bool = False
+) -> OpCounter:
+    """Launches and syncs of ``backward`` + ``step`` (after one warm-up step) of the engine on
+    ``model``, by default the tiny GPT-2."""
+    model = _gpt2() if model is None else model
     engine = BKEngine(
         model, make_optimizer("sgd", model.parameters(), 0.1), clip_norm=1.0, noise_multiplier=1.0, normalizer=4.0
     )
@@ -98,6 +108,41 @@ def test_padding_weights_and_a_dropped_example_add_no_sync():
     assert counter.syncs == 0 and counter.launches <= LAUNCH_BUDGET + WEIGHTS_EXTRA
     assert counter.engine.nonfinite_examples == 1
     assert all(torch.isfinite(p).all() for p in counter.engine.params)
+
+
+LLAMA_GENERIC_CALLS = 9
+"""The tiny Llama's RMSNorms (two per layer and the final one) use the generic rule."""
+LLAMA_LAUNCHES_BEFORE, LLAMA_SYNCS_BEFORE = 651, 27
+LLAMA_LAUNCH_BUDGET = 680
+"""The recomputation check formed on the device costs ~1 launch more per generic call than the
+host checks did."""
+
+
+def _llama() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        attn_implementation="eager",
+    )
+    return transformers.LlamaForCausalLM(config).train()
+
+
+def test_the_generic_rule_checks_all_its_calls_in_one_host_sync_per_step():
+    """Before issue 30 each generic-rule call read its recomputation check back three times
+    (torch.equal, ``.any()``, ``bool``; on CUDA also two boolean-mask indexings): 27 syncs for the 9
+    RMSNorm calls of the tiny Llama. The check is now formed on the device and read once for the
+    whole backward pass."""
+    model = _llama()
+    counter = count_step(model)
+    assert list(counter.engine.layer_methods.values()).count("generic") == LLAMA_GENERIC_CALLS
+    assert counter.syncs <= 1, [op for op in counter.ops if op.startswith(SYNC_OPS)]
+    assert counter.launches <= LLAMA_LAUNCH_BUDGET, (counter.launches, counter.ops.most_common(20))
 
 
 def test_cuda_noise_comes_in_few_large_draws_and_the_cpu_stream_keeps_its_chunks():

@@ -8,6 +8,8 @@ the float32 result (to float32 rounding), not one computed in bf16/fp16.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -15,7 +17,7 @@ from torch import nn
 from dpledger.engine import BKEngine
 from dpledger.engine.layers import linear
 from dpledger.errors import ParamsError
-from dpledger.precision import exact, tf32_enabled
+from dpledger.precision import Float16Error, exact, tf32_enabled
 
 B, T, D = 3, 8, 64
 
@@ -159,3 +161,67 @@ def test_a_model_split_over_devices_is_refused_when_the_engine_is_built():
     with pytest.raises(ParamsError) as error:
         BKEngine(model, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0)
     assert "\n" not in str(error.value) and "meta" in str(error.value) and "cpu" in str(error.value)
+
+
+class _AutocastInside(nn.Module):
+    """A model that enters fp16 autocast itself: only its layers' hooks can see it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.float16):
+            return self.net(x)
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_forward_pass_under_fp16_autocast_is_refused_in_one_line_naming_bf16(inside):
+    """fp16 without loss scaling underflows an LM head's ~1e-7 output gradients: the standalone API
+    refuses it as train.precision does (issue 30), before the backward pass (before any layer runs,
+    for the caller's)."""
+    model = _AutocastInside().train() if inside else _model()
+    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
+    with pytest.raises(Float16Error) as error:
+        with contextlib.nullcontext() if inside else torch.autocast("cpu", dtype=torch.float16):
+            model(_inputs())
+    message = str(error.value)
+    assert "\n" not in message and "bfloat16" in message
+    assert "torch.autocast(dtype=torch.float16)" in message
+    assert ("layer net.0 (Linear)" if inside else "forward pass of Sequential") in message
+    engine.detach()
+
+
+def test_a_float16_model_is_refused_naming_its_first_layer():
+    model = _model().half()
+    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
+    with pytest.raises(Float16Error) as error:
+        model(_inputs().half())
+    assert "layer 0 (Linear)" in str(error.value) and "bfloat16" in str(error.value)
+    engine.detach()
+
+
+def test_bf16_autocast_in_the_forward_pass_still_trains():
+    model = _model()
+    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        losses = model(_inputs()).float().square().sum((1, 2))
+    norms = engine.private_step(losses)
+    assert torch.isfinite(norms).all() and all(torch.isfinite(p.grad).all() for p in engine.params)
+
+
+def test_fp16_autocast_in_an_evaluation_pass_is_left_alone():
+    model = _model()
+    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        assert model(_inputs()).dtype == torch.float16
+    engine.detach()
+
+
+def test_a_training_pass_on_meta_tensors_is_not_mistaken_for_autocast():
+    """The autocast question has no answer on the meta device (torch raises): the check skips it."""
+    with torch.device("meta"):
+        model = _model()
+    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
+    assert model(torch.empty(B, T, D, device="meta")).device.type == "meta"
+    engine.detach()

@@ -25,7 +25,9 @@ def test_the_driver_parses_and_every_step_is_a_subcommand():
 
 @pytest.mark.slow
 def test_the_dry_run_writes_every_result_and_they_pass(tmp_path):
-    """About 2 CPU-minutes (a dozen Python processes: each bench method alone, the stages, torchrun)."""
+    """About 2 CPU-minutes, most of it the start-up of some 16 Python processes (each bench method
+    alone, the stages, torchrun); the steps themselves run on two examples, tiny models and no
+    untimed warm-up."""
     env = {**os.environ, "PYTHON": sys.executable}
     done = subprocess.run(
         [str(REPO / "benchmarks/gpu/run.sh"), str(tmp_path), "--dry-run"],

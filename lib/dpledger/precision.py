@@ -8,8 +8,9 @@ the backward pass, so the engine's Grams and clipped sums, computed in tensor ho
 bits, so a norm and the clipped sum it scales round differently (an example can exceed R by about 1e-3),
 and Monte Carlo's float32 screen, whose rounding margin assumes 2⁻²⁴, could rule out samples it must not.
 
-:func:`exact` switches both off for the code it wraps and restores the caller's settings afterwards; the
-model's own forward and backward keep whatever the caller chose.
+:func:`exact` switches both off for the code it wraps and restores the caller's settings afterwards;
+the model's own forward and backward keep whatever the caller chose, except float16
+(:func:`refuse_float16`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,44 @@ from typing import Callable, Iterator, TypeVar
 
 import torch
 
+from dpledger.errors import DpledgerError
+
 T = TypeVar("T")
 AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+class Float16Error(DpledgerError):
+    """Training in float16: without loss scaling, small output gradients underflow to zero."""
+
+
+FLOAT16_ADVICE = (
+    "without loss scaling its output gradients (about 1e-7 at an LM head of 50k tokens) "
+    "underflow to zero and training silently learns little; use torch.bfloat16 (or float32)"
+)
+
+
+def refuse_float16_autocast(where: str, device: torch.device | None = None) -> None:
+    """Raise :class:`Float16Error` (``where`` names the model or layer) when ``torch.autocast`` with
+    dtype float16 is on for ``device``'s type (any type when None). The engine cannot scale the
+    loss: it clips the gradients of the loss it is given, so fp16 has no exact use here; bf16
+    (float32's range) has."""
+    for device_type in (device.type,) if device is not None else AUTOCAST_DEVICES:
+        if not torch.amp.is_autocast_available(device_type):  # meta: no autocast to ask about
+            continue
+        if not torch.is_autocast_enabled(device_type):
+            continue
+        if torch.get_autocast_dtype(device_type) == torch.float16:
+            setting = "torch.autocast(dtype=torch.float16)"
+            raise Float16Error(f"engine: {where} runs under {setting}: {FLOAT16_ADVICE}")
+
+
+def refuse_float16(where: str, output: torch.Tensor) -> None:
+    """:func:`refuse_float16_autocast` on ``output``'s device, and a float16 ``output`` (a float16
+    model)."""
+    refuse_float16_autocast(where, output.device)
+    if output.dtype == torch.float16:
+        message = f"engine: {where} computes in float16 (a float16 model): {FLOAT16_ADVICE}"
+        raise Float16Error(message)
 
 
 def _leaves() -> list[object]:

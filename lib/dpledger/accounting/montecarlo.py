@@ -32,6 +32,14 @@ from dpledger.precision import exactly
 
 BLOCK = 1 << 12
 MEMORY_VALUES = 1 << 22
+CUDA_MAX_VALUES = 1 << 28
+"""On CUDA a chunk may hold up to this many normals (1 GiB of float32) where free memory allows
+(issue 30): each chunk costs a host sync (the screen's survivors) and a few dozen launches, so
+4M-value chunks left an H100 idle between them."""
+CUDA_MEMORY_FRACTION = 0.25
+CUDA_BYTES_PER_VALUE = 32
+"""Bytes of device memory per normal in flight: the float32 normals and their concatenation, U, the
+LSE terms and their exponentials, a gathered kernel row (about 8 float32 values)."""
 T = TypeVar("T")
 
 
@@ -119,15 +127,27 @@ class Draw:
     normals: torch.Tensor
 
 
-def chunk_rows(pair: DominatingPair) -> int:
-    """Samples per chunk: whole blocks, at most MEMORY_VALUES normals in flight unless one block is larger.
+def chunk_rows(pair: DominatingPair, device: torch.device = torch.device("cpu")) -> int:
+    """Samples per chunk: whole blocks, at most :func:`chunk_values` normals in flight unless one
+    block is larger.
 
     Memory bound: a chunk holds rows × b × pieces float32 normals plus a few tensors of that size
-    (U, the LSE arguments), so peak memory is O(max(MEMORY_VALUES, BLOCK · b · pieces)) values whatever
+    (U, the LSE arguments), so peak memory is O(max(values, BLOCK · b · pieces)) values whatever
     the sample count; pieces = 1 for fixed bins, E for redrawn bins.
     """
     per_row = pair.bins * len(pair.grams)
-    return BLOCK * max(1, MEMORY_VALUES // (BLOCK * per_row))
+    return BLOCK * max(1, chunk_values(device) // (BLOCK * per_row))
+
+
+def chunk_values(device: torch.device) -> int:
+    """Normals one chunk may hold: MEMORY_VALUES on the CPU (cache-sized chunks are fastest there);
+    on CUDA a quarter of the free device memory at CUDA_BYTES_PER_VALUE each, between MEMORY_VALUES
+    and CUDA_MAX_VALUES. The results do not depend on it (samples are seeded per block)."""
+    if device.type != "cuda":
+        return MEMORY_VALUES
+    free, _ = torch.cuda.mem_get_info(device)
+    affordable = int(free * CUDA_MEMORY_FRACTION) // CUDA_BYTES_PER_VALUE
+    return min(CUDA_MAX_VALUES, max(MEMORY_VALUES, affordable))
 
 
 def _block(pair: DominatingPair, seed: int, block: int, piece: int, rows: int, device: torch.device) -> Draw:
@@ -157,10 +177,15 @@ def _block(pair: DominatingPair, seed: int, block: int, piece: int, rows: int, d
     return Draw(torch.from_numpy(rng.integers(0, pair.bins, rows)), torch.from_numpy(normals.reshape(rows, pair.bins)))
 
 
-def block_ranges(samples: int, chunk: int | None, pair: DominatingPair) -> list[tuple[int, int]]:
+def block_ranges(
+    samples: int,
+    chunk: int | None,
+    pair: DominatingPair,
+    device: torch.device = torch.device("cpu"),
+) -> list[tuple[int, int]]:
     """[first, last) block ranges of the chunks: ``chunk`` samples rounded up to whole blocks (default
-    :func:`chunk_rows`)."""
-    per_chunk = max(1, math.ceil((chunk or chunk_rows(pair)) / BLOCK))
+    :func:`chunk_rows` on ``device``)."""
+    per_chunk = max(1, math.ceil((chunk or chunk_rows(pair, device)) / BLOCK))
     blocks = math.ceil(samples / BLOCK)
     return [(first, min(first + per_chunk, blocks)) for first in range(0, blocks, per_chunk)]
 
@@ -183,7 +208,7 @@ def draws(
 
     Samples come in blocks of BLOCK seeded independently (:func:`_block`); a chunk is a run of whole
     blocks (:func:`block_ranges`)."""
-    for blocks in block_ranges(samples, chunk, pair):
+    for blocks in block_ranges(samples, chunk, pair, device):
         yield draw_chunk(pair, samples, seed, blocks, device)
 
 
@@ -398,11 +423,12 @@ def estimate_delta(
     Chunks (on the CPU one block by default: its tensors stay in cache, twice as fast as 32768-row chunks
     at b = 128; on CUDA :func:`chunk_rows`) run on ``workers`` threads (default :func:`worker_count`; the
     Philox fills and torch's kernels release the GIL), each with one chunk in flight, so memory is
-    ``workers`` × the bound of :func:`chunk_rows`. Sums are kept per block and added in block order, so
-    the result does not depend on the chunk size or the number of workers."""
+    ``workers`` × the bound of :func:`chunk_rows` (on CUDA up to a quarter of the free memory). Sums
+    are kept per block and added in block order, so the result does not depend on the chunk size or
+    the number of workers."""
     prepared = PreparedPair(pair, device)
     screen = Screen(prepared, sigma)
-    ranges = block_ranges(samples, chunk or (BLOCK if device.type == "cpu" else None), pair)
+    ranges = block_ranges(samples, chunk or (BLOCK if device.type == "cpu" else None), pair, device)
     workers = min(workers or worker_count(device), len(ranges))
 
     def run(blocks: tuple[int, int]) -> np.ndarray:

@@ -103,10 +103,14 @@ class LayerNorms:
             for first in range(len(factors)):
                 for second in range(first + 1, len(factors)):
                     state.norm_sq[key] = state.norm_sq[key] + 2 * ghost_dot(factors[first], factors[second])
+        checks = []
         for call in state.generic_calls:
             self.layer_methods[call.name] = GENERIC
-            for attr, grads in self._generic_grads(call, state.batch, recorder).items():
+            recomputed = self._generic_grads(call, state.batch, recorder)
+            for attr, grads in recomputed.grads.items():
                 _add_to(state.per_example, id(call.params[attr]), grads)
+            checks.append((call, recomputed))
+        _refuse_mismatches(checks)
 
     @staticmethod
     def flat(state: Pass, dtype: torch.dtype, groups: int, like: Tensor) -> tuple[Packed | None, Tensor]:
@@ -197,9 +201,10 @@ class LayerNorms:
         call.activations, call.backprops = kept if ghost else (None, None)
 
     @staticmethod
-    def _generic_grads(call: GenericCall, batch: int, recorder: Recorder) -> dict[str, Tensor]:
-        """Per-example gradients of a generic-rule call, or a refusal naming its layer."""
-        label = f"{call.name} ({type(call.module).__name__})"
+    def _generic_grads(call: GenericCall, batch: int, recorder: Recorder) -> generic.Recomputed:
+        """Per-example gradients of a generic-rule call (their check still on the device), or a
+        refusal naming its layer."""
+        label = _label(call)
         if any(t._version != version for t, version in call.versions):
             raise UnsupportedLayerError(validators.in_place_message(label))
         recorder.recomputing = True
@@ -221,6 +226,23 @@ class LayerNorms:
             ) from error
         finally:
             recorder.recomputing = False
+
+
+def _label(call: GenericCall) -> str:
+    return f"{call.name} ({type(call.module).__name__})"
+
+
+def _refuse_mismatches(checks: list[tuple[GenericCall, generic.Recomputed]]) -> None:
+    """Every generic-rule call's recomputed outputs matched the forward's, read in ONE host sync for
+    the pass (before any clipping); else the first mismatching layer is refused, naming it."""
+    flags = [recomputed.matches for _, recomputed in checks if recomputed.outputs]
+    if not flags or bool(torch.cat(flags).all()):
+        return
+    for call, recomputed in checks:
+        for output, match in zip(recomputed.outputs, recomputed.matches.tolist()):
+            if not match:
+                reason = f"cannot be trained privately: {generic.mismatch_message(output)}"
+                raise UnsupportedLayerError(f"engine: layer {_label(call)} {reason}")
 
 
 def _refresh_changed_outputs(call: GenericCall) -> None:

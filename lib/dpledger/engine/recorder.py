@@ -7,7 +7,8 @@ hangs off a zero-dimensional "origin" leaf so the backward graph reaches every l
 §3.2). A size-1 batch dimension is broadcast to the batch so each example gets its own gradient; (T, B, ...)
 inputs and (B·k)-row inputs are reshaped batch-first for the rules. The first training pass of the model
 also runs the guards of ``validators.py`` (parameters used outside their layers); every training pass
-refuses layers whose forward changes the model from the data.
+refuses layers whose forward changes the model from the data, and float16
+(``precision.refuse_float16``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dpledger.engine import capture, validators
 from dpledger.engine.layers import LayerRule, generic
 from dpledger.engine.owners import GENERIC, Layout
 from dpledger.engine.validators import UnsupportedLayerError
+from dpledger.precision import refuse_float16, refuse_float16_autocast
 
 
 @dataclass
@@ -164,6 +166,9 @@ class Recorder:
         )
         self.model_batch = None if first is None else first.shape[0]
         self.row_sources = {}
+        if torch.is_grad_enabled() and self.model.training:  # fp16 autocast: refused at once
+            where = f"the training forward pass of {type(model).__name__}"
+            refuse_float16_autocast(where, None if first is None else first.device)
 
     def _broadcast(self, tensor: Tensor, dim: int, name: str) -> Tensor:
         """A tensor of size 1 along the batch dimension ``dim`` while the batch has B > 1 examples (BERT's
@@ -193,6 +198,9 @@ class Recorder:
         if self.recomputing or not torch.is_grad_enabled() or not self.model.training:
             return None
         name, rule = self.layout.module_names[id(module)], self.layout.rules[id(module)]
+        for leaf in tree_flatten(output)[0]:  # a float16 model, or autocast entered inside it
+            if isinstance(leaf, Tensor):
+                refuse_float16(f"layer {name} ({type(module).__name__})", leaf)
         if rule == GENERIC:
             return self._record_generic(name, module, args, kwargs, output)
         inputs = args[0] if args else next(iter(kwargs.values()), None)

@@ -42,3 +42,8 @@ class DeviceBatches:
         rows = slice(lo + first, lo + last)
         real = float((~self.schedule.padding[rows]).sum())
         return self.indices[rows], self.weights[rows], real
+
+    def real_rows(self, step: int) -> float:
+        """The real (non-padding) rows of step ``step`` over all ranks, from the host copy."""
+        lo, hi = int(self.schedule.offsets[step]), int(self.schedule.offsets[step + 1])
+        return float((~self.schedule.padding[lo:hi]).sum())

@@ -60,14 +60,6 @@ class Ranks:
         torch.cuda.set_device(local)
         return local
 
-    def total(self, values: list[float], device: torch.device) -> list[float]:
-        """The sums of per-rank numbers over all ranks (float64; the values themselves alone)."""
-        if self.group is None:
-            return values
-        summed = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(summed, group=self.group)
-        return summed.tolist()
-
     def check_same_start(self, steps_done: int, model: torch.nn.Module, device: torch.device) -> None:
         """Refuse ranks that start (or resume) from different checkpoints: steps and parameters must agree."""
         if self.group is None:

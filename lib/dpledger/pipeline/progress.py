@@ -10,28 +10,40 @@ from tqdm import tqdm
 
 LINES = 10
 """Plain lines per run when stderr is not a terminal (plus one at the end)."""
+BAR_LOSSES = 100
+"""Loss updates of the terminal bar per run: each is a device-to-host read of the loss
+(StepLosses)."""
 
 
 class Progress:
-    """Steps ``initial..total`` of a run; ``update`` after each step with its loss and the ε spent so far."""
+    """Steps ``initial..total`` of a run; ``update`` after each step with the ε spent so far and its
+    loss, which is needed (read from the device) only where :meth:`shows_loss` says so."""
 
     def __init__(self, total: int, initial: int, *, enabled: bool = True, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stderr
         self.total, self.done = total, initial
         self.enabled = enabled and total > initial
-        self.every = max(1, (total - initial) // LINES)
         self.bar = None
         if self.enabled and self.stream.isatty():
             self.bar = tqdm(total=total, initial=initial, desc="train", unit="step", file=self.stream)
+        self.every = max(1, (total - initial) // (LINES if self.bar is None else BAR_LOSSES))
 
-    def update(self, loss: float, epsilon: float) -> None:
+    def shows_loss(self, done: int) -> bool:
+        """Whether the update after step ``done`` shows the loss: at every ``every``-th step and the
+        last."""
+        return self.enabled and (done % self.every == 0 or done == self.total)
+
+    def update(self, loss: float | None, epsilon: float) -> None:
+        """After each step; ``loss`` (None where not read) is shown where :meth:`shows_loss` said
+        so."""
         self.done += 1
         if not self.enabled:
             return
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4g}", epsilon=f"{epsilon:.3g}", refresh=False)
+            if loss is not None:
+                self.bar.set_postfix(loss=f"{loss:.4g}", epsilon=f"{epsilon:.3g}", refresh=False)
             self.bar.update(1)
-        elif self.done % self.every == 0 or self.done == self.total:
+        elif loss is not None and self.shows_loss(self.done):
             percent = 100 * self.done / self.total
             print(
                 f"train: step {self.done}/{self.total} ({percent:.0f} %), loss {loss:.4g}, ε spent {epsilon:.3g}",

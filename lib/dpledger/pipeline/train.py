@@ -49,6 +49,7 @@ from dpledger.pipeline.batches import DeviceBatches
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.pipeline.progress import Progress
 from dpledger.pipeline.self_check import check_before_training, to_metrics
+from dpledger.pipeline.step_losses import StepLosses
 from dpledger.plugins import plugin_source
 from dpledger.sampling.guard import SamplerCheck, check_schedule
 from dpledger.sampling.schedule import Schedule
@@ -212,16 +213,18 @@ def _private_step(
     physical: int | None,
     device: torch.device,
     precision: str,
-) -> float:
-    """One DP-SGD step over the batch ``rows`` (in physical chunks); returns the batch's summed loss."""
-    loss_sum = 0.0
+) -> torch.Tensor:
+    """One DP-SGD step over the batch ``rows`` (in physical chunks); returns the batch's summed
+    loss, a float64 scalar left on the device (read back by ``StepLosses``: no host sync per
+    physical batch)."""
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     chunk = physical or max(len(rows), 1)
     for lo in range(0, len(rows), chunk):
         part, part_weights = rows[lo : lo + chunk], weights[lo : lo + chunk]
         with autocast(device, precision):
             losses = task.losses(model, x[part], y[part])
         engine.backward(losses, part_weights)
-        loss_sum += float((losses.detach() * part_weights).sum())
+        loss_sum += (losses.detach() * part_weights).sum().double()
     engine.step()
     return loss_sum
 
@@ -272,8 +275,9 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     bar = Progress(schedule.num_steps, ledger.steps_done, enabled=ranks.writes)
     state = state_snapshot(model, optimizer)  # buffers and frozen parameters: checked after a step, before saving
     batches = DeviceBatches.upload(schedule, ranks, device)
+    step_losses = StepLosses(ranks)
     for step in range(ledger.steps_done, schedule.num_steps):
-        rows, weights, real = batches.batch(step)
+        rows, weights, _ = batches.batch(step)
         loss_sum = _private_step(
             engine, task, model, x_train, y_train, rows, weights, tp.physical_batch_size, device, tp.precision
         )
@@ -285,9 +289,12 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
             check_state_unchanged(model, optimizer, state)
         if canaries:
             canaries.record(step)
-        loss_sum, real = ranks.total([loss_sum, real], device)
+        real = batches.real_rows(step)
         examples += int(real)
-        history["loss"].append(loss_sum / real if real else float("nan"))
+        step_losses.add(loss_sum, real)
+        # one device-to-host copy of the losses of the steps since the last read
+        reads = saves or bar.shows_loss(done)
+        history["loss"] += step_losses.read() if reads else []
         history["epsilon"].append(epsilon_spent(record, step + 1))
         if epoch_end:
             _evaluate(history, done, task, model, (x_train, y_train, x_test, y_test))
@@ -305,7 +312,7 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
             save_checkpoint(checkpoint_path, ledger, model, optimizer, scheduler)
             if canaries:
                 canaries.save(root / OUT, key, done)
-        bar.update(history["loss"][-1], history["epsilon"][-1])
+        bar.update(history["loss"][-1] if reads else None, history["epsilon"][-1])
     bar.close()
     if not ranks.writes:
         return {}
