@@ -43,7 +43,7 @@ bench: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m benchmarks.run_all
 
 lm: setup
-	PATH="$(abspath $(BIN)):$$PATH" dvc exp run -n lm $(LM_SET)
+	PATH="$(abspath $(BIN)):$$PATH" dvc exp run --temp -n lm $(LM_SET)
 
 lm-stages: setup  # the same without DVC: each stage in order with the example's params file
 	$(BIN)/python -m stages.prepare --out examples/lm/data

@@ -270,3 +270,14 @@ def test_makefile_overrides_and_the_example_params_file_agree():
     assert data_dir == "examples/lm/data"  # the LM's files live in the folder its stages depend on
     for path in (example["data"]["path"], example["data"]["tokenizer"], example["train"]["model_options"]["path"]):
         assert path.startswith(data_dir + "/")
+
+
+def test_make_lm_runs_its_experiment_outside_the_workspace():
+    """`dvc exp run` without --temp (or --queue) writes LM_SET's overrides into params.yaml and
+    dvc-vars.yaml and leaves the experiment's dvc.lock and outputs in the workspace; --temp runs it in a
+    temporary copy, so `make lm` leaves the checkout as it was (the results stay in `dvc exp show`)."""
+    from byo_helpers import REPO
+
+    recipe = (REPO / "Makefile").read_text().split("\nlm:", 1)[1].split("\n\n", 1)[0]
+    commands = [line for line in recipe.splitlines() if "dvc exp run" in line]
+    assert len(commands) == 1 and "--temp" in commands[0].split(), commands
