@@ -13,10 +13,11 @@ PYTEST_ARGS ?=
 # examples/lm/dvc.yaml's prepare stage upstream of the pipeline.
 LM_SET := -S dvc-vars.yaml:data_dir=examples/lm/data \
 	-S data.name=text -S data.path=examples/lm/data/corpus.jsonl -S data.test_fraction=0.1 \
-	-S data.tokenizer=examples/lm/data/model -S data.max_length=48 -S batching.batch_size=32 -S batching.epochs=3 \
+	-S data.tokenizer=examples/lm/data/model -S data.max_length=32 -S batching.batch_size=256 \
+	-S batching.epochs=8 -S calibrate.epsilon=8.0 \
 	-S 'calibrate.group_sizes=[1,2]' -S calibrate.table_discretization=0.01 -S train.model=hf \
-	-S +train.model_options.path=examples/lm/data/model -S train.task=causal-lm -S train.lr=0.01 \
-	-S train.optimizer=adam -S verify.model=train
+	-S +train.model_options.path=examples/lm/data/model -S train.task=causal-lm -S train.lr=0.02 \
+	-S train.optimizer=adamw -S train.lr_schedule=linear -S train.warmup_steps=5 -S verify.model=train
 
 $(BIN)/python:
 	python3 -m venv $(VENV)
@@ -43,7 +44,7 @@ bench: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m benchmarks.run_all
 
 lm: setup
-	PATH="$(abspath $(BIN)):$$PATH" dvc exp run -n lm $(LM_SET)
+	PATH="$(abspath $(BIN)):$$PATH" dvc exp run --temp -n lm $(LM_SET)
 
 lm-stages: setup  # the same without DVC: each stage in order with the example's params file
 	$(BIN)/python -m stages.prepare --out examples/lm/data

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from dpledger.data.example_lm import ARCHITECTURES, write_example
+from dpledger.data.example_lm import ARCHITECTURES, EXAMPLE, write_example
 from dpledger.quiet import quiet_third_party
 
 
@@ -18,7 +18,7 @@ def main(
     if architecture not in ARCHITECTURES:
         raise typer.BadParameter(f"allowed values are {', '.join(ARCHITECTURES)}", param_hint="--architecture")
     with quiet_third_party("prepare"):
-        write_example(out, architecture=architecture)
+        write_example(out, architecture=architecture, **EXAMPLE)
 
 
 if __name__ == "__main__":

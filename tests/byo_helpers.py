@@ -53,3 +53,35 @@ def text_project(root: Path, *, train_size: int, data: dict, train: dict, epochs
     params["train"] = {**params["train"], **train}
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     return root / "params.yaml"
+
+
+def lm_project(
+    root: Path,
+    lm: Path,
+    data: dict | None = None,
+    *,
+    lr: float = 0.003,
+    optimizer: str = "adam",
+    checkpoint_every: int = 1,
+    **train,
+) -> Path:
+    """params.yaml training the tiny GPT-2 of ``tiny_lm`` on its own corpus (causal LM, texts cut at 32
+    tokens, a fifth held out), with ``data`` and ``train`` merged in; the project as ``text_project``."""
+    data = {
+        "name": "text",
+        "path": str(lm / "corpus.jsonl"),
+        "tokenizer": str(lm / "model"),
+        "max_length": 32,
+        **(data or {}),
+    }
+    options = {
+        "model": "hf",
+        "task": "causal-lm",
+        "model_options": {"path": str(lm / "model")},
+        "lr": lr,
+        "optimizer": optimizer,
+        "checkpoint_every": checkpoint_every,
+        **train,
+    }
+    size = len((lm / "corpus.jsonl").read_text().splitlines())
+    return text_project(root, train_size=size - max(1, round(0.2 * size)), data=data, train=options)

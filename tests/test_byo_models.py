@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from byo_helpers import text_project, tiny_lm, write_labelled
+from byo_helpers import lm_project, text_project, tiny_lm, write_labelled
 from dpledger.data.text import PAD
 from dpledger.errors import ParamsError
 from dpledger.models.tasks import Task
@@ -37,29 +37,8 @@ def lm(tmp_path_factory) -> Path:
     return tiny_lm(tmp_path_factory.mktemp("byo"))
 
 
-def _lm_project(root: Path, lm: Path, data: dict | None = None, **train) -> Path:
-    data = {
-        "name": "text",
-        "path": str(lm / "corpus.jsonl"),
-        "tokenizer": str(lm / "model"),
-        "max_length": 32,
-        **(data or {}),
-    }
-    options = {
-        "model": "hf",
-        "task": "causal-lm",
-        "model_options": {"path": str(lm / "model")},
-        "lr": 0.003,
-        "optimizer": "adam",
-        "checkpoint_every": 1,
-        **train,
-    }
-    size = len((lm / "corpus.jsonl").read_text().splitlines())
-    return text_project(root, train_size=size - max(1, round(0.2 * size)), data=data, train=options)
-
-
 def test_hf_checkpoint_with_its_tokenizer_trains_through_the_pipeline_on_text(tmp_path, lm):
-    params = _lm_project(tmp_path, lm)
+    params = lm_project(tmp_path, lm)
     metrics = run_stage("train", params, tmp_path)
     assert metrics["steps_done"] == metrics["steps_total"] > 0
     assert math.isfinite(metrics["test_perplexity"]) and metrics["test_perplexity"] > 1
@@ -81,7 +60,7 @@ def test_gpt_neox_causal_lm_from_a_config_trains_through_the_pipeline(tmp_path, 
         "vocab_size": 300,
         "max_position_embeddings": 32,
     }
-    params = _lm_project(tmp_path, lm, model_options={"config": config, "init": "random"})
+    params = lm_project(tmp_path, lm, model_options={"config": config, "init": "random"})
     metrics = run_stage("train", params, tmp_path)
     assert metrics["steps_done"] == metrics["steps_total"] > 0 and math.isfinite(metrics["test_perplexity"])
 
@@ -92,8 +71,8 @@ def test_lm_example_trains_on_cuda_in_bf16(tmp_path, lm):
     """The train stage on CUDA with bf16 autocast: token ids and masks on the device, norms in float32,
     the same ledger as on the CPU (steps, ε spent, σ) and a test perplexity within 25 % of the CPU run's
     (the noise draws differ: Philox on the CPU, torch's generator on CUDA)."""
-    cpu = run_stage("train", _lm_project(tmp_path / "cpu", lm, device="cpu"), tmp_path / "cpu")
-    cuda = run_stage("train", _lm_project(tmp_path / "cuda", lm, device="cuda", precision="bf16"), tmp_path / "cuda")
+    cpu = run_stage("train", lm_project(tmp_path / "cpu", lm, device="cpu"), tmp_path / "cpu")
+    cuda = run_stage("train", lm_project(tmp_path / "cuda", lm, device="cuda", precision="bf16"), tmp_path / "cuda")
     for key in ("steps_done", "steps_total", "epsilon_spent", "noise_multiplier"):
         assert cuda[key] == cpu[key], key
     assert math.isfinite(cuda["test_loss"]) and not cuda["loss_diverged"] and cuda["nonfinite_examples"] == 0
@@ -150,7 +129,7 @@ def test_bad_hf_or_text_input_is_one_line_and_writes_nothing(tmp_path, lm, case)
         "task": ({}, {"task": "sequence-classification"}, r"data.label_field is invalid"),
     }
     data, train, match = edits[case]
-    _refused(tmp_path, _lm_project(tmp_path, lm, data, **train), match)
+    _refused(tmp_path, lm_project(tmp_path, lm, data, **train), match)
 
 
 def test_labels_outside_the_model_classes_are_refused(tmp_path, lm):
@@ -238,7 +217,7 @@ def test_kill_9_lm_run_then_rerun_ends_with_the_same_ledger(tmp_path, lm):
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     for root in (killed, clean):
         root.mkdir()
-        _lm_project(root, lm)
+        lm_project(root, lm)
     command = [sys.executable, "-m", "stages.train", "--params", "params.yaml", "--root", "."]
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'lib'}:{REPO}"}
     process = subprocess.Popen(command, cwd=killed, env=env, stderr=subprocess.DEVNULL)
@@ -291,3 +270,14 @@ def test_makefile_overrides_and_the_example_params_file_agree():
     assert data_dir == "examples/lm/data"  # the LM's files live in the folder its stages depend on
     for path in (example["data"]["path"], example["data"]["tokenizer"], example["train"]["model_options"]["path"]):
         assert path.startswith(data_dir + "/")
+
+
+def test_make_lm_runs_its_experiment_outside_the_workspace():
+    """`dvc exp run` without --temp (or --queue) writes LM_SET's overrides into params.yaml and
+    dvc-vars.yaml and leaves the experiment's dvc.lock and outputs in the workspace; --temp runs it in a
+    temporary copy, so `make lm` leaves the checkout as it was (the results stay in `dvc exp show`)."""
+    from byo_helpers import REPO
+
+    recipe = (REPO / "Makefile").read_text().split("\nlm:", 1)[1].split("\n\n", 1)[0]
+    commands = [line for line in recipe.splitlines() if "dvc exp run" in line]
+    assert len(commands) == 1 and "--temp" in commands[0].split(), commands

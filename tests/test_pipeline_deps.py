@@ -64,3 +64,14 @@ def test_the_training_fingerprint_covers_every_library_file_the_train_stage_impo
     assert missing == [], f"a change to {missing} would not restart a resumed training run"
     noise_generator = REPO / "lib/dpledger/philox_normal.py"  # left engine/ once, and was missed
     assert noise_generator.resolve() in code
+
+
+def test_every_stage_param_is_a_params_yaml_section_whatever_the_data_dir():
+    """A stage's ``params`` name sections of params.yaml, never a path: the report listed ``${data_dir}``,
+    which is the section ``data`` only while dvc-vars.yaml's data_dir is ``data``; with the LM example's
+    ``examples/lm/data`` (make lm) DVC stopped with "Parameters 'examples/lm/data' are missing"."""
+    sections = set(yaml.safe_load((REPO / "params.yaml").read_text()))
+    for name, stage in STAGES.items():
+        for param in stage.get("params", []):
+            assert isinstance(param, str) and "${" not in param, (name, param)
+            assert param.split(".")[0] in sections, (name, param)

@@ -14,7 +14,7 @@ import yaml
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from byo_helpers import text_project, tiny_lm
+from byo_helpers import lm_project, tiny_lm
 from dpledger.accounting.accountants import get_accountant
 from dpledger.engine.checkpoint import Ledger
 from dpledger.models.model_card import CardFacts, model_card
@@ -32,23 +32,8 @@ def lm(tmp_path_factory) -> Path:
 
 
 def _lm_run(root: Path, lm: Path, **train) -> Path:
-    """Train the tiny GPT-2 on its corpus through the train stage; returns ``root``."""
-    data = {
-        "name": "text",
-        "path": str(lm / "corpus.jsonl"),
-        "tokenizer": str(lm / "model"),
-        "max_length": 32,
-    }
-    options = {
-        "model": "hf",
-        "task": "causal-lm",
-        "model_options": {"path": str(lm / "model")},
-        **train,
-    }
-    size = len((lm / "corpus.jsonl").read_text().splitlines())
-    train_size = size - max(1, round(0.2 * size))
-    params = text_project(root, train_size=train_size, data=data, train=options)
-    run_stage("train", params, root)
+    """Train the tiny GPT-2 on its corpus through the train stage (``lm_project``); returns ``root``."""
+    run_stage("train", lm_project(root, lm, **train), root)
     return root
 
 
@@ -120,7 +105,7 @@ def test_a_published_adapter_given_as_model_path_continues_from_its_weights(lm, 
 
 
 def test_full_fine_tuning_publishes_a_transformers_checkpoint_with_its_tokenizer(lm, tmp_path):
-    root = _lm_run(tmp_path, lm, optimizer="adam", lr=0.003)
+    root = _lm_run(tmp_path, lm)
     folder = root / PUBLISHED
     model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
     trained = torch.load(root / "artifacts/train/model.pt", weights_only=True)

@@ -4,37 +4,14 @@
 
 from __future__ import annotations
 
-import json
-import re
-from pathlib import Path
-
 import pytest
-import yaml
 
 from dpledger.data.example_sentiment import write_example
-from dpledger.pipeline import run_stage
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def readme_recipe() -> dict:
-    """The YAML block of the README between ``<!-- recipe:sentiment -->`` and its closing marker."""
-    text = (REPO / "README.md").read_text()
-    block = re.search(r"<!-- recipe:sentiment -->\s*```yaml\n(.*?)```\s*<!-- /recipe:sentiment -->", text, re.S)
-    assert block, "README.md lost its recipe:sentiment block"
-    return yaml.safe_load(block.group(1))
-
-
-def merged(base: dict, override: dict) -> dict:
-    """``base`` with ``override``'s keys replaced, nested mappings merged key by key."""
-    both = {**base, **override}
-    return {
-        k: merged(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v for k, v in both.items()
-    }
+from recipe_helpers import readme_recipe, run_recipe
 
 
 def test_the_recipe_is_valid_params_at_epsilon_8():
-    recipe = readme_recipe()
+    recipe = readme_recipe("sentiment")
     assert recipe["calibrate"]["epsilon"] == 8
     assert recipe["data"]["path"].startswith("data/") and recipe["train"]["model"] == "hf"
 
@@ -43,11 +20,7 @@ def test_the_recipe_is_valid_params_at_epsilon_8():
 def test_readme_sentiment_recipe_beats_its_majority_baseline_by_20_points_at_epsilon_8(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write_example("data/sentiment")  # the README's generation command
-    params = merged(yaml.safe_load((REPO / "params.yaml").read_text()), readme_recipe())
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    for stage in ("calibrate", "schedule", "train"):
-        run_stage(stage, tmp_path / "params.yaml", tmp_path)
-    metrics = json.loads((tmp_path / "metrics/train.json").read_text())
+    metrics = run_recipe(tmp_path, readme_recipe("sentiment"))
     assert metrics["epsilon_spent"] <= 8.0 + 1e-9
     assert metrics["test_accuracy"] >= metrics["baseline_accuracy"] + 0.20, metrics
     assert metrics["predicted_classes"] == 2

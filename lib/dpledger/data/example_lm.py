@@ -34,6 +34,16 @@ weight with the ghost norm's cross terms; GPT-NeoX has an untied head. Dropout i
 make the verify battery's σ = 0 tests on this model (``verify.model: train``) random."""
 
 
+WIDTH_KEYS = {"gpt2": "n_embd", "gpt-neox": "hidden_size"}
+
+EXAMPLE = {"max_chars": 500_000, "vocab_size": 300, "width": 32}
+"""The bundled example's sizes (``stages.prepare``, examples/lm): all of pydoc's topics (about 465 000
+characters, 3 089 texts), a 300-token byte-level vocabulary (the 256 bytes and 43 merges) and width 32.
+Measured with examples/lm/params.yaml at ε = 8 (benchmarks/RESULTS.md, issue 29): test perplexity 54.9
+against a unigram 71.1 after 8 epochs; 4 epochs stayed near the unigram perplexity with 300 tokens (69.6
+against 71.1) and with 512 (202 against 199). A narrower model means less noise in total (σ·R·√d/B)."""
+
+
 def corpus_texts(max_chars: int = 120_000, chunk_chars: int = 240) -> list[str]:
     """Paragraphs of the pydoc topics (sorted by topic), whitespace-normalised, cut into pieces of at most
     ``chunk_chars`` characters at word boundaries, until ``max_chars`` characters."""
@@ -86,9 +96,13 @@ def write_example(
     vocab_size: int = 512,
     max_positions: int = 128,
     seed: int = 0,
+    width: int | None = None,
 ) -> None:
     """Write ``folder/corpus.jsonl`` (one ``{"text": ...}`` a line) and ``folder/model/`` (tokenizer, config
-    and random-init weights, all with ``save_pretrained``)."""
+    and random-init weights, all with ``save_pretrained``). ``width`` (default: the architecture's) sets the
+    hidden size and ``initializer_range`` = 1/√width: transformers' default 0.02 is sized for width 768, and
+    at width 32–64 it shrinks the gradient at every layer, so under DP noise the model learns nothing
+    (README "Does it learn?")."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -101,6 +115,11 @@ def write_example(
         "eos_token_id": tokenizer.eos_token_id,
     }
     spec["n_positions" if architecture == "gpt2" else "max_position_embeddings"] = max_positions
+    if width is not None:
+        spec[WIDTH_KEYS[architecture]] = width
+        spec["initializer_range"] = width**-0.5
+        if architecture == "gpt-neox":
+            spec["intermediate_size"] = 4 * width
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**spec), trust_remote_code=False)
     with io.atomic_dir(folder) as tmp:
