@@ -40,7 +40,8 @@ set: API documentation, a style apart from pydoc's language-reference topics (th
 PRETRAIN = {"steps": 300, "batch_size": 64, "lr": 3e-3, "warmup_steps": 20, "max_length": 32}
 """Non-private pretraining of the public base: AdamW, linear warm-up then linear decay to 0, random
 batches of the public texts cut to ``max_length`` tokens (the LM example's ``data.max_length``).
-300 steps took 267 s on the shared 2-core machine (train loss 2.87: perplexity 17.6, public text)."""
+300 steps: 10 s on the shared 2-core machine at load ~1, 267 s under a heavier load; train loss
+2.87 (perplexity 17.6 on the public text)."""
 
 
 def text_pieces(paragraphs: list[str], chunk_chars: int = 240) -> list[str]:
