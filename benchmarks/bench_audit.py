@@ -1,7 +1,9 @@
-"""Audit benchmarks: generation speed against a plain numpy baseline, and the issue's acceptance settings.
+"""Audit benchmarks: generation speed against a plain numpy baseline, and the issue's acceptance
+settings.
 
     python -m benchmarks.bench_audit                 # speed (shuffle, T = 100, E = 1), about 30 s
-    python -m benchmarks.bench_audit --acceptance    # ε_emp at 10⁷ observations, Poisson repeats, bugs
+    python -m benchmarks.bench_audit --acceptance    # ε_emp at 10⁷ observations, Poisson repeats,
+    bugs
 
 The baseline is the direct implementation of the score (float64 normals, scipy logsumexp per
 hypothesis, one thread), measured in the same run so machine load affects both sides.
@@ -54,7 +56,14 @@ def speed(games: int) -> dict[str, float]:
     return rows
 
 
-def audit(sampler: str, sigma: float, observations: int, steps: int = STEPS, batch_size: int = 1, **options) -> dict:
+def audit(
+    sampler: str,
+    sigma: float,
+    observations: int,
+    steps: int = STEPS,
+    batch_size: int = 1,
+    **options,
+) -> dict:
     config = BgmAudit(
         sampler,
         dataset_size=steps * batch_size,
@@ -68,7 +77,10 @@ def audit(sampler: str, sigma: float, observations: int, steps: int = STEPS, bat
     )
     result, _ = audit_bgm(config)
     summary = result.summary()
-    return {key: summary[key] for key in ("epsilon_emp", "epsilon_claimed", "verdict", "observations", "wall_time_s")}
+    return {
+        key: summary[key]
+        for key in ("epsilon_emp", "epsilon_claimed", "verdict", "observations", "wall_time_s")
+    }
 
 
 def sigma_for_poisson_epsilon(target: float, steps: int, batch_size: int) -> float:
@@ -88,7 +100,9 @@ def sigma_for_poisson_epsilon(target: float, steps: int, batch_size: int) -> flo
     return high
 
 
-def acceptance(observations: int, repeats: int, poisson_observations: int, bug_observations: int) -> dict:
+def acceptance(
+    observations: int, repeats: int, poisson_observations: int, bug_observations: int
+) -> dict:
     out: dict = {"shuffle": {s: audit("shuffle", s, observations) for s in (0.5, 1.0, 1.5)}}
     poisson_run = BgmAudit(
         "poisson",
@@ -117,7 +131,9 @@ def acceptance(observations: int, repeats: int, poisson_observations: int, bug_o
             "partial-shuffle K=1000": audit(
                 "partial-shuffle", sigma, bug_observations, batch_size=100, buffer_size=1000
             )["epsilon_emp"],
-            "batch-then-shuffle": audit("batch-then-shuffle", sigma, bug_observations, batch_size=100)["epsilon_emp"],
+            "batch-then-shuffle": audit(
+                "batch-then-shuffle", sigma, bug_observations, batch_size=100
+            )["epsilon_emp"],
         }
     out["bugs"] = bugs
     return out

@@ -1,12 +1,12 @@
 """Data-parallel BK steps: what the distributed path costs and gains, as ratios measured in one run.
 
-``--device cpu`` (default): the same logical steps (MLP 784-512-512-10, B = 256) in 1 process with all
-cores against 2 spawned gloo ranks with half the cores each (each rank clips half of every batch; one
-all-reduce per step), and 1 process through the distributed path (world size 1, gloo) against without it.
-``--device cuda``: one GPU through the distributed path (world size 1, nccl) against without it; the
-target is ≤ 1.03×. Each variant runs the train stage's step: forward, ``engine.backward`` on the
-rank's share, ``engine.step`` (the all-reduce), and the summed loss (one small all-reduce on the
-device, read back once at the end: ``pipeline/step_losses.py``).
+``--device cpu`` (default): the same logical steps (MLP 784-512-512-10, B = 256) in 1 process with
+all cores against 2 spawned gloo ranks with half the cores each (each rank clips half of every
+batch; one all-reduce per step), and 1 process through the distributed path (world size 1, gloo)
+against without it. ``--device cuda``: one GPU through the distributed path (world size 1, nccl)
+against without it; the target is ≤ 1.03×. Each variant runs the train stage's step: forward,
+``engine.backward`` on the rank's share, ``engine.step`` (the all-reduce), and the summed loss (one
+small all-reduce on the device, read back once at the end: ``pipeline/step_losses.py``).
 
 Run: ``python -m benchmarks.bench_distributed [--device cpu|cuda] [--steps N]``.
 """
@@ -81,10 +81,14 @@ def main() -> None:
     plain = _median_ms(_steps(args.steps, args.device))
     world1 = _median_ms(spawn_ranks(_steps, (args.steps, args.device), 1, device))
     backend = "nccl" if device.type == "cuda" else "gloo"
-    print(f"device {args.device}, {threads} threads, B = {BATCH}, {args.steps} steps (median per step)")
+    print(
+        f"device {args.device}, {threads} threads, B = {BATCH}, {args.steps} steps (median per "
+        "step)"
+    )
     print(f"1 process, no process group:        {plain:8.2f} ms")
     print(
-        f"1 process, world size 1 ({backend}):     {world1:8.2f} ms   ratio {world1 / plain:.3f}× (target ≤ 1.03 on CUDA)"
+        f"1 process, world size 1 ({backend}):     {world1:8.2f} ms   ratio {world1 / plain:.3f}× "
+        "(target ≤ 1.03 on CUDA)"
     )
     if device.type == "cpu":
         two = _median_ms(spawn_ranks(_steps, (args.steps, args.device), 2, device))

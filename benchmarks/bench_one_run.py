@@ -48,9 +48,13 @@ BOUNDS = ("fdp", "fdp-gaussian", "steinke")
 
 def acceptance(epsilon: float, canaries: int, ideal_seeds: int) -> dict:
     data = load_data(DataParams(), 0)
-    schedule = build_schedule("poisson", dataset_size=data.train_size, batch_size=64, epochs=10, seed=0)
+    schedule = build_schedule(
+        "poisson", dataset_size=data.train_size, batch_size=64, epochs=10, seed=0
+    )
     run = PldRun(1.0, "poisson", 1, 64 / data.train_size, data.train_size, 64, schedule.num_steps)
-    sigma = brentq(lambda s: pld_epsilon(replace(run, noise_multiplier=s), DELTA) - epsilon, 0.3, 5, xtol=1e-4)
+    sigma = brentq(
+        lambda s: pld_epsilon(replace(run, noise_multiplier=s), DELTA) - epsilon, 0.3, 5, xtol=1e-4
+    )
     torch.manual_seed(0)
     task = task_for("mlp", "classification", data)
     model = build_task_model("mlp", {}, task, data)
@@ -97,7 +101,9 @@ def acceptance(epsilon: float, canaries: int, ideal_seeds: int) -> dict:
         )
         audit_s = time.perf_counter() - mark
         ideal = [
-            one_run.ideal_epsilon(law, sigma, canaries, delta=DELTA, confidence=0.95, bound=bound, seed=s)
+            one_run.ideal_epsilon(
+                law, sigma, canaries, delta=DELTA, confidence=0.95, bound=bound, seed=s
+            )
             for s in range(ideal_seeds)
         ]
         rows[bound] = {
@@ -108,7 +114,9 @@ def acceptance(epsilon: float, canaries: int, ideal_seeds: int) -> dict:
             "noise_measured": round(result.noise_measured, 4),
             "audit_s": round(audit_s, 2),
         }
-    accuracy = task.evaluate(model, torch.from_numpy(data.x_test), torch.from_numpy(data.y_test))["accuracy"]
+    accuracy = task.evaluate(model, torch.from_numpy(data.x_test), torch.from_numpy(data.y_test))[
+        "accuracy"
+    ]
     return {
         "sigma": round(sigma, 4),
         "steps": schedule.num_steps,
@@ -192,7 +200,9 @@ def cost(repeats: int, params_file: Path) -> dict:
             },
             "epsilon_on_off": [metrics[True]["epsilon_spent"], metrics[False]["epsilon_spent"]],
             "audit_stage_s": round(audit_s, 2),
-            "audit_one_run": {k: v for k, v in audit.items() if "one_run" in k or "last_iterate" in k},
+            "audit_one_run": {
+                k: v for k, v in audit.items() if "one_run" in k or "last_iterate" in k
+            },
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -4,7 +4,8 @@ Run ``python -m benchmarks.bench_report``. Each case fabricates the upstream out
 fixtures the report tests use), then times (1) the in-process render-and-write and (2) the DVC
 entrypoint ``python -m stages.report`` as a subprocess, interpreter start and imports included.
 The baseline, measured in the same run, is the I/O floor: reading every JSON input and
-base64-encoding every PNG, which any self-contained report must do; the ratio is report time over it.
+base64-encoding every PNG, which any self-contained report must do; the ratio is report time over
+it.
 """
 
 from __future__ import annotations
@@ -77,7 +78,15 @@ def _bench_in(folder: Path, label: str, heavy: bool) -> dict:
     params = report_params()
     floor = _best_of(3, lambda: _io_floor(root))
     in_process = _best_of(3, lambda: run(params, root))
-    command = [sys.executable, "-m", "stages.report", "--params", str(root / "params.yaml"), "--root", str(root)]
+    command = [
+        sys.executable,
+        "-m",
+        "stages.report",
+        "--params",
+        str(root / "params.yaml"),
+        "--root",
+        str(root),
+    ]
     stage = _best_of(2, lambda: subprocess.run(command, cwd=REPO, check=True, capture_output=True))
     html_mb = (root / "reports/report.html").stat().st_size / 1e6
     pngs = len(list(root.glob("plots/*/*.png")))
@@ -101,8 +110,10 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
-            f"| {r['case']} | {r['figures']} | {r['html_mb']:.2f} | {r['io_floor_s']:.3f} | {r['render_s']:.3f} | "
-            f"{r['render_s'] / r['io_floor_s']:.1f}× | {r['stage_s']:.2f} | {r['stage_s'] / BUDGET_S:.0%} |"
+            f"| {r['case']} | {r['figures']} | {r['html_mb']:.2f} | {r['io_floor_s']:.3f} | "
+            f"{r['render_s']:.3f} | "
+            f"{r['render_s'] / r['io_floor_s']:.1f}× | {r['stage_s']:.2f} | "
+            f"{r['stage_s'] / BUDGET_S:.0%} |"
         )
 
 

@@ -43,7 +43,9 @@ def run_case(label: str, mode: str) -> dict:
     name = label.split(" ")[0]
     before = _rss_bytes()
     started = time.perf_counter()
-    sampler = build_sampler(name, dataset_size=N, batch_size=BATCH, epochs=1, seed=0, **CASES[label])
+    sampler = build_sampler(
+        name, dataset_size=N, batch_size=BATCH, epochs=1, seed=0, **CASES[label]
+    )
     if mode == "build":
         schedule = materialize(sampler)
         rows, steps = int(schedule.indices.shape[0]), schedule.num_steps
@@ -89,10 +91,25 @@ def main() -> None:
     results = []
     for label in CASES:
         for mode in ("build", "stream"):
-            command = [sys.executable, "-m", "benchmarks.bench_sampling", "--case", label, "--mode", mode]
-            results.append(json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout))
+            command = [
+                sys.executable,
+                "-m",
+                "benchmarks.bench_sampling",
+                "--case",
+                label,
+                "--mode",
+                mode,
+            ]
+            results.append(
+                json.loads(
+                    subprocess.run(command, check=True, capture_output=True, text=True).stdout
+                )
+            )
     print(f"n = {N:,} examples, B = {BATCH}, 1 epoch")
-    print(f"{'sampler':<30} {'mode':<7} {'steps':>6} {'rows':>11} {'time s':>7} {'peak MB':>8} {'output MB':>9}")
+    print(
+        f"{'sampler':<30} {'mode':<7} {'steps':>6} {'rows':>11} {'time s':>7} {'peak MB':>8} "
+        f"{'output MB':>9}"
+    )
     for r in results:
         print(
             f"{r['case']:<30} {r['mode']:<7} {r['steps']:>6} {r['rows']:>11,} {r['seconds']:>7.2f} "
@@ -102,7 +119,8 @@ def main() -> None:
     ours = next(r for r in results if r["case"] == "poisson" and r["mode"] == "stream")
     ours_per_step = ours["seconds"] / ours["steps"]
     print(
-        f"naive Poisson (n coins per step): {naive * 1e3:.1f} ms/step, {naive * ours['steps']:.0f} s for the epoch (extrapolated)"
+        f"naive Poisson (n coins per step): {naive * 1e3:.1f} ms/step, {naive * ours['steps']:.0f} "
+        "s for the epoch (extrapolated)"
     )
     print(
         f"dpledger Poisson (binomial size + uniform subset): {ours_per_step * 1e6:.1f} µs/step; "

@@ -1,10 +1,12 @@
-"""The verify battery: wall time and training steps per trainer, and the 20-seed classification check.
+"""The verify battery: wall time and training steps per trainer, and the 20-seed classification
+check.
 
-Run ``python -m benchmarks.bench_verify [--seeds 20]``. For every correct trainer (dpledger's engine,
-the reference, Opacus) and every zoo member it runs the whole SGD battery on seeds 0..N−1 and counts
-correct classifications (correct trainer: passes; zoo member: fails, with its designated tests). The
-baseline, timed in the same run, is plain non-private SGD for as many steps as the battery takes on
-the same MLP; the ratio is the battery's wall time over it (the cost of the tests' many short runs).
+Run ``python -m benchmarks.bench_verify [--seeds 20]``. For every correct trainer (dpledger's
+engine, the reference, Opacus) and every zoo member it runs the whole SGD battery on seeds 0..N−1
+and counts correct classifications (correct trainer: passes; zoo member: fails, with its designated
+tests). The baseline, timed in the same run, is plain non-private SGD for as many steps as the
+battery takes on the same MLP; the ratio is the battery's wall time over it (the cost of the tests'
+many short runs).
 """
 
 from __future__ import annotations
@@ -50,20 +52,29 @@ def main() -> None:
     rows = []
     for trainer in trainers:
         function = load_trainer(trainer)
-        results = [run_battery(function, trainer_name=trainer, seed=seed, progress=False) for seed in range(args.seeds)]
+        results = [
+            run_battery(function, trainer_name=trainer, seed=seed, progress=False)
+            for seed in range(args.seeds)
+        ]
         wall = [result.wall_time_s for result in results]
         steps = [result.training_steps for result in results]
         baseline = plain_sgd_seconds(max(steps))
         rows.append(
             {
                 "trainer": trainer,
-                "classified_correctly": sum(classified_correctly(trainer, result) for result in results),
+                "classified_correctly": sum(
+                    classified_correctly(trainer, result) for result in results
+                ),
                 "seeds": args.seeds,
-                "false_alarm_seeds": [r.seed for r in results if not trainer.startswith("zoo:") and not r.passed],
+                "false_alarm_seeds": [
+                    r.seed for r in results if not trainer.startswith("zoo:") and not r.passed
+                ],
                 "median_wall_s": sorted(wall)[len(wall) // 2],
                 "max_wall_s": max(wall),
                 "max_steps": max(steps),
-                "replicates_run": sum(any("replicate_p_value" in t.details for t in r.tests) for r in results),
+                "replicates_run": sum(
+                    any("replicate_p_value" in t.details for t in r.tests) for r in results
+                ),
                 "ratio_to_plain_sgd": sorted(wall)[len(wall) // 2] / baseline,
             }
         )
@@ -72,11 +83,13 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for row in rows:
         print(
-            f"| {row['trainer']} | {row['classified_correctly']}/{row['seeds']} | {row['median_wall_s']:.2f} | "
+            f"| {row['trainer']} | {row['classified_correctly']}/{row['seeds']} | "
+            f"{row['median_wall_s']:.2f} | "
             f"{row['max_wall_s']:.2f} | {row['max_steps']} | {row['ratio_to_plain_sgd']:.1f} |"
         )
     print(
-        f"paper's cost (000 App. D): {PAPER_STEPS} steps; machine: {platform.processor() or platform.machine()}, "
+        f"paper's cost (000 App. D): {PAPER_STEPS} steps; machine: "
+        f"{platform.processor() or platform.machine()}, "
         f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
     )
 

@@ -1,1 +1,2 @@
-"""DVC stage entrypoints: ``python -m stages.<name>``. Each is a thin typer wrapper over dpledger.pipeline."""
+"""DVC stage entrypoints: ``python -m stages.<name>``. Each is a thin typer wrapper over
+dpledger.pipeline."""

@@ -12,7 +12,8 @@ from dpledger.pipeline import run_stage
 
 
 def main(name: str) -> None:
-    """Run stage ``name`` from the command line; a user error prints one line and exits 2, writing nothing."""
+    """Run stage ``name`` from the command line; a user error prints one line and exits 2, writing
+    nothing."""
     app = typer.Typer(add_completion=False)
 
     @app.command(help=f"Run the {name} stage: read params.yaml, compute, write outputs atomically.")

@@ -1,5 +1,6 @@
-"""Fixtures for the bring-your-own-model tests (no tests here): a tiny causal LM with its tokenizer saved into a
-temporary ``data/`` folder, and a project with a calibration record and schedule sized for its text."""
+"""Fixtures for the bring-your-own-model tests (no tests here): a tiny causal LM with its tokenizer
+saved into a temporary ``data/`` folder, and a project with a calibration record and schedule sized
+for its text."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_lm(root: Path) -> Path:
-    """``root/data/lm``: a small pydoc corpus, a 300-token BPE tokenizer and a 2-layer width-64 GPT-2 (tied head,
-    the LM example's architecture)."""
+    """``root/data/lm``: a small pydoc corpus, a 300-token BPE tokenizer and a 2-layer width-64
+    GPT-2 (tied head, the LM example's architecture)."""
     folder = root / "data" / "lm"
     write_example(folder, architecture="gpt2", max_chars=12000, vocab_size=300, max_positions=32)
     return folder
@@ -25,15 +26,28 @@ def tiny_lm(root: Path) -> Path:
 
 def write_labelled(path: Path, labels: list[int], field: str = "text") -> Path:
     """A JSONL file of short texts with the given labels."""
-    words = ["alpha beta", "gamma delta", "print the value", "raise an error", "import a module", "define a class"]
+    words = [
+        "alpha beta",
+        "gamma delta",
+        "print the value",
+        "raise an error",
+        "import a module",
+        "define a class",
+    ]
     path.write_text(
-        "".join(json.dumps({field: words[i % len(words)] + f" {i}", "label": y}) + "\n" for i, y in enumerate(labels))
+        "".join(
+            json.dumps({field: words[i % len(words)] + f" {i}", "label": y}) + "\n"
+            for i, y in enumerate(labels)
+        )
     )
     return path
 
 
-def text_project(root: Path, *, train_size: int, data: dict, train: dict, epochs: int = 1, batch_size: int = 8) -> Path:
-    """params.yaml (the repo's, with ``data`` and ``train`` merged in), calibration.json and a Poisson schedule."""
+def text_project(
+    root: Path, *, train_size: int, data: dict, train: dict, epochs: int = 1, batch_size: int = 8
+) -> Path:
+    """params.yaml (the repo's, with ``data`` and ``train`` merged in), calibration.json and a
+    Poisson schedule."""
     schedule = poisson_schedule(train_size, batch_size, epochs, seed=3)
     record = genuine_record(
         noise_multiplier=1.0,
@@ -65,8 +79,9 @@ def lm_project(
     checkpoint_every: int = 1,
     **train,
 ) -> Path:
-    """params.yaml training the tiny GPT-2 of ``tiny_lm`` on its own corpus (causal LM, texts cut at 32
-    tokens, a fifth held out), with ``data`` and ``train`` merged in; the project as ``text_project``."""
+    """params.yaml training the tiny GPT-2 of ``tiny_lm`` on its own corpus (causal LM, texts cut at
+    32 tokens, a fifth held out), with ``data`` and ``train`` merged in; the project as
+    ``text_project``."""
     data = {
         "name": "text",
         "path": str(lm / "corpus.jsonl"),

@@ -7,7 +7,8 @@ import numpy as np
 
 
 def gram_from_matrix(matrix: np.ndarray, bins: int) -> np.ndarray:
-    """G = MMᵀ from a dense lower-triangular C >= 0: M's rows m_i = Σ_e C[:, e·b + i] (004 Lemma 3.2)."""
+    """G = MMᵀ from a dense lower-triangular C >= 0: M's rows m_i = Σ_e C[:, e·b + i] (004 Lemma
+    3.2)."""
     matrix = np.asarray(matrix, dtype=np.float64)
     assert not np.any(np.triu(matrix, 1)), "C must be lower-triangular"
     assert not np.any(matrix < 0), "the balls-in-bins dominating pair needs C >= 0"
@@ -18,7 +19,9 @@ def gram_from_matrix(matrix: np.ndarray, bins: int) -> np.ndarray:
     return modes.T @ modes
 
 
-def naive_losses(modes: np.ndarray, sigma: float, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def naive_losses(
+    modes: np.ndarray, sigma: float, samples: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The O(n·b) balls-in-bins sampler: x = m_bin + σZ in n dimensions, Y = log P(x)/Q(x) directly,
     in both directions (remove, add)."""
     generator = np.random.default_rng(seed)

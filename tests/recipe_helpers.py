@@ -1,5 +1,6 @@
-"""The README's recipes (no tests here): a YAML block between ``<!-- recipe:NAME -->`` markers, merged into
-the repo's params.yaml as the README says, then run stage by stage as ``dvc repro`` would."""
+"""The README's recipes (no tests here): a YAML block between ``<!-- recipe:NAME -->`` markers,
+merged into the repo's params.yaml as the README says, then run stage by stage as ``dvc repro``
+would."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def merged(base: dict, override: dict) -> dict:
     """``base`` with ``override``'s keys replaced, nested mappings merged key by key."""
     both = {**base, **override}
     return {
-        k: merged(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v for k, v in both.items()
+        k: merged(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+        for k, v in both.items()
     }
 
 

@@ -1,4 +1,5 @@
-"""The allocation accountant (pld-accounting) against the issue's reference table and Monte Carlo."""
+"""The allocation accountant (pld-accounting) against the issue's reference table and Monte
+Carlo."""
 
 import math
 
@@ -32,12 +33,17 @@ TABLE = {
 
 
 @pytest.mark.parametrize(
-    "key", [pytest.param(k, marks=pytest.mark.slow) if k[1] >= 1000 else k for k in sorted(TABLE)], ids=str
+    "key",
+    [pytest.param(k, marks=pytest.mark.slow) if k[1] >= 1000 else k for k in sorted(TABLE)],
+    ids=str,
 )
 def test_reference_table_reproduced(key):
     sigma, bins, epochs = key
     description = describe(
-        sampler="balls-in-bins-redrawn", noise_multiplier=sigma, batches_per_epoch=bins, epochs=epochs
+        sampler="balls-in-bins-redrawn",
+        noise_multiplier=sigma,
+        batches_per_epoch=bins,
+        epochs=epochs,
     )
     result = AllocationAccountant().epsilon(description, 1e-5)
     lower, upper = TABLE[key]
@@ -61,7 +67,9 @@ def _mc_delta(description, epsilon, samples=200_000):
 def test_monte_carlo_agrees_with_allocation_bounds(sampler, sigma, bins, epochs):
     """MC δ̂ at the upper ε is at most δ, and at the lower ε at least δ, up to 4 standard errors."""
     delta = 1e-2
-    description = describe(sampler=sampler, noise_multiplier=sigma, batches_per_epoch=bins, epochs=epochs)
+    description = describe(
+        sampler=sampler, noise_multiplier=sigma, batches_per_epoch=bins, epochs=epochs
+    )
     result = AllocationAccountant().epsilon(description, delta)
     at_upper = _mc_delta(description, result.epsilon)
     at_lower = _mc_delta(description, result.details["epsilon_lower"])
@@ -71,7 +79,9 @@ def test_monte_carlo_agrees_with_allocation_bounds(sampler, sigma, bins, epochs)
 
 def test_fixed_bins_identity_is_one_allocation_at_scaled_noise():
     fixed = describe(sampler="balls-in-bins", noise_multiplier=2.0, batches_per_epoch=5, epochs=4)
-    single = describe(sampler="balls-in-bins-redrawn", noise_multiplier=1.0, batches_per_epoch=5, epochs=1)
+    single = describe(
+        sampler="balls-in-bins-redrawn", noise_multiplier=1.0, batches_per_epoch=5, epochs=1
+    )
     assert AllocationAccountant().epsilon(fixed, 1e-5).epsilon == pytest.approx(
         AllocationAccountant().epsilon(single, 1e-5).epsilon
     )
@@ -84,7 +94,9 @@ def test_calibrated_sigma_meets_target_and_reports_lower_bound():
     assert 2.0 * 0.998 - 1e-9 <= result.epsilon <= 2.0
     assert result.details["epsilon_lower"] <= result.epsilon
     assert result.details["lower_loss_discretization"] == 2 * result.details["loss_discretization"]
-    slightly_less = AllocationAccountant().epsilon(description.with_noise(calibration.noise_multiplier * 0.97), 1e-5)
+    slightly_less = AllocationAccountant().epsilon(
+        description.with_noise(calibration.noise_multiplier * 0.97), 1e-5
+    )
     assert slightly_less.details["epsilon_lower"] > 2.0 * 0.97
 
 
@@ -95,7 +107,11 @@ def test_auto_accountant_and_refusals():
     assert resolve_accountant("auto", "balls-in-bins", "identity") == "allocation"
     assert resolve_accountant("auto", "balls-in-bins", "banded") == "montecarlo"
     banded = describe(
-        sampler="balls-in-bins", batches_per_epoch=4, epochs=2, mechanism="banded", mechanism_params={"bands": 2}
+        sampler="balls-in-bins",
+        batches_per_epoch=4,
+        epochs=2,
+        mechanism="banded",
+        mechanism_params={"bands": 2},
     )
     with pytest.raises(UnsupportedMechanismError, match="Monte Carlo"):
         AllocationAccountant().epsilon(banded, 1e-5)
@@ -103,7 +119,12 @@ def test_auto_accountant_and_refusals():
         AllocationAccountant()
         .epsilon(
             banded.with_noise(0.0).__class__(
-                **{**banded.__dict__, "mechanism": "identity", "mechanism_params": {}, "noise_multiplier": 0.0}
+                **{
+                    **banded.__dict__,
+                    "mechanism": "identity",
+                    "mechanism_params": {},
+                    "noise_multiplier": 0.0,
+                }
             ),
             1e-5,
         )
@@ -112,7 +133,8 @@ def test_auto_accountant_and_refusals():
 
 
 def _pld_accounting_upper(sigma, bins, epochs, delta, grid):
-    """pld-accounting's dominating bound, called directly: the independent reference for the σ search."""
+    """pld-accounting's dominating bound, called directly: the independent reference for the σ
+    search."""
     from PLD_accounting import (
         AllocationSchemeConfig,
         BoundType,
@@ -122,13 +144,18 @@ def _pld_accounting_upper(sigma, bins, epochs, delta, grid):
 
     params = PrivacyParams(sigma=sigma, num_steps=bins, num_epochs=epochs, delta=delta)
     config = AllocationSchemeConfig(loss_discretization=grid, tail_truncation=delta / 1000)
-    return gaussian_allocation_epsilon_configurable(params=params, config=config, bound_type=BoundType.DOMINATES)
+    return gaussian_allocation_epsilon_configurable(
+        params=params, config=config, bound_type=BoundType.DOMINATES
+    )
 
 
 @pytest.mark.parametrize("sampler,bins,epochs,target", SEARCH_CASES)
-def test_calibrated_sigma_is_the_smallest_within_tolerance_by_pld_accounting(sampler, bins, epochs, target):
-    """ε_upper(σ) <= target and ε_upper(σ·(1 − 0.5 %)) > target, both from pld-accounting directly (fixed
-    bins with C = I: one allocation at σ/√E), on the claim's grid; the claim is that same number."""
+def test_calibrated_sigma_is_the_smallest_within_tolerance_by_pld_accounting(
+    sampler, bins, epochs, target
+):
+    """ε_upper(σ) <= target and ε_upper(σ·(1 − 0.5 %)) > target, both from pld-accounting directly
+    (fixed bins with C = I: one allocation at σ/√E), on the claim's grid; the claim is that same
+    number."""
     delta = 1e-5
     description = describe(sampler=sampler, batches_per_epoch=bins, epochs=epochs)
     calibration = calibrate_noise(get_accountant("allocation"), description, target, delta)
@@ -147,7 +174,8 @@ def test_calibrated_sigma_is_the_smallest_within_tolerance_by_pld_accounting(sam
 
 @pytest.mark.parametrize("sampler,bins,epochs,target", SEARCH_CASES)
 def test_search_evaluates_the_claim_grid_at_most_twice(monkeypatch, sampler, bins, epochs, target):
-    """The claim's grid costs seconds at b = 100, E = 20; coarse grids locate σ first (benchmarks time it)."""
+    """The claim's grid costs seconds at b = 100, E = 20; coarse grids locate σ first (benchmarks
+    time it)."""
     grids = []
     real = calibration_module.allocation_upper
 
@@ -166,14 +194,19 @@ def test_search_evaluates_the_claim_grid_at_most_twice(monkeypatch, sampler, bin
 @pytest.mark.parametrize("bias", [-0.05, 0.0, 0.08])
 def test_search_never_returns_a_sigma_above_target_when_coarse_grids_mislead(monkeypatch, bias):
     """A synthetic bound ε = 2·σ^-1.25 + 0.4·g + bias·(g > claim grid): the coarse grids' offset
-    extrapolates wrongly by ``bias``; the claim-grid steps must still land in [target − tol, target]."""
+    extrapolates wrongly by ``bias``; the claim-grid steps must still land in [target − tol,
+    target]."""
     target = 1.0
 
     def synthetic(description, delta, grid):
-        return 2.0 * description.noise_multiplier**-1.25 + 0.4 * grid + (bias if grid > 0.07 else 0.0)
+        return (
+            2.0 * description.noise_multiplier**-1.25 + 0.4 * grid + (bias if grid > 0.07 else 0.0)
+        )
 
     monkeypatch.setattr(calibration_module, "allocation_upper", synthetic)
     description = describe(sampler="balls-in-bins-redrawn", batches_per_epoch=4, epochs=1)
-    sigma = calibrate_noise(get_accountant("allocation"), description, target, 1e-5).noise_multiplier
+    sigma = calibrate_noise(
+        get_accountant("allocation"), description, target, 1e-5
+    ).noise_multiplier
     fine = 0.07 * target
     assert target * (1 - 2e-3) <= synthetic(description.with_noise(sigma), 1e-5, fine) <= target

@@ -34,22 +34,41 @@ def test_poisson_stage_writes_record_metrics_and_plots(tmp_path):
     metrics = stage.run(params, tmp_path)
     record = CalibrationRecord.load(tmp_path / "artifacts" / "calibration" / "calibration.json")
     assert record.steps == 2 * math.ceil(1438 / 256) == metrics["steps"]
-    assert 2.0 - 1e-3 <= record.epsilon <= 2.0 and record.sampler == "poisson" and record.mechanism == "identity"
+    assert (
+        2.0 - 1e-3 <= record.epsilon <= 2.0
+        and record.sampler == "poisson"
+        and record.mechanism == "identity"
+    )
     check = get_accountant("pld").epsilon(
         describe(
-            sampler="poisson", noise_multiplier=record.noise_multiplier, dataset_size=1438, batch_size=256, epochs=2
+            sampler="poisson",
+            noise_multiplier=record.noise_multiplier,
+            dataset_size=1438,
+            batch_size=256,
+            epochs=2,
         ),
         params.calibrate.delta,
     )
     assert check.epsilon == pytest.approx(record.epsilon, rel=1e-9)
     assert {a.accountant for a in record.accountants} == {"pld", "rdp"}
     assert all(isinstance(v, (int, float, str, bool)) for v in metrics.values())
-    for key in ("noise_multiplier", "epsilon", "delta", "accountant", "sampler", "mechanism", "steps", "sample_rate"):
+    for key in (
+        "noise_multiplier",
+        "epsilon",
+        "delta",
+        "accountant",
+        "sampler",
+        "mechanism",
+        "steps",
+        "sample_rate",
+    ):
         assert key in metrics
     steps, epsilons = zip(*record.epsilon_curve)
     assert steps[-1] == record.steps and epsilons[-1] <= record.epsilon
     assert all(a <= b for a, b in zip(epsilons, epsilons[1:]))
-    assert [g["group_size"] for g in record.group] == [1, 2] and record.group[1]["mog"] <= record.group[1]["conversion"]
+    assert [g["group_size"] for g in record.group] == [1, 2] and record.group[1][
+        "mog"
+    ] <= record.group[1]["conversion"]
     for name in ("epsilon_vs_step", "epsilon_vs_group", "rmse_vs_epsilon"):
         assert (tmp_path / "plots" / "calibrate" / f"{name}.csv").exists()
         assert (tmp_path / "plots" / "calibrate" / f"{name}.png").stat().st_size > 1000
@@ -75,7 +94,8 @@ def test_montecarlo_stage_with_blt_streams_the_calibrated_matrix(tmp_path):
     record = CalibrationRecord.load(tmp_path / "artifacts" / "calibration" / "calibration.json")
     assert record.epsilon == 4.0 and record.accountant == "montecarlo" and record.mechanism == "blt"
     assert set(record.mechanism_params) == {"buffer_decays", "output_scales"}
-    # ε = 4 over 4 bins: the importance-sampled verification applies and needs far fewer than the plain ~1e5
+    # ε = 4 over 4 bins: the importance-sampled verification applies and needs far fewer than the
+    # plain ~1e5
     assert 0 <= metrics["mc_failure_probability"] <= 0.05 and metrics["mc_verify_samples"] > 1000
     assert any("Estimate-Verify-Release" in s for s in record.assumptions)
     rows = (tmp_path / "plots" / "calibrate" / "rmse_vs_epsilon.csv").read_text().splitlines()[1:]
@@ -89,7 +109,11 @@ def test_montecarlo_stage_with_blt_streams_the_calibrated_matrix(tmp_path):
 
     rows = list(
         noise_stream(
-            record.mechanism, record.mechanism_params, record.steps, 3, generator=torch.Generator().manual_seed(0)
+            record.mechanism,
+            record.mechanism_params,
+            record.steps,
+            3,
+            generator=torch.Generator().manual_seed(0),
         )
     )
     assert len(rows) == record.steps
@@ -108,7 +132,9 @@ def test_fixed_bins_with_identity_warn_in_the_record(tmp_path):
     )
     metrics = stage.run(params, tmp_path)
     record = CalibrationRecord.load(tmp_path / "artifacts" / "calibration" / "calibration.json")
-    assert record.assumptions[0].startswith("WARNING") and metrics["epsilon_poisson_same_noise"] < 4.0
+    assert (
+        record.assumptions[0].startswith("WARNING") and metrics["epsilon_poisson_same_noise"] < 4.0
+    )
 
 
 @pytest.mark.parametrize(
@@ -151,8 +177,9 @@ def test_batch_larger_than_dataset_writes_nothing(tmp_path):
     [({"accountant": "montecarlo"}, "supports samplers"), ({"epsilon": float("inf")}, "finite")],
 )
 def test_calibrate_params_refused_when_sampler_is_left_at_its_default(update, message):
-    """An omitted calibrate.sampler defaulted to poisson without validation, so accountant montecarlo was
-    accepted by parse_params (and refused only at stage time); an infinite target ε was accepted too."""
+    """An omitted calibrate.sampler defaulted to poisson without validation, so accountant
+    montecarlo was accepted by parse_params (and refused only at stage time); an infinite target ε
+    was accepted too."""
     raw = copy.deepcopy(yaml.safe_load((REPO / "params.yaml").read_text()))
     raw["calibrate"].pop("sampler")
     raw["calibrate"].update(update)
@@ -173,4 +200,6 @@ def test_auto_accountant_is_allocation_for_balls_in_bins_and_shows_both_bounds(t
 def test_delta_at_least_one_over_n_is_recorded_first(tmp_path):
     metrics = stage.run(_params(epsilon=2.0, delta=0.01), tmp_path)
     record = CalibrationRecord.load(tmp_path / "artifacts" / "calibration" / "calibration.json")
-    assert metrics["delta_at_least_one_over_n"] is True and record.assumptions[0].startswith("WARNING: delta")
+    assert metrics["delta_at_least_one_over_n"] is True and record.assumptions[0].startswith(
+        "WARNING: delta"
+    )

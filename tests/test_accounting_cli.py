@@ -1,5 +1,5 @@
-"""`dpledger epsilon` / `noise`: one line for bad input (issue 21), shared defaults, failure probability and
-δ >= 1/n beside ε (issue 22)."""
+"""`dpledger epsilon` / `noise`: one line for bad input (issue 21), shared defaults, failure
+probability and δ >= 1/n beside ε (issue 22)."""
 
 import inspect
 import json
@@ -22,7 +22,8 @@ def _run(*args):
 
 
 def _one_line_error(result, *words):
-    """``main`` prints a DpledgerError as one ``error:`` line (exit 2); anything else is a traceback."""
+    """``main`` prints a DpledgerError as one ``error:`` line (exit 2); anything else is a
+    traceback."""
     assert isinstance(result.exception, DpledgerError), repr(result.exception)
     text = str(result.exception)
     assert len(text.splitlines()) == 1, text
@@ -35,7 +36,10 @@ def _one_line_error(result, *words):
     [
         (["noise", "--epsilon", "1e6", *BASE, "--epochs", "1"], ["epsilon", "(0, 100]"]),
         (["noise", "--epsilon", "1", *BASE], ["--epochs", "missing"]),
-        (["epsilon", "--noise-multiplier", "1e-3", *BASE, "--epochs", "1"], ["--noise-multiplier", ">= 0.01"]),
+        (
+            ["epsilon", "--noise-multiplier", "1e-3", *BASE, "--epochs", "1"],
+            ["--noise-multiplier", ">= 0.01"],
+        ),
         (
             [*BINS, "banded", "--bands", "-3"],
             ["--bands", "[1, 4096]"],
@@ -45,7 +49,17 @@ def _one_line_error(result, *words):
             ["--mechanism-params", "JSON object"],
         ),
         (
-            ["epsilon", "--noise-multiplier", "1", "--delta", "nan", "--sample-rate", "0.01", "--epochs", "1"],
+            [
+                "epsilon",
+                "--noise-multiplier",
+                "1",
+                "--delta",
+                "nan",
+                "--sample-rate",
+                "0.01",
+                "--epochs",
+                "1",
+            ],
             ["--delta", "finite"],
         ),
     ],
@@ -55,7 +69,17 @@ def test_bad_input_is_one_line(args, words):
 
 
 def test_delta_at_least_one_over_n_warns_before_epsilon():
-    args = ("epsilon", "--noise-multiplier", "1", "--delta", "0.05", "--dataset-size", "50", "--batch-size", "5")
+    args = (
+        "epsilon",
+        "--noise-multiplier",
+        "1",
+        "--delta",
+        "0.05",
+        "--dataset-size",
+        "50",
+        "--batch-size",
+        "5",
+    )
     result = _run(*args, "--epochs", "2")
     assert result.exit_code == 0
     assert result.output.splitlines()[0].startswith("WARNING: delta = 0.05 >= 1/n")
@@ -134,4 +158,6 @@ def test_verification_option_reaches_estimate_verify_release(verification):
 
 
 def test_unknown_verification_is_one_line():
-    _one_line_error(_run(*MONTE_CARLO, "--verification", "fast"), "verification", "auto, plain, importance")
+    _one_line_error(
+        _run(*MONTE_CARLO, "--verification", "fast"), "verification", "auto, plain, importance"
+    )

@@ -28,12 +28,17 @@ def test_kl_bound_is_never_weaker_than_bernstein(delta, ratio):
 def test_sample_count_is_the_fewest_meeting_the_failure_probability():
     delta, threshold, failure = 1e-5, 0.75e-5, 1e-6 / 3
     samples = evr.samples_for(failure, delta, threshold)
-    assert evr.failure_bound(samples, delta, threshold) <= failure < evr.failure_bound(samples - 1, delta, threshold)
+    assert (
+        evr.failure_bound(samples, delta, threshold)
+        <= failure
+        < evr.failure_bound(samples - 1, delta, threshold)
+    )
     assert 3e7 < samples < 6e7
 
 
 def test_bound_holds_for_the_worst_case_bernoulli():
-    """Bernoulli(δ) is the worst [0, 1] variable of mean δ: its pass frequency stays under the bound."""
+    """Bernoulli(δ) is the worst [0, 1] variable of mean δ: its pass frequency stays under the
+    bound."""
     delta, threshold, samples, trials = 0.05, 0.04, 2000, 20000
     rng = np.random.default_rng(0)
     means = rng.binomial(samples, delta, size=trials) / samples
@@ -51,12 +56,18 @@ def test_default_failure_probability_keeps_unconditional_delta_within_ten_percen
 
 
 def test_verification_reports_failure_probability_and_count():
-    accountant = MonteCarloAccountant(samples=20_000, failure_probability=0.01, verification="plain")
-    description = describe(sampler="balls-in-bins-redrawn", noise_multiplier=1.0, batches_per_epoch=4, epochs=1)
+    accountant = MonteCarloAccountant(
+        samples=20_000, failure_probability=0.01, verification="plain"
+    )
+    description = describe(
+        sampler="balls-in-bins-redrawn", noise_multiplier=1.0, batches_per_epoch=4, epochs=1
+    )
     result = accountant.epsilon(description, 0.05)
     details = result.details
     assert details["mc_failure_probability"] <= 0.01
-    assert details["verify_samples"] == evr.samples_for(0.01 / EVR_ATTEMPTS, 0.05, details["evr_threshold"])
+    assert details["verify_samples"] == evr.samples_for(
+        0.01 / EVR_ATTEMPTS, 0.05, details["evr_threshold"]
+    )
     assert details["unconditional_delta"] <= 0.05 + 0.01
 
 
@@ -64,12 +75,16 @@ def test_samples_do_not_depend_on_chunk_size():
     pair = mc.fixed_bins_pair(np.array([1.0, 0.5, 0.25, 0.1]), bins=4, steps=8)
     small = mc.estimate_delta(pair, 1.0, 0.5, 3 * mc.BLOCK + 17, seed=3, chunk=mc.BLOCK)
     large = mc.estimate_delta(pair, 1.0, 0.5, 3 * mc.BLOCK + 17, seed=3, chunk=8 * mc.BLOCK)
-    assert small.delta == pytest.approx(large.delta, rel=1e-12)  # same samples; only the summation order differs
+    assert small.delta == pytest.approx(
+        large.delta, rel=1e-12
+    )  # same samples; only the summation order differs
 
 
 def test_chunk_memory_is_bounded():
     wide = mc.redrawn_bins_pair(1000, 16_000)
-    assert mc.chunk_rows(wide) * wide.bins * len(wide.grams) <= max(mc.MEMORY_VALUES, mc.BLOCK * 16_000)
+    assert mc.chunk_rows(wide) * wide.bins * len(wide.grams) <= max(
+        mc.MEMORY_VALUES, mc.BLOCK * 16_000
+    )
     narrow = mc.redrawn_bins_pair(8, 16)
     assert mc.chunk_rows(narrow) * 8 * 2 <= mc.MEMORY_VALUES
 
@@ -79,5 +94,7 @@ def test_cuda_refused_without_a_gpu():
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    with pytest.raises(ParamsError, match="device = 'cuda' is invalid: no CUDA device is available"):
+    with pytest.raises(
+        ParamsError, match="device = 'cuda' is invalid: no CUDA device is available"
+    ):
         MonteCarloAccountant(device="cuda")

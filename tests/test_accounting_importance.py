@@ -1,4 +1,5 @@
-"""Importance-sampled EVR verification: unbiased, bounded weights, right conditional law, fewer samples."""
+"""Importance-sampled EVR verification: unbiased, bounded weights, right conditional law, fewer
+samples."""
 
 import math
 
@@ -32,10 +33,12 @@ def test_importance_estimate_agrees_with_plain_sampling(sigma, epsilon):
 
 
 def test_importance_agrees_with_allocation_bounds_for_identity():
-    """C = I, one epoch: importance-sampled δ at the allocation accountant's upper ε is <= δ, at its lower
-    ε >= δ, up to 4 standard errors (pld-accounting's bounds are independent of this code)."""
+    """C = I, one epoch: importance-sampled δ at the allocation accountant's upper ε is <= δ, at its
+    lower ε >= δ, up to 4 standard errors (pld-accounting's bounds are independent of this code)."""
     delta = 1e-4
-    description = describe(sampler="balls-in-bins", noise_multiplier=1.0, batches_per_epoch=10, epochs=1)
+    description = describe(
+        sampler="balls-in-bins", noise_multiplier=1.0, batches_per_epoch=10, epochs=1
+    )
     bounds = AllocationAccountant().epsilon(description, delta)
     gram = get_accountant("montecarlo").pair(description).grams[0]
     for epsilon, side in ((bounds.epsilon, "upper"), (bounds.details["epsilon_lower"], "lower")):
@@ -81,7 +84,10 @@ def test_conditioned_rows_have_the_gaussian_conditional_law():
     factor = mc.gram_factor(gram)
     rows, value = 200_000, 1.7
     normals = torch.from_numpy(np.random.default_rng(1).standard_normal((rows, 4)))
-    for direction in (torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64), torch.ones(4, dtype=torch.float64)):
+    for direction in (
+        torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64),
+        torch.ones(4, dtype=torch.float64),
+    ):
         spread = gram @ direction
         variance = float(direction @ spread)
         found = imp.conditioned(
@@ -106,7 +112,9 @@ def test_importance_needs_fewer_samples_when_the_bound_is_below_one():
         if bound >= 0.1:
             assert count == pytest.approx(bound * plain, rel=0.05)
         assert evr.failure_bound(count, delta / bound, threshold / bound) <= failure
-    assert imp.samples_needed(delta, failure, delta, threshold) == 0  # δ <= M <= target: proven without samples
+    assert (
+        imp.samples_needed(delta, failure, delta, threshold) == 0
+    )  # δ <= M <= target: proven without samples
 
 
 def test_accountant_picks_importance_sampling_only_where_it_is_cheaper():
@@ -119,12 +127,18 @@ def test_accountant_picks_importance_sampling_only_where_it_is_cheaper():
     assert details["importance_bound_remove"] < 1
     assert "importance-sampled" in result.assumptions[-1]
     pair = accountant.pair(small)
-    assert accountant.importance_plan(pair, 0.3, 0.5, 1e-3) is None  # M >= 1 at small σ: plain is used
+    assert (
+        accountant.importance_plan(pair, 0.3, 0.5, 1e-3) is None
+    )  # M >= 1 at small σ: plain is used
 
 
 def test_importance_refused_for_several_pieces():
-    redrawn = describe(sampler="balls-in-bins-redrawn", noise_multiplier=1.0, batches_per_epoch=4, epochs=2)
+    redrawn = describe(
+        sampler="balls-in-bins-redrawn", noise_multiplier=1.0, batches_per_epoch=4, epochs=2
+    )
     forced = get_accountant("montecarlo", samples=5000, verification="importance")
     with pytest.raises(UnsupportedMechanismError, match="one piece"):
         forced.importance_plan(forced.pair(redrawn), 1.0, 1.0, 1e-3)
-    assert get_accountant("montecarlo").importance_plan(forced.pair(redrawn), 1.0, 1.0, 1e-3) is None
+    assert (
+        get_accountant("montecarlo").importance_plan(forced.pair(redrawn), 1.0, 1.0, 1e-3) is None
+    )

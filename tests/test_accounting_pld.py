@@ -1,4 +1,5 @@
-"""PLD/RDP accountants, σ calibration and group-level ε, checked against dp-accounting and known values."""
+"""PLD/RDP accountants, σ calibration and group-level ε, checked against dp-accounting and known
+values."""
 
 import json
 import math
@@ -42,7 +43,9 @@ def test_cli_epsilon_equals_dp_accounting_pld(sigma, q, steps):
     )
     assert out.exit_code == 0, out.output
     payload = json.loads(out.output)
-    expected = _dp_accounting_epsilon(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps, 1e-5)
+    expected = _dp_accounting_epsilon(
+        dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps, 1e-5
+    )
     assert payload["epsilon"] == pytest.approx(expected, rel=1e-6)
     assert payload["accountant"] == "pld" and payload["delta"] == 1e-5 and payload["assumptions"]
 
@@ -51,7 +54,9 @@ def test_cli_epsilon_equals_dp_accounting_pld(sigma, q, steps):
 def test_poisson_epsilon_of_shuffle_paper_settings(sigma, published):
     """002 Table (T = 100, B = 1, q = 1/100): Poisson-accounted ε 6.49 / 0.73 / 0.30 at δ = 1e-5."""
     description = describe(sampler="poisson", noise_multiplier=sigma, sample_rate=0.01, steps=100)
-    assert get_accountant("pld").epsilon(description, 1e-5).epsilon == pytest.approx(published, abs=0.02)
+    assert get_accountant("pld").epsilon(description, 1e-5).epsilon == pytest.approx(
+        published, abs=0.02
+    )
 
 
 @pytest.mark.parametrize("accountant,target", [("pld", 1.0), ("pld", 3.0), ("rdp", 2.0)])
@@ -67,13 +72,31 @@ def test_calibrated_noise_reaches_target_epsilon(accountant, target):
 
 def test_cli_noise_json_matches_calibration():
     out = runner.invoke(
-        app, ["noise", "--epsilon", "2", "--delta", "1e-5", "--sample-rate", "0.02", "--steps", "100", "--json"]
+        app,
+        [
+            "noise",
+            "--epsilon",
+            "2",
+            "--delta",
+            "1e-5",
+            "--sample-rate",
+            "0.02",
+            "--steps",
+            "100",
+            "--json",
+        ],
     )
     assert out.exit_code == 0, out.output
     payload = json.loads(out.output)
     assert {"noise_multiplier", "epsilon", "delta", "accountant", "assumptions"} <= payload.keys()
     check = get_accountant("pld").epsilon(
-        describe(sampler="poisson", noise_multiplier=payload["noise_multiplier"], sample_rate=0.02, steps=100), 1e-5
+        describe(
+            sampler="poisson",
+            noise_multiplier=payload["noise_multiplier"],
+            sample_rate=0.02,
+            steps=100,
+        ),
+        1e-5,
     )
     assert 2 - 1e-3 <= check.epsilon <= 2
 
@@ -85,16 +108,21 @@ def test_mog_with_one_example_equals_example_level_pld():
     assert example == pytest.approx(by_mog, rel=1e-3)
     assert pld_epsilon(PldRun(1.1, "poisson", 1, 0.03, None, None, 80), 1e-5) == pytest.approx(
         get_accountant("pld")
-        .epsilon(describe(sampler="poisson", noise_multiplier=1.1, sample_rate=0.03, steps=80), 1e-5)
+        .epsilon(
+            describe(sampler="poisson", noise_multiplier=1.1, sample_rate=0.03, steps=80), 1e-5
+        )
         .epsilon
     )
 
 
 def test_group_of_one_under_mog_equals_example_level_for_fixed_batches():
-    """Fixed batch, k = 1: sensitivities {0, 2} with P(2) = B/N (001 Thm 3.3), computed as the subsampled
-    Gaussian at σ/2, equals the dp-accounting MoG event and the k = 2-capable MoG path."""
+    """Fixed batch, k = 1: sensitivities {0, 2} with P(2) = B/N (001 Thm 3.3), computed as the
+    subsampled Gaussian at σ/2, equals the dp-accounting MoG event and the k = 2-capable MoG
+    path."""
     eps = pld_epsilon(PldRun(2.0, "fixed", 1, 50 / 1000, 1000, 50, 60), 1e-5, 1e-3)
-    by_hand = _dp_accounting_epsilon(dp_event.MixtureOfGaussiansDpEvent(2.0, [0.0, 2.0], [0.95, 0.05]), 60, 1e-5, 1e-3)
+    by_hand = _dp_accounting_epsilon(
+        dp_event.MixtureOfGaussiansDpEvent(2.0, [0.0, 2.0], [0.95, 0.05]), 60, 1e-5, 1e-3
+    )
     assert eps == pytest.approx(by_hand, rel=2e-3)
 
 
@@ -113,7 +141,9 @@ def test_rdp_is_looser_than_pld():
     )
 
 
-@pytest.mark.parametrize("field,values", [("sigma", [0.7, 1.0, 1.5, 3.0]), ("steps", [10, 50, 200]), ("k", [1, 2, 3])])
+@pytest.mark.parametrize(
+    "field,values", [("sigma", [0.7, 1.0, 1.5, 3.0]), ("steps", [10, 50, 200]), ("k", [1, 2, 3])]
+)
 def test_epsilon_is_monotone(field, values):
     base = {"sigma": 1.0, "steps": 50, "k": 1}
     epsilons = []
@@ -121,7 +151,11 @@ def test_epsilon_is_monotone(field, values):
         setting = dict(base, **{field: value})
         epsilons.append(
             pld_epsilon(
-                PldRun(setting["sigma"], "poisson", setting["k"], 0.02, None, None, setting["steps"]), 1e-5, 3e-3
+                PldRun(
+                    setting["sigma"], "poisson", setting["k"], 0.02, None, None, setting["steps"]
+                ),
+                1e-5,
+                3e-3,
             )
         )
     ordered = epsilons[::-1] if field == "sigma" else epsilons
@@ -249,13 +283,17 @@ def test_cli_group_size_uses_the_binomial_mixture():
 
 def test_group_conversion_for_fixed_batches_covers_the_smaller_datasets():
     """Fixed batch, remove up to k: the chain D ⊃ D − x₁ ⊃ … hops out of datasets of N, N − 1, …,
-    N − k + 1 examples, so each hop needs the example-level ε at q = B/(N − k + 1), not B/N (that gave
-    15.25 < 15.59)."""
+    N − k + 1 examples, so each hop needs the example-level ε at q = B/(N − k + 1), not B/N (that
+    gave 15.25 < 15.59)."""
     n, b, sigma, steps, k, delta = 200, 50, 4.0, 12, 4, 1e-5
-    description = describe(sampler="fixed", noise_multiplier=sigma, dataset_size=n, batch_size=b, steps=steps)
+    description = describe(
+        sampler="fixed", noise_multiplier=sigma, dataset_size=n, batch_size=b, steps=steps
+    )
     accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
     # Sensitivity 2 with probability B/m at std σ is the subsampled Gaussian at std σ/2.
-    accountant.compose(dp_event.PoissonSampledDpEvent(b / (n - k + 1), dp_event.GaussianDpEvent(sigma / 2)), steps)
+    accountant.compose(
+        dp_event.PoissonSampledDpEvent(b / (n - k + 1), dp_event.GaussianDpEvent(sigma / 2)), steps
+    )
     by_hand = math.inf
     for log_delta_1 in np.linspace(math.log(delta), math.log(delta) - 40, 801):
         eps_1 = accountant.get_epsilon(math.exp(log_delta_1))
@@ -271,13 +309,25 @@ def test_group_conversion_for_fixed_batches_covers_the_smaller_datasets():
 def test_cli_epsilon_refuses_delta_outside_zero_one(delta):
     """δ >= 1 printed ε = 0 and δ <= 0 printed ε = ∞, with exit code 0."""
     out = runner.invoke(
-        app, ["epsilon", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "100", "--delta", delta]
+        app,
+        [
+            "epsilon",
+            "--noise-multiplier",
+            "1",
+            "--sample-rate",
+            "0.01",
+            "--steps",
+            "100",
+            "--delta",
+            delta,
+        ],
     )
     assert isinstance(out.exception, ParamsError) and "--delta" in str(out.exception)
 
 
 def test_steps_contradicting_epochs_are_refused():
-    """--epochs 10 --steps 100 with 100 batches per epoch accounted 100 steps and silently dropped the epochs."""
+    """--epochs 10 --steps 100 with 100 batches per epoch accounted 100 steps and silently dropped
+    the epochs."""
     with pytest.raises(ParamsError, match="contradicts epochs"):
         describe(sampler="poisson", dataset_size=1000, batch_size=10, epochs=10, steps=100)
     out = runner.invoke(
@@ -299,20 +349,26 @@ def test_steps_contradicting_epochs_are_refused():
         ],
     )
     assert isinstance(out.exception, ParamsError)
-    stopped_mid_epoch = describe(sampler="poisson", dataset_size=1000, batch_size=10, epochs=10, steps=950)
+    stopped_mid_epoch = describe(
+        sampler="poisson", dataset_size=1000, batch_size=10, epochs=10, steps=950
+    )
     assert stopped_mid_epoch.steps == 950 and stopped_mid_epoch.epochs == 10
 
 
 def test_batches_per_epoch_contradicting_dataset_and_batch_size_is_refused():
-    """--dataset-size 1000 --batch-size 10 --epochs 2 --batches-per-epoch 7 accounted 14 steps (ε = 0.41)
-    where 2 epochs of 100 batches take 200 (ε = 0.91)."""
+    """--dataset-size 1000 --batch-size 10 --epochs 2 --batches-per-epoch 7 accounted 14 steps (ε =
+    0.41) where 2 epochs of 100 batches take 200 (ε = 0.91)."""
     with pytest.raises(ParamsError, match="batches_per_epoch = 7 contradicts"):
         describe(sampler="poisson", dataset_size=1000, batch_size=10, epochs=2, batches_per_epoch=7)
-    consistent = describe(sampler="poisson", dataset_size=1000, batch_size=10, epochs=2, batches_per_epoch=100)
+    consistent = describe(
+        sampler="poisson", dataset_size=1000, batch_size=10, epochs=2, batches_per_epoch=100
+    )
     assert consistent.steps == 200
 
 
 def test_fixed_batch_group_larger_than_the_slack_says_why_the_conversion_is_infinite():
-    description = describe(sampler="fixed", noise_multiplier=4.0, dataset_size=20, batch_size=18, steps=3)
+    description = describe(
+        sampler="fixed", noise_multiplier=4.0, dataset_size=20, batch_size=18, steps=3
+    )
     row = group_table(description, 1e-5, [4], discretization=1e-2)[0]
     assert row.conversion == math.inf and "leaves fewer than B = 18" in row.note

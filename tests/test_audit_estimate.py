@@ -88,7 +88,9 @@ def test_selfcheck_laplace_max_false_alarms_but_valid_methods_do_not():
     maximum = run_selfcheck("laplace", method="max", repeats=60, observations=4000, progress=False)
     assert maximum.false_alarms >= 4
     for method in ("bonferroni", "split"):
-        check = run_selfcheck("laplace", method=method, repeats=60, observations=4000, progress=False)
+        check = run_selfcheck(
+            "laplace", method=method, repeats=60, observations=4000, progress=False
+        )
         assert check.false_alarms <= 3, method
         assert check.passed
 
@@ -100,7 +102,10 @@ def test_verdict_contradicted_inconclusive_consistent():
     eps = strong.epsilon
     assert judge(strong, eps - 0.5, present, absent).verdict == "contradicted"
     assert judge(replace(strong, valid=False), eps - 0.5, present, absent).verdict == "inconclusive"
-    weak, null = rng.normal(2.0, 1.0, 2000), rng.normal(0.0, 1.0, 2000)  # the bound is looser than the point estimate
+    weak, null = (
+        rng.normal(2.0, 1.0, 2000),
+        rng.normal(0.0, 1.0, 2000),
+    )  # the bound is looser than the point estimate
     loose = estimate_epsilon(weak, null, delta=1e-5)
     point = judge(loose, 50.0, weak, null).point_estimate
     assert point > loose.epsilon

@@ -40,23 +40,37 @@ DELTA = 1e-5
 
 
 def _binomial_tail(trials: int, p: float, at_least: int) -> float:
-    return sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(at_least, trials + 1))
+    return sum(
+        math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(at_least, trials + 1)
+    )
 
 
-@pytest.mark.parametrize("canaries, guesses, correct, epsilon", [(100, 20, 18, 1.0), (1000, 64, 60, 2.0)])
+@pytest.mark.parametrize(
+    "canaries, guesses, correct, epsilon", [(100, 20, 18, 1.0), (1000, 64, 60, 2.0)]
+)
 def test_steinke_p_value_equals_a_direct_binomial_sum(canaries, guesses, correct, epsilon):
     p = math.exp(epsilon) / (1 + math.exp(epsilon))
     beta = _binomial_tail(guesses, p, correct)
     alpha = max(
-        sum(math.comb(guesses, k) * p**k * (1 - p) ** (guesses - k) for k in range(correct - i, correct)) / i
+        sum(
+            math.comb(guesses, k) * p**k * (1 - p) ** (guesses - k)
+            for k in range(correct - i, correct)
+        )
+        / i
         for i in range(1, correct + 1)
     )
-    assert steinke_p_value(canaries, guesses, correct, epsilon, 0.0) == pytest.approx(beta, rel=1e-9)
+    assert steinke_p_value(canaries, guesses, correct, epsilon, 0.0) == pytest.approx(
+        beta, rel=1e-9
+    )
     expected = min(beta + 2 * canaries * DELTA * alpha, 1.0)
-    assert steinke_p_value(canaries, guesses, correct, epsilon, DELTA) == pytest.approx(expected, rel=1e-9)
+    assert steinke_p_value(canaries, guesses, correct, epsilon, DELTA) == pytest.approx(
+        expected, rel=1e-9
+    )
 
 
-def _randomized_response_counts(rng, epsilon: float, canaries: int, guesses: int) -> tuple[int, int]:
+def _randomized_response_counts(
+    rng, epsilon: float, canaries: int, guesses: int
+) -> tuple[int, int]:
     """The worst case of ε-DP for one canary: its bit told truthfully w.p. e^ε/(1+e^ε); the auditor
     guesses "in" for ``guesses`` canaries reported in."""
     included = rng.random(canaries) < 0.5
@@ -82,7 +96,9 @@ def test_bounds_refute_a_true_claim_at_most_at_their_significance(bound):
 def test_fdp_eps_delta_recursion_refutes_a_perfect_record_only_beyond_what_dp_allows():
     """r of r right out of m: the (ε, 0) trade-off allows precision e^ε/(1+e^ε): all-right records
     refute small ε and not large ones; the recursion is monotone in ε."""
-    refutes = [fdp_refutes(1000, 50, 50, 0.05, one_run_bounds_inverse(eps)) for eps in (0.5, 1.0, 2.0, 8.0)]
+    refutes = [
+        fdp_refutes(1000, 50, 50, 0.05, one_run_bounds_inverse(eps)) for eps in (0.5, 1.0, 2.0, 8.0)
+    ]
     assert refutes == sorted(refutes, reverse=True) and refutes[0] and not refutes[-1]
 
 
@@ -93,7 +109,9 @@ def one_run_bounds_inverse(epsilon):
 
 
 def _poisson_law(steps=60, q=0.05):
-    schedule = build_schedule("poisson", dataset_size=400, batch_size=int(400 * q), epochs=3, seed=0)
+    schedule = build_schedule(
+        "poisson", dataset_size=400, batch_size=int(400 * q), epochs=3, seed=0
+    )
     law = canary_law(schedule)
     assert law.step_probability == pytest.approx(q) and law.num_steps == schedule.num_steps == steps
     return law
@@ -117,17 +135,25 @@ def test_placement_follows_the_samplers_law():
     placed = law.placed(3, 2000)
     rate = placed.mean()
     assert abs(rate - 0.05) < 4 * math.sqrt(0.05 * 0.95 / placed.size)
-    shuffle = canary_law(build_schedule("shuffle", dataset_size=100, batch_size=10, epochs=3, seed=0))
+    shuffle = canary_law(
+        build_schedule("shuffle", dataset_size=100, batch_size=10, epochs=3, seed=0)
+    )
     slots = shuffle.placed(1, 500).reshape(500, 3, 10)
     assert np.all(slots.sum(axis=2) == 1)  # one slot per epoch
     assert np.any(slots[:, 0] != slots[:, 1])  # drawn afresh each epoch
-    bins = canary_law(build_schedule("balls-in-bins", dataset_size=100, batch_size=10, epochs=3, seed=0))
+    bins = canary_law(
+        build_schedule("balls-in-bins", dataset_size=100, batch_size=10, epochs=3, seed=0)
+    )
     slots = bins.placed(1, 500).reshape(500, 3, 10)
-    assert np.all(slots.sum(axis=2) == 1) and np.all(slots[:, 0] == slots[:, 2])  # its bin, every epoch
+    assert np.all(slots.sum(axis=2) == 1) and np.all(
+        slots[:, 0] == slots[:, 2]
+    )  # its bin, every epoch
 
 
 def test_a_sampler_without_a_law_is_reported_not_run():
-    schedule = build_schedule("shuffle", dataset_size=90, batch_size=16, epochs=2, seed=0, last_batch="drop")
+    schedule = build_schedule(
+        "shuffle", dataset_size=90, batch_size=16, epochs=2, seed=0, last_batch="drop"
+    )
     with pytest.raises(Exception, match="states no closed-form law"):
         canary_law(schedule)
 
@@ -150,7 +176,9 @@ def test_last_iterate_heuristic_for_one_slot_per_epoch_is_a_gaussian_pair():
     from dp_accounting import get_epsilon_gaussian
 
     sigma, steps, epochs = 2.0, 50, 5
-    expected = get_epsilon_gaussian(sigma * math.sqrt(steps) / epochs, DELTA)  # N(E, Tσ²) vs N(0, Tσ²)
+    expected = get_epsilon_gaussian(
+        sigma * math.sqrt(steps) / epochs, DELTA
+    )  # N(E, Tσ²) vs N(0, Tσ²)
     heuristic = last_iterate_epsilon(sigma, steps, DELTA, step_probability=None, epochs=epochs)
     assert heuristic == pytest.approx(expected, rel=1e-3)
 
@@ -167,7 +195,9 @@ def _train(data, schedule, noise_multiplier: float, canaries: int | None, seed: 
     task = task_for("mlp", "classification", data)
     model = build_task_model("mlp", {}, task, data)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    engine = BKEngine(model, optimizer, clip_norm=1.0, noise_multiplier=noise_multiplier, normalizer=64, seed=seed)
+    engine = BKEngine(
+        model, optimizer, clip_norm=1.0, noise_multiplier=noise_multiplier, normalizer=64, seed=seed
+    )
     recorder = recorder_for(canaries is not None, canaries or 0, seed, engine, schedule, 1.0)
     x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
     for step in range(schedule.num_steps):
@@ -185,7 +215,9 @@ def test_recorder_keeps_the_released_noisy_sum_at_the_canary_coordinates():
     engine = BKEngine(model, None, clip_norm=2.0, noise_multiplier=1.0, normalizer=4)
     plan = CanaryPlan.draw(0, 20, engine.numel)
     recorder = CanaryRecorder(plan, engine, 1, 2.0)
-    losses = torch.nn.functional.cross_entropy(model(torch.randn(4, 6)), torch.tensor([0, 1, 2, 0]), reduction="none")
+    losses = torch.nn.functional.cross_entropy(
+        model(torch.randn(4, 6)), torch.tensor([0, 1, 2, 0]), reduction="none"
+    )
     engine.backward(losses)
     engine.step()
     recorder.record(0)
@@ -239,7 +271,9 @@ def test_residual_score_removes_the_real_gradients_interference(digits):
 
 
 def test_side_copy_leaves_the_released_model_unchanged(digits):
-    schedule = build_schedule("poisson", dataset_size=digits.train_size, batch_size=64, epochs=1, seed=0)
+    schedule = build_schedule(
+        "poisson", dataset_size=digits.train_size, batch_size=64, epochs=1, seed=0
+    )
     _, with_canaries = _train(digits, schedule, 1.0, 5000)
     _, without = _train(digits, schedule, 1.0, None)
     assert torch.equal(with_canaries, without)
@@ -247,8 +281,12 @@ def test_side_copy_leaves_the_released_model_unchanged(digits):
 
 def _sigma_for(epsilon: float, schedule) -> float:
     q, n, steps = 64 / schedule.dataset_size, schedule.dataset_size, schedule.num_steps
-    run = PldRun(1.0, "poisson", 1, q, n, 64, steps)  # a coarse (pessimistic) PLD is enough for a test's σ
-    return brentq(lambda s: pld_epsilon(replace(run, noise_multiplier=s), DELTA, 1e-2) - epsilon, 0.3, 5)
+    run = PldRun(
+        1.0, "poisson", 1, q, n, 64, steps
+    )  # a coarse (pessimistic) PLD is enough for a test's σ
+    return brentq(
+        lambda s: pld_epsilon(replace(run, noise_multiplier=s), DELTA, 1e-2) - epsilon, 0.3, 5
+    )
 
 
 def _audit(recorder, schedule, sigma: float, epsilon: float, bound: str = "fdp"):
@@ -275,10 +313,14 @@ def _audit(recorder, schedule, sigma: float, epsilon: float, bound: str = "fdp")
 def test_noise_scaled_by_a_quarter_is_contradicted_at_a_claim_of_two_and_the_correct_run_is_not(
     digits,
 ):
-    schedule = build_schedule("poisson", dataset_size=digits.train_size, batch_size=64, epochs=2, seed=1)
+    schedule = build_schedule(
+        "poisson", dataset_size=digits.train_size, batch_size=64, epochs=2, seed=1
+    )
     sigma = _sigma_for(2.0, schedule)
     correct, _ = _train(digits, schedule, sigma, 4000, seed=1)
-    broken, _ = _train(digits, schedule, sigma / 4, 4000, seed=1)  # the ledger keeps σ: the hook is here
+    broken, _ = _train(
+        digits, schedule, sigma / 4, 4000, seed=1
+    )  # the ledger keeps σ: the hook is here
     honest, cheated = _audit(correct, schedule, sigma, 2.0), _audit(broken, schedule, sigma, 2.0)
     assert honest.verdict == "consistent" and cheated.verdict == "contradicted"
     assert cheated.estimate.epsilon > 2.0 > honest.estimate.epsilon
@@ -289,13 +331,20 @@ def test_real_run_reaches_most_of_the_ideal_canary_bound_at_epsilon_eight(digits
     """Digits, Poisson, ε = 8, 3 epochs, m = 5000: the real run's ε_emp against interference-free
     canaries at the same (σ, law, m), the mean of 3 simulations (benchmarks/RESULTS.md: the full
     10-epoch m = 10⁴)."""
-    schedule = build_schedule("poisson", dataset_size=digits.train_size, batch_size=64, epochs=3, seed=2)
+    schedule = build_schedule(
+        "poisson", dataset_size=digits.train_size, batch_size=64, epochs=3, seed=2
+    )
     sigma = _sigma_for(8.0, schedule)
     recorder, _ = _train(digits, schedule, sigma, 5000, seed=2)
     real = _audit(recorder, schedule, sigma, 8.0).estimate.epsilon
     law = canary_law(schedule)
     ideal = np.mean(
-        [one_run.ideal_epsilon(law, sigma, 5000, delta=DELTA, confidence=0.95, bound="fdp", seed=s) for s in range(3)]
+        [
+            one_run.ideal_epsilon(
+                law, sigma, 5000, delta=DELTA, confidence=0.95, bound="fdp", seed=s
+            )
+            for s in range(3)
+        ]
     )
     assert real >= 0.8 * ideal and ideal > 1.0
 

@@ -1,5 +1,5 @@
-"""Bring your own model and data: an hf checkpoint on a text file, a plugin model, the causal-LM loss against
-a naive computation, and one clear line (and nothing written) for every bad input."""
+"""Bring your own model and data: an hf checkpoint on a text file, a plugin model, the causal-LM
+loss against a naive computation, and one clear line (and nothing written) for every bad input."""
 
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ from test_train_helpers import make_project
 def make_mlp(input_shape, num_classes, hidden=16):
     """A plugin model factory (train.model: test_byo_models:make_mlp)."""
     return nn.Sequential(
-        nn.Flatten(), nn.Linear(math.prod(input_shape), hidden), nn.Tanh(), nn.Linear(hidden, num_classes)
+        nn.Flatten(),
+        nn.Linear(math.prod(input_shape), hidden),
+        nn.Tanh(),
+        nn.Linear(hidden, num_classes),
     )
 
 
@@ -50,7 +53,8 @@ def test_hf_checkpoint_with_its_tokenizer_trains_through_the_pipeline_on_text(tm
 
 
 def test_gpt_neox_causal_lm_from_a_config_trains_through_the_pipeline(tmp_path, lm):
-    """The architecture the example used before GPT-2 (untied head, rotary positions) still trains."""
+    """The architecture the example used before GPT-2 (untied head, rotary positions) still
+    trains."""
     config = {
         "model_type": "gpt_neox",
         "num_hidden_layers": 1,
@@ -62,20 +66,30 @@ def test_gpt_neox_causal_lm_from_a_config_trains_through_the_pipeline(tmp_path, 
     }
     params = lm_project(tmp_path, lm, model_options={"config": config, "init": "random"})
     metrics = run_stage("train", params, tmp_path)
-    assert metrics["steps_done"] == metrics["steps_total"] > 0 and math.isfinite(metrics["test_perplexity"])
+    assert metrics["steps_done"] == metrics["steps_total"] > 0 and math.isfinite(
+        metrics["test_perplexity"]
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_lm_example_trains_on_cuda_in_bf16(tmp_path, lm):
-    """The train stage on CUDA with bf16 autocast: token ids and masks on the device, norms in float32,
-    the same ledger as on the CPU (steps, ε spent, σ) and a test perplexity within 25 % of the CPU run's
-    (the noise draws differ: Philox on the CPU, torch's generator on CUDA)."""
+    """The train stage on CUDA with bf16 autocast: token ids and masks on the device, norms in
+    float32, the same ledger as on the CPU (steps, ε spent, σ) and a test perplexity within 25 % of
+    the CPU run's (the noise draws differ: Philox on the CPU, torch's generator on CUDA)."""
     cpu = run_stage("train", lm_project(tmp_path / "cpu", lm, device="cpu"), tmp_path / "cpu")
-    cuda = run_stage("train", lm_project(tmp_path / "cuda", lm, device="cuda", precision="bf16"), tmp_path / "cuda")
+    cuda = run_stage(
+        "train",
+        lm_project(tmp_path / "cuda", lm, device="cuda", precision="bf16"),
+        tmp_path / "cuda",
+    )
     for key in ("steps_done", "steps_total", "epsilon_spent", "noise_multiplier"):
         assert cuda[key] == cpu[key], key
-    assert math.isfinite(cuda["test_loss"]) and not cuda["loss_diverged"] and cuda["nonfinite_examples"] == 0
+    assert (
+        math.isfinite(cuda["test_loss"])
+        and not cuda["loss_diverged"]
+        and cuda["nonfinite_examples"] == 0
+    )
     assert cuda["test_perplexity"] == pytest.approx(cpu["test_perplexity"], rel=0.25)
     state = torch.load(tmp_path / "cuda/artifacts/train/model.pt")
     assert all(
@@ -90,13 +104,18 @@ def test_causal_lm_loss_is_the_mean_over_real_next_tokens():
     logits = torch.randn(2, 5, 7)
     ids = torch.tensor([[1, 2, 3, 4, 5], [6, 1, 2, PAD, PAD]])
     losses = Task("causal-lm").losses_from_logits(logits, ids, torch.zeros(2, dtype=torch.long))
-    naive = [F.cross_entropy(logits[0, :4], ids[0, 1:]), F.cross_entropy(logits[1, :2], ids[1, 1:3])]
+    naive = [
+        F.cross_entropy(logits[0, :4], ids[0, 1:]),
+        F.cross_entropy(logits[1, :2], ids[1, 1:3]),
+    ]
     torch.testing.assert_close(losses, torch.stack(naive))
 
 
 def test_plugin_model_trains_on_images(tmp_path):
     params = make_project(
-        tmp_path, epochs=1, train={"model": "test_byo_models:make_mlp", "model_options": {"hidden": 8}}
+        tmp_path,
+        epochs=1,
+        train={"model": "test_byo_models:make_mlp", "model_options": {"hidden": 8}},
     )
     metrics = run_stage("train", params, tmp_path)
     assert metrics["steps_done"] == 22 and metrics["test_accuracy"] > 0.3
@@ -109,7 +128,9 @@ def _refused(root: Path, params: Path, match: str) -> None:
     assert not (root / "artifacts/train").exists() and not (root / "metrics").exists()
 
 
-@pytest.mark.parametrize("case", ["no-model-dir", "not-a-checkpoint", "no-tokenizer", "no-field", "task"])
+@pytest.mark.parametrize(
+    "case", ["no-model-dir", "not-a-checkpoint", "no-tokenizer", "no-field", "task"]
+)
 def test_bad_hf_or_text_input_is_one_line_and_writes_nothing(tmp_path, lm, case):
     empty = tmp_path / "data" / "empty"
     empty.mkdir(parents=True)
@@ -124,8 +145,16 @@ def test_bad_hf_or_text_input_is_one_line_and_writes_nothing(tmp_path, lm, case)
             {"model_options": {"path": str(empty)}},
             r"train.model_options.path .*not a transformers checkpoint \(no config.json",
         ),
-        "no-tokenizer": ({"tokenizer": str(empty)}, {}, r"data.tokenizer .*not a transformers tokenizer"),
-        "no-field": ({"text_field": "body"}, {}, r"data.text_field = 'body' is invalid: record 1 .* has no such field"),
+        "no-tokenizer": (
+            {"tokenizer": str(empty)},
+            {},
+            r"data.tokenizer .*not a transformers tokenizer",
+        ),
+        "no-field": (
+            {"text_field": "body"},
+            {},
+            r"data.text_field = 'body' is invalid: record 1 .* has no such field",
+        ),
         "task": ({}, {"task": "sequence-classification"}, r"data.label_field is invalid"),
     }
     data, train, match = edits[case]
@@ -153,17 +182,24 @@ def test_labels_outside_the_model_classes_are_refused(tmp_path, lm):
         tmp_path,
         train_size=32,
         data=data,
-        train={"model": "hf", "task": "sequence-classification", "model_options": {"config": config, "init": "random"}},
+        train={
+            "model": "hf",
+            "task": "sequence-classification",
+            "model_options": {"config": config, "init": "random"},
+        },
     )
     _refused(tmp_path, params, r"labels reach 3 but .* has 3 classes")
 
 
 def test_a_task_the_model_has_no_head_for_is_refused(tmp_path, lm):
-    params = make_project(tmp_path, epochs=1, train={"model": "hf", "model_options": {"path": str(lm / "model")}})
+    params = make_project(
+        tmp_path, epochs=1, train={"model": "hf", "model_options": {"path": str(lm / "model")}}
+    )
     _refused(
         tmp_path,
         params,
-        r"train.task = 'classification' is invalid for the GPT2Config model .* no image-classification head",
+        r"train.task = 'classification' is invalid for the GPT2Config model .* no "
+        r"image-classification head",
     )
 
 
@@ -172,13 +208,18 @@ def test_plugin_that_returns_no_module_is_refused(tmp_path):
     _refused(
         tmp_path,
         params,
-        r"train.model = 'test_byo_models:not_a_module' is invalid: it returned str, not a torch.nn.Module",
+        r"train.model = 'test_byo_models:not_a_module' is invalid: it returned str, not a "
+        r"torch.nn.Module",
     )
 
 
 def test_missing_plugin_module_uses_the_sampler_plugin_messages(tmp_path):
     params = make_project(tmp_path, epochs=1, train={"model": "no_such_module_18:build"})
-    _refused(tmp_path, params, r"train.model = 'no_such_module_18:build' is invalid: cannot import module")
+    _refused(
+        tmp_path,
+        params,
+        r"train.model = 'no_such_module_18:build' is invalid: cannot import module",
+    )
 
 
 @pytest.mark.parametrize(
@@ -199,7 +240,8 @@ def test_non_positive_max_length_is_refused_by_the_schema(tmp_path, key, value, 
 def test_unknown_model_name_is_refused_by_the_schema(tmp_path):
     params = make_project(tmp_path, epochs=1, train={"model": "resnet"})
     with pytest.raises(
-        ParamsError, match=r"train.model = 'resnet' is invalid: allowed values are mlp, cnn, transformer, hf"
+        ParamsError,
+        match=r"train.model = 'resnet' is invalid: allowed values are mlp, cnn, transformer, hf",
     ):
         load_params(params)
 
@@ -232,7 +274,9 @@ def test_kill_9_lm_run_then_rerun_ends_with_the_same_ledger(tmp_path, lm):
     partial = json.loads(ledger_file.read_text())["steps_done"]
     subprocess.run(command, cwd=killed, env=env, check=True, stderr=subprocess.DEVNULL)
     run_stage("train", clean / "params.yaml", clean)
-    ledgers = [json.loads((root / "artifacts/train/ledger.json").read_text()) for root in (killed, clean)]
+    ledgers = [
+        json.loads((root / "artifacts/train/ledger.json").read_text()) for root in (killed, clean)
+    ]
     assert all(ledger.pop("self_check")["passed"] for ledger in ledgers)  # timed, checked per run
     assert {k: v for k, v in ledgers[0].items() if k != "fingerprint"} == {
         k: v for k, v in ledgers[1].items() if k != "fingerprint"
@@ -254,7 +298,9 @@ def test_makefile_overrides_and_the_example_params_file_agree():
     base = yaml.safe_load((REPO / "params.yaml").read_text())
     example = yaml.safe_load((REPO / "examples/lm/params.yaml").read_text())
     makefile = (REPO / "Makefile").read_text()
-    overrides = re.findall(r"-S '?([\w.-]+:)?\+?([\w.]+)=([^' \\\n]+)'?", makefile[makefile.index("LM_SET") :])
+    overrides = re.findall(
+        r"-S '?([\w.-]+:)?\+?([\w.]+)=([^' \\\n]+)'?", makefile[makefile.index("LM_SET") :]
+    )
     data_dir = None
     for file, key, value in overrides:  # `+key` adds a key inside a mapping (hydra)
         if file:
@@ -268,14 +314,19 @@ def test_makefile_overrides_and_the_example_params_file_agree():
         node[name] = yaml.safe_load(value)
     assert base == example
     assert data_dir == "examples/lm/data"  # the LM's files live in the folder its stages depend on
-    for path in (example["data"]["path"], example["data"]["tokenizer"], example["train"]["model_options"]["path"]):
+    for path in (
+        example["data"]["path"],
+        example["data"]["tokenizer"],
+        example["train"]["model_options"]["path"],
+    ):
         assert path.startswith(data_dir + "/")
 
 
 def test_make_lm_runs_its_experiment_outside_the_workspace():
     """`dvc exp run` without --temp (or --queue) writes LM_SET's overrides into params.yaml and
-    dvc-vars.yaml and leaves the experiment's dvc.lock and outputs in the workspace; --temp runs it in a
-    temporary copy, so `make lm` leaves the checkout as it was (the results stay in `dvc exp show`)."""
+    dvc-vars.yaml and leaves the experiment's dvc.lock and outputs in the workspace; --temp runs it
+    in a temporary copy, so `make lm` leaves the checkout as it was (the results stay in `dvc exp
+    show`)."""
     from byo_helpers import REPO
 
     recipe = (REPO / "Makefile").read_text().split("\nlm:", 1)[1].split("\n\n", 1)[0]

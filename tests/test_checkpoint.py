@@ -22,7 +22,9 @@ class _Killed(BaseException):
     """Stands for SIGKILL: nothing after the raising call runs."""
 
 
-def test_a_kill_between_the_weights_and_the_ledger_resumes_from_the_previous_checkpoint(tmp_path, monkeypatch):
+def test_a_kill_between_the_weights_and_the_ledger_resumes_from_the_previous_checkpoint(
+    tmp_path, monkeypatch
+):
     ledger_file = tmp_path / "checkpoint.json"
     ledger3, model3, optimizer3 = _state(3)
     ckpt.save_checkpoint(ledger_file, ledger3, model3, optimizer3)
@@ -34,7 +36,9 @@ def test_a_kill_between_the_weights_and_the_ledger_resumes_from_the_previous_che
     monkeypatch.setattr(ckpt.io, "write_json", killed)
     with pytest.raises(_Killed):
         ckpt.save_checkpoint(ledger_file, ledger4, model4, optimizer4)
-    assert (tmp_path / "checkpoint-step4.pt").exists()  # the new weights were written, the ledger was not
+    assert (
+        tmp_path / "checkpoint-step4.pt"
+    ).exists()  # the new weights were written, the ledger was not
     saved = ckpt.load_checkpoint(ledger_file, "key")
     assert saved["ledger"] == ledger3
     for name, value in model3.state_dict().items():

@@ -52,7 +52,8 @@ def test_unknown_stage_is_one_line_and_exit_code_2():
 
 
 def _invoke(*args: str):
-    """Run the app in-process (the console script's `main` turns a DpledgerError into one line and exit 2)."""
+    """Run the app in-process (the console script's `main` turns a DpledgerError into one line and
+    exit 2)."""
     from typer.testing import CliRunner
 
     from dpledger.cli import app
@@ -64,11 +65,18 @@ def _invoke(*args: str):
 def test_audit_partial_shuffle_without_buffer_size_is_a_params_error(command):
     from dpledger.errors import ParamsError
 
-    args = ["--steps", "10", "--noise-multiplier", "1", "--observations", "100"] if command == "bgm" else []
+    args = (
+        ["--steps", "10", "--noise-multiplier", "1", "--observations", "100"]
+        if command == "bgm"
+        else []
+    )
     result = _invoke("audit", command, "--sampler", "partial-shuffle", *args)
-    assert isinstance(result.exception, ParamsError), result.exception  # was a TypeError from the sampler's __init__
+    assert isinstance(result.exception, ParamsError), (
+        result.exception
+    )  # was a TypeError from the sampler's __init__
     assert str(result.exception) == (
-        "--buffer-size is missing: --sampler partial-shuffle needs the shuffle buffer K (an integer >= 1)"
+        "--buffer-size is missing: --sampler partial-shuffle needs the shuffle buffer K (an "
+        "integer >= 1)"
     )
 
 
@@ -79,7 +87,9 @@ def test_audit_bgm_refuses_a_non_finite_or_negative_claim(value):
     # nan gave verdict "consistent" and printed NaN (not JSON) with --json
     result = _invoke(*SMALL_BGM_AUDIT, "--epsilon-claimed", value, "--json")
     assert isinstance(result.exception, ParamsError) and result.stdout == ""
-    assert str(result.exception).startswith("--epsilon-claimed = ") and "finite number > 0" in str(result.exception)
+    assert str(result.exception).startswith("--epsilon-claimed = ") and "finite number > 0" in str(
+        result.exception
+    )
 
 
 @pytest.mark.parametrize(

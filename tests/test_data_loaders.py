@@ -36,7 +36,13 @@ def test_npz_with_x_y_is_split(tmp_path):
 
 def test_npz_with_explicit_split_keeps_it(tmp_path):
     x_train, x_test = np.ones((6, 2)), np.zeros((3, 2))
-    np.savez(tmp_path / "d.npz", x_train=x_train, y_train=np.arange(6) % 3, x_test=x_test, y_test=np.array([0, 1, 2]))
+    np.savez(
+        tmp_path / "d.npz",
+        x_train=x_train,
+        y_train=np.arange(6) % 3,
+        x_test=x_test,
+        y_test=np.array([0, 1, 2]),
+    )
     data = load_dataset("npz", str(tmp_path / "d.npz"), 0.5, seed=0)
     np.testing.assert_array_equal(data.x_train, x_train)
     np.testing.assert_array_equal(data.y_test, [0, 1, 2])
@@ -67,7 +73,9 @@ def test_cifar10_python_batches(tmp_path):
 
 
 def _write_idx(path, array: np.ndarray, gz: bool) -> None:
-    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape)
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(
+        ">" + "I" * array.ndim, *array.shape
+    )
     opener = gzip.open if gz else open
     with opener(path, "wb") as handle:
         handle.write(header + array.astype(np.uint8).tobytes())
@@ -80,7 +88,9 @@ def test_mnist_idx_files(tmp_path, gz):
     train_x = rng.integers(0, 256, size=(5, 28, 28))
     _write_idx(tmp_path / f"train-images-idx3-ubyte{suffix}", train_x, gz)
     _write_idx(tmp_path / f"train-labels-idx1-ubyte{suffix}", np.array([0, 1, 2, 3, 4]), gz)
-    _write_idx(tmp_path / f"t10k-images-idx3-ubyte{suffix}", rng.integers(0, 256, size=(2, 28, 28)), gz)
+    _write_idx(
+        tmp_path / f"t10k-images-idx3-ubyte{suffix}", rng.integers(0, 256, size=(2, 28, 28)), gz
+    )
     _write_idx(tmp_path / f"t10k-labels-idx1-ubyte{suffix}", np.array([9, 8]), gz)
     data = load_dataset("mnist", str(tmp_path), 0.2, seed=0)
     assert data.x_train.shape == (5, 1, 28, 28) and data.num_classes == 10
@@ -125,16 +135,29 @@ def test_npz_uint8_images_are_scaled_and_get_a_channel_axis_like_mnist(tmp_path)
 @pytest.mark.parametrize(
     "arrays, message",
     [
-        ({"x": np.ones((5, 3)), "y": np.eye(4)[[0, 1, 2, 3, 0]]}, "1-D array of class indices"),  # one-hot
+        (
+            {"x": np.ones((5, 3)), "y": np.eye(4)[[0, 1, 2, 3, 0]]},
+            "1-D array of class indices",
+        ),  # one-hot
         ({"x": np.ones((5, 3)), "y": np.arange(4)}, "labels of shape"),  # 5 inputs, 4 labels
         ({"x": np.ones((4, 3)), "y": np.array([0.0, 1.5, 2.0, 1.0])}, "integer class indices"),
         ({"x": np.ones((4, 3)), "y": np.array([0, -1, 2, 1])}, "integer class indices"),
         (
-            {"x_train": np.ones((4, 3)), "y_train": np.arange(3), "x_test": np.ones((2, 3)), "y_test": np.arange(2)},
+            {
+                "x_train": np.ones((4, 3)),
+                "y_train": np.arange(3),
+                "x_test": np.ones((2, 3)),
+                "y_test": np.arange(2),
+            },
             "labels of shape",
         ),
         (
-            {"x_train": np.ones((4, 3)), "y_train": np.arange(4), "x_test": np.ones((2, 5)), "y_test": np.arange(2)},
+            {
+                "x_train": np.ones((4, 3)),
+                "y_train": np.arange(4),
+                "x_test": np.ones((2, 5)),
+                "y_test": np.arange(2),
+            },
             "x_test",
         ),
     ],

@@ -1,4 +1,5 @@
-"""One device resolver (issue 31): train.device and the Monte Carlo accountant's device resolve alike."""
+"""One device resolver (issue 31): train.device and the Monte Carlo accountant's device resolve
+alike."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ def test_training_and_accounting_resolve_a_setting_to_the_same_device(name):
 
 @pytest.mark.parametrize("name", ["gpu", "cuda0", "tpu"])
 def test_an_unknown_device_is_one_line_naming_the_key(name):
-    with pytest.raises(ParamsError, match=rf"params: train.device = '{name}' is invalid: allowed values"):
+    with pytest.raises(
+        ParamsError, match=rf"params: train.device = '{name}' is invalid: allowed values"
+    ):
         select_device(name)
 
 

@@ -1,9 +1,10 @@
 """BKEngine(process_group=...) on 2 gloo ranks on the CPU against the same engine in one process.
 
-Each rank is a spawned process (``spawn_ranks``); the single-process engine is the independent computation.
-Tolerance, noise off and on: the ranks add the same clipped terms in another order (two partial sums, then
-one all-reduce), so float32 results agree to rounding — |Δ| ≤ 1e-6 + 1e-5·|value| here over ≤ 12 steps.
-The noise itself must be bit-for-bit the single process's: only rank 0 draws it, from (seed, step).
+Each rank is a spawned process (``spawn_ranks``); the single-process engine is the independent
+computation. Tolerance, noise off and on: the ranks add the same clipped terms in another order (two
+partial sums, then one all-reduce), so float32 results agree to rounding — |Δ| ≤ 1e-6 + 1e-5·|value|
+here over ≤ 12 steps. The noise itself must be bit-for-bit the single process's: only rank 0 draws
+it, from (seed, step).
 """
 
 from __future__ import annotations
@@ -34,11 +35,16 @@ def _data() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     return model, torch.randn(ROWS, 6), torch.randn(ROWS, 3)
 
 
-def _released_sums(mechanism: str, canary_scale: float, steps: int, ranks=None) -> list[torch.Tensor]:
-    """Every step's released noisy sum g̃ of an engine fed this rank's share (all rows without a group)."""
+def _released_sums(
+    mechanism: str, canary_scale: float, steps: int, ranks=None
+) -> list[torch.Tensor]:
+    """Every step's released noisy sum g̃ of an engine fed this rank's share (all rows without a
+    group)."""
     model, x, y = _data()
     kwargs = (
-        dict(mechanism="banded", mechanism_params=banded_params(3), num_steps=steps) if mechanism == "banded" else {}
+        dict(mechanism="banded", mechanism_params=banded_params(3), num_steps=steps)
+        if mechanism == "banded"
+        else {}
     )
     group = None if ranks is None else ranks.group
     engine = BKEngine(
@@ -49,14 +55,18 @@ def _released_sums(mechanism: str, canary_scale: float, steps: int, ranks=None) 
         normalizer=BATCH,
         seed=3,
         process_group=group,
-        canary_hook=lambda t: [torch.full_like(p, canary_scale * (t + 1)) for p in model.parameters()],
+        canary_hook=lambda t: [
+            torch.full_like(p, canary_scale * (t + 1)) for p in model.parameters()
+        ],
         **kwargs,
     )
     lo, hi = (0, BATCH) if ranks is None else share_bounds(BATCH, ranks.rank, ranks.world_size)
     sums = []
     for step in range(steps):
         rows = (torch.arange(lo, hi) + step * BATCH) % ROWS
-        if step != 1:  # step 1: an empty logical batch (every rank joins the all-reduce with no rows)
+        if (
+            step != 1
+        ):  # step 1: an empty logical batch (every rank joins the all-reduce with no rows)
             engine.backward(((model(x[rows]) - y[rows]) ** 2).sum(1))
         engine.step()
         sums.append(torch.cat([s.reshape(-1) for s in engine.last_noisy_sum]))
@@ -97,9 +107,11 @@ def _watched_sums(
 
 
 def _rank_checks(ranks) -> dict[str, object]:
-    """Everything the 2-rank tests need from one spawn (a spawn costs seconds): the released sums under both
-    mechanisms, and the refusal of ranks whose models differ."""
-    outcome: dict[str, object] = {m: _released_sums(m, 0.25, 4, ranks) for m in ("identity", "banded")}
+    """Everything the 2-rank tests need from one spawn (a spawn costs seconds): the released sums
+    under both mechanisms, and the refusal of ranks whose models differ."""
+    outcome: dict[str, object] = {
+        m: _released_sums(m, 0.25, 4, ranks) for m in ("identity", "banded")
+    }
     outcome["watched"] = _watched_sums(share_bounds(BATCH, ranks.rank, ranks.world_size), ranks)
     try:
         BKEngine(
@@ -121,11 +133,14 @@ def two_ranks() -> dict[str, object]:
 
 
 @pytest.mark.parametrize("mechanism", ["identity", "banded"])
-def test_two_ranks_release_the_single_process_noisy_sum_with_noise_and_canary_once(two_ranks, mechanism):
+def test_two_ranks_release_the_single_process_noisy_sum_with_noise_and_canary_once(
+    two_ranks, mechanism
+):
     alone, ranked = _released_sums(mechanism, 0.25, 4), two_ranks[mechanism]
     for a, b in zip(alone, ranked):
         torch.testing.assert_close(b, a, **TOLERANCE)
-    # an empty step releases exactly noise + canary: rank 0's alone, bit for bit (not twice, not rounded)
+    # an empty step releases exactly noise + canary: rank 0's alone, bit for bit (not twice, not
+    # rounded)
     assert torch.equal(alone[1], ranked[1])
 
 
@@ -155,7 +170,9 @@ def test_shares_are_disjoint_and_cover_every_batch_size():
 
 @pytest.mark.parametrize("noise_multiplier", [0.0, 1.3])
 @pytest.mark.parametrize("batch_size", [1, 5])
-def test_distributed_protocol_trainer_matches_the_single_process_engine(noise_multiplier, batch_size):
+def test_distributed_protocol_trainer_matches_the_single_process_engine(
+    noise_multiplier, batch_size
+):
     # batch_size 1 leaves rank 0 empty at every step (shares [0, 0) and [0, 1)); 5 splits 2 + 3
     task = make_task(0)
     settings = dict(
@@ -178,4 +195,11 @@ def test_distributed_protocol_trainer_matches_the_single_process_engine(noise_mu
 
 def test_a_group_without_torch_distributed_is_refused():
     with pytest.raises(DpledgerError, match="init_process_group"):
-        BKEngine(nn.Linear(2, 1), None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0, process_group=GroupSum())
+        BKEngine(
+            nn.Linear(2, 1),
+            None,
+            clip_norm=1.0,
+            noise_multiplier=1.0,
+            normalizer=1.0,
+            process_group=GroupSum(),
+        )

@@ -1,9 +1,10 @@
 """The train stage on 2 gloo ranks (train.processes: 2) against the same stage in one process.
 
-Noise on, same seed: the ledger is identical and the model equal to float32 rounding of the reordered
-sums (|Δ| ≤ 1e-6 + 1e-5·|value| after 16 steps); the schedule has empty, odd-sized and one-row batches, so
-ranks with no rows join the all-reduce. kill -9 of one rank stops the run with a line naming it; a rerun
-resumes from rank 0's checkpoint and ends with the same ledger and schedule position as an uninterrupted run.
+Noise on, same seed: the ledger is identical and the model equal to float32 rounding of the
+reordered sums (|Δ| ≤ 1e-6 + 1e-5·|value| after 16 steps); the schedule has empty, odd-sized and
+one-row batches, so ranks with no rows join the all-reduce. kill -9 of one rank stops the run with a
+line naming it; a rerun resumes from rank 0's checkpoint and ends with the same ledger and schedule
+position as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -25,7 +26,24 @@ from dpledger.sampling.schedule import Schedule
 from test_train_helpers import TRAIN_SIZE, make_project
 
 REPO = Path(__file__).resolve().parents[1]
-SIZES = [0, 5, 1, 64, 63, 0, 70, 2, 33, 64, 65, 3, 60, 61, 7, 64]  # 16 steps: empty, uneven, one-row batches
+SIZES = [
+    0,
+    5,
+    1,
+    64,
+    63,
+    0,
+    70,
+    2,
+    33,
+    64,
+    65,
+    3,
+    60,
+    61,
+    7,
+    64,
+]  # 16 steps: empty, uneven, one-row batches
 
 
 def _uneven_schedule() -> Schedule:
@@ -62,14 +80,19 @@ def _assert_same_run(root_a: Path, root_b: Path) -> None:
 def test_two_processes_train_the_single_process_model_with_the_same_noise_and_ledger(tmp_path):
     roots = {n: tmp_path / f"processes{n}" for n in (1, 2)}
     for processes, root in roots.items():
-        params = make_project(root, schedule=_uneven_schedule(), epochs=1, train={"processes": processes})
+        params = make_project(
+            root, schedule=_uneven_schedule(), epochs=1, train={"processes": processes}
+        )
         metrics = run_stage("train", params, root)
         assert metrics["steps_done"] == 16
     _assert_same_run(roots[1], roots[2])
     losses = [
-        np.genfromtxt(root / "plots/train/loss.csv", delimiter=",", names=True)["loss"] for root in roots.values()
+        np.genfromtxt(root / "plots/train/loss.csv", delimiter=",", names=True)["loss"]
+        for root in roots.values()
     ]
-    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)  # summed over the ranks: the logical batch's loss
+    np.testing.assert_allclose(
+        losses[1], losses[0], rtol=1e-5
+    )  # summed over the ranks: the logical batch's loss
     assert not list((roots[2] / "artifacts/train").glob(".*"))  # no temporaries left
 
 

@@ -1,4 +1,5 @@
-"""retain_freed_memory: after it, memory freed at the end of a step is reused without page faults."""
+"""retain_freed_memory: after it, memory freed at the end of a step is reused without page
+faults."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ glibc_only = pytest.mark.skipif(
 
 
 def _faults_per_cycle(mode: str) -> tuple[str, list[int]]:
-    out = subprocess.run([sys.executable, "-c", CYCLES, mode], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", CYCLES, mode], capture_output=True, text=True, check=True
+    ).stdout
     applied, *faults = out.split()
     return applied, [int(f) for f in faults]
 
@@ -47,8 +50,12 @@ def test_freed_memory_is_reused_without_page_faults():
     applied, retained = _faults_per_cycle("retain")
     _, default = _faults_per_cycle("default")
     assert applied == "True"
-    assert min(default[2:]) > 30_000  # glibc trims the 160 MiB and faults its 40 960 pages in every cycle
-    assert max(retained[1:]) < 256  # after the first cycle the same blocks come back from the kept heap
+    assert (
+        min(default[2:]) > 30_000
+    )  # glibc trims the 160 MiB and faults its 40 960 pages in every cycle
+    assert (
+        max(retained[1:]) < 256
+    )  # after the first cycle the same blocks come back from the kept heap
 
 
 def test_returns_false_off_glibc(monkeypatch):

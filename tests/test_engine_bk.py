@@ -1,4 +1,5 @@
-"""The BK engine as a trainer: equal to the reference step for step, noise, canaries, accumulation, errors."""
+"""The BK engine as a trainer: equal to the reference step for step, noise, canaries, accumulation,
+errors."""
 
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ def _data(shape=(1, 8, 8), n=24, classes=4, seed=0):
 )
 def test_bk_training_equals_reference_trainer_step_for_step(name, optimizer, sigma):
     torch.manual_seed(0)
-    model = build_model(name, (1, 8, 8), 4, **({"dim": 16, "depth": 1} if name == "transformer" else {})).double()
+    model = build_model(
+        name, (1, 8, 8), 4, **({"dim": 16, "depth": 1} if name == "transformer" else {})
+    ).double()
     twin = copy.deepcopy(model)
     x, y = _data()
     opt_bk, opt_ref = (
@@ -49,7 +52,13 @@ def test_bk_training_equals_reference_trainer_step_for_step(name, optimizer, sig
     )
     engine = BKEngine(model, opt_bk, clip_norm=0.3, noise_multiplier=sigma, normalizer=8, seed=5)
     reference = ReferenceTrainer(
-        twin, opt_ref, loss_fn=cross_entropy, clip_norm=0.3, noise_multiplier=sigma, normalizer=8, seed=5
+        twin,
+        opt_ref,
+        loss_fn=cross_entropy,
+        clip_norm=0.3,
+        noise_multiplier=sigma,
+        normalizer=8,
+        seed=5,
     )
     for step in range(3):
         rows = slice(8 * step, 8 * step + 8)
@@ -66,7 +75,16 @@ def test_train_consecutive_applies_the_documented_update():
     start = copy.deepcopy(model)
     x, y = torch.randn(5, 3, dtype=torch.float64), torch.randint(0, 2, (5,))
     train_consecutive(
-        model, x, y, loss_fn=cross_entropy, clip_norm=0.7, noise_multiplier=2.0, batch_size=4, steps=2, lr=0.1, seed=9
+        model,
+        x,
+        y,
+        loss_fn=cross_entropy,
+        clip_norm=0.7,
+        noise_multiplier=2.0,
+        batch_size=4,
+        steps=2,
+        lr=0.1,
+        seed=9,
     )
     expected = copy.deepcopy(start)
     noise = NoiseSource(sum(p.numel() for p in start.parameters()), seed=9, dtype=torch.float64)
@@ -104,7 +122,14 @@ def test_canary_is_added_before_noise_and_noisy_sum_is_exposed():
     x, y = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 2, (6,))
     expected = naive_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.5)
     canary = [torch.full_like(p, 0.25) for p in model.parameters()]
-    engine = BKEngine(model, None, clip_norm=0.5, noise_multiplier=0.0, normalizer=2.0, canary_hook=lambda step: canary)
+    engine = BKEngine(
+        model,
+        None,
+        clip_norm=0.5,
+        noise_multiplier=0.0,
+        normalizer=2.0,
+        canary_hook=lambda step: canary,
+    )
     engine.private_step(cross_entropy(model(x), y))
     for name, noisy, c in zip(engine.parameter_names, engine.last_noisy_sum, canary):
         assert torch.allclose(noisy, expected[name] + c, rtol=1e-12)
@@ -167,16 +192,22 @@ def test_other_noise_is_drawn_in_fixed_seeded_chunks_whatever_the_thread_count()
     seeds = chunk_seeds(3, 7, 3)
     for k, seed in enumerate(seeds):
         size = min(NOISE_CHUNK, numel - k * NOISE_CHUNK)
-        expected = torch.empty(size, dtype=torch.float64).normal_(generator=torch.Generator().manual_seed(seed))
+        expected = torch.empty(size, dtype=torch.float64).normal_(
+            generator=torch.Generator().manual_seed(seed)
+        )
         assert torch.equal(serial[k * NOISE_CHUNK : (k + 1) * NOISE_CHUNK], expected)
-    assert len(set(seeds)) == 3 and chunk_seeds(3, 7, 1) == seeds[:1] and chunk_seeds(3, 8, 1) != seeds[:1]
+    assert (
+        len(set(seeds)) == 3
+        and chunk_seeds(3, 7, 1) == seeds[:1]
+        and chunk_seeds(3, 8, 1) != seeds[:1]
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_chunked_noise_below_float64_is_the_rounded_float64_draw(dtype):
-    """torch's own float32 normal_ caps |z| at 5.77 (24-bit uniforms; 6.8 on CUDA): a capped tail leaks a δ
-    that no accountant counts, so lower precisions round the float64 draw instead (cap 8.57). (CPU float32
-    goes to Philox in training; its chunk path is the one CUDA takes.)"""
+    """torch's own float32 normal_ caps |z| at 5.77 (24-bit uniforms; 6.8 on CUDA): a capped tail
+    leaks a δ that no accountant counts, so lower precisions round the float64 draw instead (cap
+    8.57). (CPU float32 goes to Philox in training; its chunk path is the one CUDA takes.)"""
     from dpledger.engine.noise import NOISE_CHUNK
 
     numel = NOISE_CHUNK + 1000
@@ -213,7 +244,9 @@ def test_correlated_noise_follows_the_mechanism_stream_and_replays_on_resume():
         num_steps=5,
     )
     identity = NoiseSource(310, seed=4)  # the engine transforms its own i.i.d. rows z_t by C⁻¹
-    expected = list(noise_stream("banded", params, 5, 310, normals=lambda t: identity.draw(t).clone()))
+    expected = list(
+        noise_stream("banded", params, 5, 310, normals=lambda t: identity.draw(t).clone())
+    )
     got = []
     for _ in range(5):
         engine.private_step(model(torch.zeros(2, 30)).sum(1) * 0.0)
@@ -285,7 +318,8 @@ def test_cnn_first_layer_instantiates_and_deeper_layers_use_ghost_norm_with_less
     hybrid, engine = bk_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.1, ghost="auto")
     assert relative_error(hybrid, expected) < 1e-10
     # 2T² vs p·d: conv 0 at 32×32: 2.1e6 > 108 and conv 4 at 8×8: 8192 > 1152 -> instantiate;
-    # conv 7 at 4×4: 512 < 9216 and the Linear (T = 1): 2 < 1536 -> ghost; GroupNorm always instantiates
+    # conv 7 at 4×4: 512 < 9216 and the Linear (T = 1): 2 < 1536 -> ghost; GroupNorm always
+    # instantiates
     assert engine.layer_methods == {
         "0": "instantiate",
         "1": "instantiate",
@@ -294,7 +328,9 @@ def test_cnn_first_layer_instantiates_and_deeper_layers_use_ghost_norm_with_less
         "9": "ghost",
     }
     _, ghost_only = bk_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.1, ghost="always")
-    _, instantiate_only = bk_clipped_sum(copy.deepcopy(model), cross_entropy, x, y, 0.1, ghost="never")
+    _, instantiate_only = bk_clipped_sum(
+        copy.deepcopy(model), cross_entropy, x, y, 0.1, ghost="never"
+    )
     assert engine.last_workspace_elements < ghost_only.last_workspace_elements
     assert engine.last_workspace_elements < instantiate_only.last_workspace_elements
 
@@ -360,8 +396,9 @@ def test_bad_engine_options_raise_one_line_errors(kwargs, match):
 
 
 def test_a_layer_in_eval_mode_inside_a_training_model_still_trains():
-    """Only the model's mode decides whether a forward pass is recorded: a layer put in eval mode (e.g. to
-    switch off dropout) keeps its clipped gradient instead of silently receiving only noise."""
+    """Only the model's mode decides whether a forward pass is recorded: a layer put in eval mode
+    (e.g. to switch off dropout) keeps its clipped gradient instead of silently receiving only
+    noise."""
     torch.manual_seed(8)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).double()
     model[2].eval()
@@ -380,18 +417,23 @@ def test_backward_without_a_recorded_forward_says_to_train_the_model():
 
 
 def test_batchnorm_with_batch_statistics_is_refused_even_when_frozen():
-    """A frozen BatchNorm in training mode mixes examples: removing one example moved the clipped sum by
-    0.275 with R = 0.1, and a zero-weight padding row moved it by 0.219. Refused at the forward pass; in
-    eval mode (running statistics) it is per-example and the sum equals the naive loop's."""
+    """A frozen BatchNorm in training mode mixes examples: removing one example moved the clipped
+    sum by 0.275 with R = 0.1, and a zero-weight padding row moved it by 0.219. Refused at the
+    forward pass; in eval mode (running statistics) it is per-example and the sum equals the naive
+    loop's."""
     torch.manual_seed(9)
     model = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 2)).double()
     model[1].requires_grad_(False)
     x, y = torch.randn(16, 3, dtype=torch.float64), torch.randint(0, 2, (16,))
     twin = copy.deepcopy(model).eval()
     engine = BKEngine(model, None, clip_norm=0.1, noise_multiplier=0.0, normalizer=1.0)
-    with pytest.raises(UnsupportedLayerError, match=r"layer 1 \(BatchNorm1d\) normalises with batch statistics"):
+    with pytest.raises(
+        UnsupportedLayerError, match=r"layer 1 \(BatchNorm1d\) normalises with batch statistics"
+    ):
         model(x)
-    assert float(model[1].running_mean.abs().max()) == 0.0  # no statistics taken from the data either
+    assert (
+        float(model[1].running_mean.abs().max()) == 0.0
+    )  # no statistics taken from the data either
     model[1].eval()
     expected = naive_clipped_sum(twin, cross_entropy, x, y, 0.1)
     engine.private_step(cross_entropy(model(x), y))
@@ -405,12 +447,16 @@ def test_batchnorm_with_batch_statistics_is_refused_even_when_frozen():
 
 
 def test_embedding_max_norm_is_refused_because_it_renormalises_rows_from_the_data():
-    """max_norm rescales, in place and without noise, exactly the rows of the tokens in the batch (row norms
-    7.21 and 2.73 became 0.5, the others unchanged after one step): the released weights show which tokens
-    the private batch held."""
+    """max_norm rescales, in place and without noise, exactly the rows of the tokens in the batch
+    (row norms 7.21 and 2.73 became 0.5, the others unchanged after one step): the released weights
+    show which tokens the private batch held."""
     with pytest.raises(UnsupportedLayerError, match=r"layer 0 \(Embedding\).*max_norm"):
         BKEngine(
-            nn.Sequential(nn.Embedding(6, 4, max_norm=0.5)), None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0
+            nn.Sequential(nn.Embedding(6, 4, max_norm=0.5)),
+            None,
+            clip_norm=1.0,
+            noise_multiplier=1.0,
+            normalizer=1.0,
         )
     frozen = nn.Sequential(nn.Embedding(6, 4, max_norm=0.5), nn.Flatten(), nn.Linear(8, 2))
     frozen[0].requires_grad_(False)
@@ -426,18 +472,24 @@ def test_embedding_max_norm_is_refused_because_it_renormalises_rows_from_the_dat
 def test_instance_norm_that_tracks_running_statistics_is_refused():
     """InstanceNorm normalises each example by its own statistics (per-example, exact), but with
     track_running_stats=True it also updates running_mean/var from the private batch without noise
-    (running_mean went 0 -> (-0.03, 0.59) in one step); refused while training, allowed without tracking."""
+    (running_mean went 0 -> (-0.03, 0.59) in one step); refused while training, allowed without
+    tracking."""
     torch.manual_seed(10)
     x, y = torch.randn(5, 1, 6, 6, dtype=torch.float64) + 5, torch.randint(0, 2, (5,))
 
     def build(track):
         return nn.Sequential(
-            nn.Conv2d(1, 2, 3), nn.InstanceNorm2d(2, track_running_stats=track), nn.Flatten(), nn.Linear(2 * 4 * 4, 2)
+            nn.Conv2d(1, 2, 3),
+            nn.InstanceNorm2d(2, track_running_stats=track),
+            nn.Flatten(),
+            nn.Linear(2 * 4 * 4, 2),
         ).double()
 
     model = build(True)
     BKEngine(model, None, clip_norm=0.1, noise_multiplier=0.0, normalizer=1.0)
-    with pytest.raises(UnsupportedLayerError, match=r"layer 1 \(InstanceNorm2d\).*running statistics"):
+    with pytest.raises(
+        UnsupportedLayerError, match=r"layer 1 \(InstanceNorm2d\).*running statistics"
+    ):
         model(x)
     assert float(model[1].running_mean.abs().max()) == 0.0
     model = build(False)
@@ -447,8 +499,8 @@ def test_instance_norm_that_tracks_running_statistics_is_refused():
 
 
 class _InPlaceResidual(nn.Module):
-    """``h += mix(h)`` changes mix's input after mix saw it; torch's own backward of a Linear whose weight
-    does not need a gradient never reads that input, so nothing else notices."""
+    """``h += mix(h)`` changes mix's input after mix saw it; torch's own backward of a Linear whose
+    weight does not need a gradient never reads that input, so nothing else notices."""
 
     def __init__(self, in_place: bool) -> None:
         super().__init__()
@@ -466,8 +518,9 @@ class _InPlaceResidual(nn.Module):
 
 @pytest.mark.parametrize("ghost", ["always", "never"])
 def test_a_layer_input_changed_in_place_after_the_layer_is_refused(ghost):
-    """The in-place residual was computed from the changed input: relative error 0.26 against the naive loop
-    (mix.weight off by 0.20 in norm). It is now refused, naming the layer; the out-of-place one is exact."""
+    """The in-place residual was computed from the changed input: relative error 0.26 against the
+    naive loop (mix.weight off by 0.20 in norm). It is now refused, naming the layer; the
+    out-of-place one is exact."""
     torch.manual_seed(0)
     model = _InPlaceResidual(False).double()
     x, y = torch.randn(5, 4, dtype=torch.float64), torch.randint(0, 2, (5,))
@@ -481,7 +534,8 @@ def test_a_layer_input_changed_in_place_after_the_layer_is_refused(ghost):
 
 
 class _FunctionalHead(nn.Module):
-    """A head tied to the embedding by using its weight directly (F.linear or a matmul), not by a module."""
+    """A head tied to the embedding by using its weight directly (F.linear or a matmul), not by a
+    module."""
 
     def __init__(self, form: str) -> None:
         super().__init__()
@@ -496,14 +550,17 @@ class _FunctionalHead(nn.Module):
             return (h @ self.embed.weight.T).sum(1)
         with torch.no_grad():  # a use that takes no gradient is fine
             scale = self.embed.weight.norm()
-        return (h * scale.detach() + h.to(self.embed.weight.dtype) * 0 + self.mix.weight.shape[0]).sum(1)
+        return (
+            h * scale.detach() + h.to(self.embed.weight.dtype) * 0 + self.mix.weight.shape[0]
+        ).sum(1)
 
 
 @pytest.mark.parametrize("form", ["linear", "matmul"])
 def test_a_parameter_used_outside_its_layer_is_refused(form):
-    """Ghost differentiation turns requires_grad off, so a use of embed.weight outside embed's forward got no
-    gradient at all: the clipped sum was off by 1.12 (relative) from the naive loop, silently. Refused at the
-    first training forward pass; tie modules instead (head.weight = embed.weight, exact above)."""
+    """Ghost differentiation turns requires_grad off, so a use of embed.weight outside embed's
+    forward got no gradient at all: the clipped sum was off by 1.12 (relative) from the naive loop,
+    silently. Refused at the first training forward pass; tie modules instead (head.weight =
+    embed.weight, exact above)."""
     model = _FunctionalHead(form)
     BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
     tokens = torch.randint(0, 7, (3, 5))

@@ -1,5 +1,6 @@
-"""The generic exact rule, the batch-broadcast inputs and torch's attention/RNN layers (issue 17), against a
-naive per-example loop in float64 (1e-10); refusals name the layer, never an internal error."""
+"""The generic exact rule, the batch-broadcast inputs and torch's attention/RNN layers (issue 17),
+against a naive per-example loop in float64 (1e-10); refusals name the layer, never an internal
+error."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ FAST = settings(max_examples=6, deadline=None)
 
 
 class _LayerScale(nn.Module):
-    """A raw parameter next to a child Linear: the generic rule covers ``gamma``, the Linear keeps its rule."""
+    """A raw parameter next to a child Linear: the generic rule covers ``gamma``, the Linear keeps
+    its rule."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -67,11 +69,17 @@ class _LayerScaleModel(nn.Module):
     ghost=st.sampled_from(["auto", "always", "never"]),
     seed=st.integers(0, 1000),
 )
-def test_generic_rule_matches_naive_loop_and_keeps_child_rules(batch, steps, dim, keyword, ghost, seed):
+def test_generic_rule_matches_naive_loop_and_keeps_child_rules(
+    batch, steps, dim, keyword, ghost, seed
+):
     torch.manual_seed(seed)
     model = _LayerScaleModel(dim, keyword)
     error, engine = compare(
-        model, cross_entropy, torch.randn(batch, steps, dim), torch.randint(0, 3, (batch,)), ghost=ghost
+        model,
+        cross_entropy,
+        torch.randn(batch, steps, dim),
+        torch.randint(0, 3, (batch,)),
+        ghost=ghost,
     )
     assert error < TOL
     assert engine.layer_methods["block"] == engine.layer_methods["scaled"] == "generic"
@@ -79,7 +87,8 @@ def test_generic_rule_matches_naive_loop_and_keeps_child_rules(batch, steps, dim
 
 
 class _Positions(nn.Module):
-    """BERT-like: position ids of shape (1, T), broadcast over the batch, through an Embedding and a Linear."""
+    """BERT-like: position ids of shape (1, T), broadcast over the batch, through an Embedding and a
+    Linear."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -99,7 +108,11 @@ class _Positions(nn.Module):
 def test_input_broadcast_over_the_batch_gets_each_examples_own_gradient(batch, ghost):
     torch.manual_seed(batch)
     error, engine = compare(
-        _Positions(), cross_entropy, torch.randint(0, 9, (batch, 5)), torch.randint(0, 3, (batch,)), ghost=ghost
+        _Positions(),
+        cross_entropy,
+        torch.randint(0, 9, (batch, 5)),
+        torch.randint(0, 3, (batch,)),
+        ghost=ghost,
     )
     assert error < TOL
     assert "positions" in engine.layer_methods and "shared_proj" in engine.layer_methods
@@ -127,10 +140,17 @@ class _Encoder(nn.Module):
 def test_transformer_encoder_classifier_is_exact(batch_first):
     torch.manual_seed(7)
     ids = torch.randint(0, 11, (5, 6))
-    engine = check_every_parameter(_Encoder(batch_first), cross_entropy, ids, torch.randint(0, 3, (5,)))
+    engine = check_every_parameter(
+        _Encoder(batch_first), cross_entropy, ids, torch.randint(0, 3, (5,))
+    )
     methods = engine.layer_methods
-    assert methods["encoder.layers.0.self_attn"] == "generic" and methods["encoder.layers.0.linear1"] == "ghost"
-    assert "encoder.layers.0.self_attn.out_proj" not in methods  # its weights are the attention's (used functionally)
+    assert (
+        methods["encoder.layers.0.self_attn"] == "generic"
+        and methods["encoder.layers.0.linear1"] == "ghost"
+    )
+    assert (
+        "encoder.layers.0.self_attn.out_proj" not in methods
+    )  # its weights are the attention's (used functionally)
 
 
 class _Recurrent(nn.Module):
@@ -157,7 +177,9 @@ class _Recurrent(nn.Module):
 def test_recurrent_classifiers_are_exact_whatever_the_batch_dimension(cell, batch_first, initial):
     torch.manual_seed(8)
     model = _Recurrent(cell, batch_first, initial)
-    engine = check_every_parameter(model, cross_entropy, torch.randn(4, 5, 4), torch.randint(0, 3, (4,)))
+    engine = check_every_parameter(
+        model, cross_entropy, torch.randn(4, 5, 4), torch.randint(0, 3, (4,))
+    )
     assert engine.layer_methods["rnn"] == "generic"
 
 
@@ -192,7 +214,11 @@ def _resnet(norm=True):
 def test_resnet_with_group_norm_is_exact(clipping):
     torch.manual_seed(9)
     check_every_parameter(
-        _resnet(), cross_entropy, torch.randn(4, 3, 8, 8), torch.randint(0, 3, (4,)), clipping=clipping
+        _resnet(),
+        cross_entropy,
+        torch.randn(4, 3, 8, 8),
+        torch.randint(0, 3, (4,)),
+        clipping=clipping,
     )
 
 
@@ -201,7 +227,11 @@ def test_batchnorm_is_refused_with_the_replace_batchnorm_fix_which_makes_the_mod
     with pytest.raises(UnsupportedLayerError, match=r"1\.weight.*replace_batchnorm"):
         BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
     assert replace_batchnorm(model) is model
-    assert isinstance(model[1], nn.GroupNorm) and model[1].num_groups == 4 and model[1].num_channels == 4
+    assert (
+        isinstance(model[1], nn.GroupNorm)
+        and model[1].num_groups == 4
+        and model[1].num_channels == 4
+    )
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     torch.manual_seed(9)
     error, _ = compare(model, cross_entropy, torch.randn(4, 3, 8, 8), torch.randint(0, 3, (4,)))
@@ -209,7 +239,9 @@ def test_batchnorm_is_refused_with_the_replace_batchnorm_fix_which_makes_the_mod
 
 
 def test_replace_batchnorm_keeps_affine_eps_and_picks_a_group_count_dividing_the_channels():
-    model = nn.Sequential(nn.BatchNorm1d(6, eps=1e-3), nn.BatchNorm2d(48, affine=False), nn.BatchNorm3d(7))
+    model = nn.Sequential(
+        nn.BatchNorm1d(6, eps=1e-3), nn.BatchNorm2d(48, affine=False), nn.BatchNorm3d(7)
+    )
     replace_batchnorm(model)
     assert [m.num_groups for m in model] == [6, 24, 7]
     assert model[0].eps == 1e-3 and model[0].affine and not model[1].affine
@@ -220,7 +252,9 @@ def test_gradient_accumulation_over_physical_batches_with_generic_and_broadcast_
     model = nn.Sequential(_Positions()).double()
     ids, labels = torch.randint(0, 9, (6, 5)), torch.randint(0, 3, (6,))
     expected = naive_clipped_sum(copy.deepcopy(model), cross_entropy, ids, labels, 0.3)
-    model[0].extra = _LayerScale(3).double()  # never called: zeros (the step's noise only), never an error
+    model[0].extra = _LayerScale(
+        3
+    ).double()  # never called: zeros (the step's noise only), never an error
     model.append(_Dead()).double()  # called, but its output never reaches the loss
     engine = BKEngine(model, None, clip_norm=0.3, noise_multiplier=0.0, normalizer=1.0)
     for part in (slice(0, 2), slice(2, 6)):
@@ -283,7 +317,9 @@ def test_attention_with_a_batch_times_heads_mask_and_packed_sequences_are_refuse
     attention = nn.MultiheadAttention(4, 2, batch_first=True)
     BKEngine(attention, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
     x = torch.randn(3, 5, 4)
-    with pytest.raises(UnsupportedLayerError, match="<model> \\(MultiheadAttention\\).*3-D attn_mask"):
+    with pytest.raises(
+        UnsupportedLayerError, match="<model> \\(MultiheadAttention\\).*3-D attn_mask"
+    ):
         attention(x, x, x, attn_mask=torch.zeros(6, 5, 5))
     lstm = nn.LSTM(4, 3)
     BKEngine(lstm, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
@@ -293,7 +329,8 @@ def test_attention_with_a_batch_times_heads_mask_and_packed_sequences_are_refuse
 
 
 def test_cpu_bf16_autocast_through_generic_and_attention_layers_is_within_five_percent():
-    """bf16 keeps 8 bits of mantissa: the stated tolerance is 5e-2 relative against the float32 naive loop."""
+    """bf16 keeps 8 bits of mantissa: the stated tolerance is 5e-2 relative against the float32
+    naive loop."""
     torch.manual_seed(11)
     model = _Encoder(batch_first=True)
     ids, labels = torch.randint(1, 11, (4, 6)), torch.randint(0, 3, (4,))
@@ -307,8 +344,8 @@ def test_cpu_bf16_autocast_through_generic_and_attention_layers_is_within_five_p
 
 
 class _KeywordAttention(nn.Module):
-    """Sequence-first attention called with keywords only, a key padding mask and a 2-D additive mask; both of
-    its outputs (the attention weights too) feed the loss."""
+    """Sequence-first attention called with keywords only, a key padding mask and a 2-D additive
+    mask; both of its outputs (the attention weights too) feed the loss."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -316,16 +353,24 @@ class _KeywordAttention(nn.Module):
         self.head = nn.Linear(4, 3)
 
     def forward(self, x):
-        q, k, v = x[..., :4].transpose(0, 1), x[..., 4:7].transpose(0, 1), x[..., 7:].transpose(0, 1)
+        q, k, v = (
+            x[..., :4].transpose(0, 1),
+            x[..., 4:7].transpose(0, 1),
+            x[..., 7:].transpose(0, 1),
+        )
         padding = torch.zeros(x.shape[0], x.shape[1], dtype=torch.bool)
         padding[:, -1] = True
         mask = torch.triu(torch.full((x.shape[1], x.shape[1]), -1.0, dtype=x.dtype), 1)
-        out, weights = self.attention(query=q, key=k, value=v, key_padding_mask=padding, attn_mask=mask)
+        out, weights = self.attention(
+            query=q, key=k, value=v, key_padding_mask=padding, attn_mask=mask
+        )
         return self.head(out.mean(0)) + weights.sum((1, 2))[:, None]
 
 
 def test_attention_called_with_keywords_separate_key_value_dims_and_masks_is_exact():
     torch.manual_seed(12)
-    error, engine = compare(_KeywordAttention(), cross_entropy, torch.randn(5, 6, 12), torch.randint(0, 3, (5,)))
+    error, engine = compare(
+        _KeywordAttention(), cross_entropy, torch.randn(5, 6, 12), torch.randint(0, 3, (5,))
+    )
     assert error < TOL
     assert engine.layer_methods["attention"] == "generic"

@@ -1,4 +1,5 @@
-"""Independent computations the engine tests compare against: a naive per-example autograd loop (no tests here)."""
+"""Independent computations the engine tests compare against: a naive per-example autograd loop (no
+tests here)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from dpledger.engine import BKEngine
 
 
 def sum_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per-example loss that works for any output shape: Σ over non-batch axes of output · target."""
+    """Per-example loss that works for any output shape: Σ over non-batch axes of output ·
+    target."""
     return (output * target).reshape(output.shape[0], -1).sum(1)
 
 
@@ -21,18 +23,24 @@ def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def naive_per_example(model: nn.Module, loss_fn, inputs, targets) -> list[dict[str, torch.Tensor]]:
-    """One autograd call per example; tied parameters appear once (named_parameters deduplicates)."""
+    """One autograd call per example; tied parameters appear once (named_parameters
+    deduplicates)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     out = []
     for i in range(inputs.shape[0]):
         loss = loss_fn(model(inputs[i : i + 1]), targets[i : i + 1]).sum()
         grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-        out.append({n: (g if g is not None else torch.zeros_like(p)) for (n, p), g in zip(named, grads)})
+        out.append(
+            {n: (g if g is not None else torch.zeros_like(p)) for (n, p), g in zip(named, grads)}
+        )
     return out
 
 
-def naive_clipped_sum(model, loss_fn, inputs, targets, clip_norm, *, clipping="flat", weights=None, gamma=0.01):
-    """Σ_i C_i w_i g_i written out example by example, with the clipping rules restated independently."""
+def naive_clipped_sum(
+    model, loss_fn, inputs, targets, clip_norm, *, clipping="flat", weights=None, gamma=0.01
+):
+    """Σ_i C_i w_i g_i written out example by example, with the clipping rules restated
+    independently."""
     per_example = naive_per_example(model, loss_fn, inputs, targets)
     names = list(per_example[0])
     layers = sorted({n.rsplit(".", 1)[0] for n in names})
@@ -60,8 +68,11 @@ def naive_clipped_sum(model, loss_fn, inputs, targets, clip_norm, *, clipping="f
 
 
 def bk_clipped_sum(model, loss_fn, inputs, targets, clip_norm, *, weights=None, **engine_options):
-    """The engine's clipped sum (noise off, normalizer 1), read back from p.grad; returns (sums, engine)."""
-    engine = BKEngine(model, None, clip_norm=clip_norm, noise_multiplier=0.0, normalizer=1.0, **engine_options)
+    """The engine's clipped sum (noise off, normalizer 1), read back from p.grad; returns (sums,
+    engine)."""
+    engine = BKEngine(
+        model, None, clip_norm=clip_norm, noise_multiplier=0.0, normalizer=1.0, **engine_options
+    )
     engine.private_step(loss_fn(model(inputs), targets), weights)
     names = engine.parameter_names
     sums = {n: p.grad.clone() for n, p in zip(names, engine.params)}
@@ -86,32 +97,44 @@ def median_norm(model, loss_fn, inputs, targets) -> float:
 def compare(
     model, loss_fn, inputs, targets, *, clipping="flat", weights=None, **engine_options
 ) -> tuple[float, BKEngine]:
-    """Relative error of the BK clipped sum against the naive loop, on float64 copies of the model."""
+    """Relative error of the BK clipped sum against the naive loop, on float64 copies of the
+    model."""
     model = copy.deepcopy(model).double()
     inputs = inputs.double() if inputs.is_floating_point() else inputs
     targets = targets.double() if targets.is_floating_point() else targets
     clip_norm = median_norm(model, loss_fn, inputs, targets)
-    expected = naive_clipped_sum(model, loss_fn, inputs, targets, clip_norm, clipping=clipping, weights=weights)
+    expected = naive_clipped_sum(
+        model, loss_fn, inputs, targets, clip_norm, clipping=clipping, weights=weights
+    )
     got, engine = bk_clipped_sum(
-        model, loss_fn, inputs, targets, clip_norm, weights=weights, clipping=clipping, **engine_options
+        model,
+        loss_fn,
+        inputs,
+        targets,
+        clip_norm,
+        weights=weights,
+        clipping=clipping,
+        **engine_options,
     )
     return relative_error(got, expected), engine
 
 
 def check_every_parameter(model, loss_fn, inputs, targets, *, clipping="flat", **engine_options):
-    """Float64 copies; the whole sum to 1e-10 and each trainable parameter exact and non-zero where the naive
-    loop's gradient is (the engine refusing instead raises, naming the parameter)."""
+    """Float64 copies; the whole sum to 1e-10 and each trainable parameter exact and non-zero where
+    the naive loop's gradient is (the engine refusing instead raises, naming the parameter)."""
     torch.manual_seed(0)
     model = copy.deepcopy(model).double().train()
     inputs = inputs.double() if inputs.is_floating_point() else inputs
     clip_norm = median_norm(model, loss_fn, inputs, targets)
     expected = naive_clipped_sum(model, loss_fn, inputs, targets, clip_norm, clipping=clipping)
-    got, engine = bk_clipped_sum(model, loss_fn, inputs, targets, clip_norm, clipping=clipping, **engine_options)
+    got, engine = bk_clipped_sum(
+        model, loss_fn, inputs, targets, clip_norm, clipping=clipping, **engine_options
+    )
     assert set(got) == {n for n, p in model.named_parameters() if p.requires_grad}
     assert relative_error(got, expected) < 1e-10
-    # One by one: a parameter left at zero or unclipped would hide in the whole sum. A gradient that is zero in
-    # exact arithmetic (an attention key bias) is rounding noise in both: below 1e-8 of the largest it must
-    # only stay that small.
+    # One by one: a parameter left at zero or unclipped would hide in the whole sum. A gradient that
+    # is zero in exact arithmetic (an attention key bias) is rounding noise in both: below 1e-8 of
+    # the largest it must only stay that small.
     floor = 1e-8 * max(float(g.abs().max()) for g in expected.values())
     for name in got:
         scale = float(expected[name].abs().max())

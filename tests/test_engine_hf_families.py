@@ -1,12 +1,13 @@
-"""The BK engine on more `transformers` families (issue 26): tiny random configs built here, nothing downloaded.
+"""The BK engine on more `transformers` families (issue 26): tiny random configs built here, nothing
+downloaded.
 
-Beyond tests/test_engine_hf_models.py: encoders (DistilBERT, ALBERT, ELECTRA, DeBERTa-v2 with relative
-attention), decoder-only LMs with rotary (GPT-NeoX with parallel attention, Mistral, Qwen2, Phi, GPT-J), ALiBi
-(BLOOM, Falcon), learned positions (OPT, whose MLP runs on tokens flattened to rows), encoder-decoders (BART,
-Whisper), vision with relative position bias (BEiT with layer scale, Swin with windowed attention) and audio
-(Wav2Vec2, with its weight_norm positional convolution). Each in float64, eager attention, dropout off, against a
-naive per-example autograd loop: the whole clipped sum to 1e-10 relative and every trainable parameter one by
-one (``check_every_parameter``).
+Beyond tests/test_engine_hf_models.py: encoders (DistilBERT, ALBERT, ELECTRA, DeBERTa-v2 with
+relative attention), decoder-only LMs with rotary (GPT-NeoX with parallel attention, Mistral, Qwen2,
+Phi, GPT-J), ALiBi (BLOOM, Falcon), learned positions (OPT, whose MLP runs on tokens flattened to
+rows), encoder-decoders (BART, Whisper), vision with relative position bias (BEiT with layer scale,
+Swin with windowed attention) and audio (Wav2Vec2, with its weight_norm positional convolution).
+Each in float64, eager attention, dropout off, against a naive per-example autograd loop: the whole
+clipped sum to 1e-10 relative and every trainable parameter one by one (``check_every_parameter``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,16 @@ from test_engine_helpers import check_every_parameter
 transformers = pytest.importorskip("transformers")
 
 VOCAB, B, T, LABELS = 40, 3, 6, 3
-DECODER = dict(vocab_size=VOCAB, hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2)
-ENCODER = dict(DECODER, max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+DECODER = dict(
+    vocab_size=VOCAB,
+    hidden_size=8,
+    intermediate_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+)
+ENCODER = dict(
+    DECODER, max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+)
 
 
 class _Logits(nn.Module):
@@ -48,7 +57,8 @@ class _Seq2Seq(nn.Module):
 
 
 class _Speech2Text(_Seq2Seq):
-    """Whisper: (B, mel bins, frames + T) features whose last T columns of bin 0 carry the decoder ids."""
+    """Whisper: (B, mel bins, frames + T) features whose last T columns of bin 0 carry the decoder
+    ids."""
 
     def forward(self, inputs):
         features, ids = inputs[..., :-T], inputs[:, 0, -T:].long()
@@ -206,7 +216,9 @@ FAMILIES = {
         hidden_dropout=0.0,
         attention_dropout=0.0,
     ),
-    "mistral": lambda: _causal("MistralForCausalLM", "MistralConfig", 17, sliding_window=4, **ROTARY),
+    "mistral": lambda: _causal(
+        "MistralForCausalLM", "MistralConfig", 17, sliding_window=4, **ROTARY
+    ),
     "qwen2": lambda: _causal("Qwen2ForCausalLM", "Qwen2Config", 18, **ROTARY),
     "phi": lambda: _causal(
         "PhiForCausalLM",

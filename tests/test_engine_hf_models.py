@@ -1,8 +1,9 @@
-"""The BK engine on the models people fine-tune (issue 17): tiny random configs built here, nothing downloaded.
+"""The BK engine on the models people fine-tune (issue 17): tiny random configs built here, nothing
+downloaded.
 
-Each model, in float64 with dropout off, against a naive per-example autograd loop: the whole clipped sum to
-1e-10 relative, and every trainable parameter, one by one, got its own private gradient (non-zero where the
-naive loop's is, equal to it) — none silently frozen or left unclipped.
+Each model, in float64 with dropout off, against a naive per-example autograd loop: the whole
+clipped sum to 1e-10 relative, and every trainable parameter, one by one, got its own private
+gradient (non-zero where the naive loop's is, equal to it) — none silently frozen or left unclipped.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from hypothesis import strategies as st
 from torch import nn
 
 from dpledger.engine import BKEngine
-from test_engine_helpers import check_every_parameter, compare, naive_clipped_sum, relative_error, sum_loss
+from test_engine_helpers import (
+    check_every_parameter,
+    compare,
+    naive_clipped_sum,
+    relative_error,
+    sum_loss,
+)
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -200,7 +207,9 @@ def test_gpt2_layers_use_linear_rules_and_the_tied_head_is_one_parameter():
     assert methods["model.transformer.h.0.attn.c_attn"] == "ghost"
     assert methods["model.transformer.h.0.mlp.c_proj"] == "ghost"
     assert methods["model.transformer.h.0.ln_1"] == "instantiate"
-    assert methods["model.transformer.wte"] == methods["model.lm_head"] == "ghost"  # tied: cross term ghost_dot
+    assert (
+        methods["model.transformer.wte"] == methods["model.lm_head"] == "ghost"
+    )  # tied: cross term ghost_dot
     assert "model.lm_head.weight" not in engine.parameter_names
     check_every_parameter(model, loss_fn, inputs, targets, ghost="never")
 
@@ -209,7 +218,10 @@ def test_lora_trains_only_the_adapters_through_linear_rules():
     model, loss_fn, inputs, targets = MODELS["gpt2-lora"]()
     engine = check_every_parameter(model, loss_fn, inputs, targets)
     assert engine.parameter_names and all("lora_" in n for n in engine.parameter_names)
-    assert set(engine.layer_methods.values()) <= {"ghost", "instantiate"}  # rank-2 layers: 2T² > p·d instantiates
+    assert set(engine.layer_methods.values()) <= {
+        "ghost",
+        "instantiate",
+    }  # rank-2 layers: 2T² > p·d instantiates
 
 
 def test_gpt2_is_exact_with_gradient_accumulation_over_physical_batches():
@@ -225,7 +237,8 @@ def test_gpt2_is_exact_with_gradient_accumulation_over_physical_batches():
 
 
 @pytest.mark.parametrize(
-    "name,clipping", [("gpt2", "per-layer"), ("t5", "per-layer"), ("vit", "automatic"), ("llama", "automatic")]
+    "name,clipping",
+    [("gpt2", "per-layer"), ("t5", "per-layer"), ("vit", "automatic"), ("llama", "automatic")],
 )
 def test_hf_models_are_exact_with_per_layer_and_automatic_clipping(name, clipping):
     model, loss_fn, inputs, targets = MODELS[name]()
@@ -266,7 +279,8 @@ def test_transformers_conv1d_matches_naive_loop(batch, lead, d, p, ghost, seed):
 def test_the_engine_imports_transformers_only_for_a_model_that_uses_it():
     code = (
         "import sys, torch; from dpledger.engine import BKEngine; "
-        "BKEngine(torch.nn.Linear(2, 2), None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0); "
+        "BKEngine(torch.nn.Linear(2, 2), None, clip_norm=1.0, noise_multiplier=0.0, "
+        "normalizer=1.0); "
         "print('transformers' in sys.modules, 'peft' in sys.modules)"
     )
     result = subprocess.run(

@@ -1,7 +1,8 @@
-"""Layers whose output is changed in place after they return it (issue 26): exact, in float64, against a naive
-per-example loop. A hook on the output tensor missed the gradient when the output was a view or the layer ran
-under the generic rule (the private gradient of that layer silently zero: relative error 1.0); every layer's
-output gradient now goes through its own identity node (``engine/capture.py``)."""
+"""Layers whose output is changed in place after they return it (issue 26): exact, in float64,
+against a naive per-example loop. A hook on the output tensor missed the gradient when the output
+was a view or the layer ran under the generic rule (the private gradient of that layer silently
+zero: relative error 1.0); every layer's output gradient now goes through its own identity node
+(``engine/capture.py``)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def test_a_layer_output_changed_in_place_afterwards_is_exact(kind, change, ghost
 
 
 def test_the_issue_toy_was_wrong_only_through_its_in_place_output():
-    """The toy's whole clipped sum: exact both ways (it was 0.30 relative with ``o += h`` before the fix)."""
+    """The toy's whole clipped sum: exact both ways (it was 0.30 relative with ``o += h`` before the
+    fix)."""
     torch.manual_seed(0)
     inputs, targets = torch.randn(4, 3, 4), torch.randn(4, 3, 4)
     for change in ("add", "none"):
@@ -74,9 +76,10 @@ def test_the_issue_toy_was_wrong_only_through_its_in_place_output():
 
 
 class _InputChanged(nn.Module):
-    """A generic-rule layer whose INPUT is changed in place after it ran. Plain torch training refuses this model
-    (the layer's weight gradient needs that input); with ghost differentiation only the engine's version check
-    stops the per-example gradients being formed from the changed values."""
+    """A generic-rule layer whose INPUT is changed in place after it ran. Plain torch training
+    refuses this model (the layer's weight gradient needs that input); with ghost differentiation
+    only the engine's version check stops the per-example gradients being formed from the changed
+    values."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -1,13 +1,14 @@
-"""Kernel launches and host syncs of one BK step (issue 30), counted on the CPU by a TorchDispatchMode.
+"""Kernel launches and host syncs of one BK step (issue 30), counted on the CPU by a
+TorchDispatchMode.
 
-Every aten op that reaches the dispatcher is counted; views (``func.is_view``: reshape, transpose, detach…)
-launch no kernel and are left out of ``launches``. A host sync is an op that copies a device value to the
-host (``.item()``, ``int(t)``, ``if t.any()``, ``nonzero``). On a GPU each launch costs about 5 µs of host
-time and each sync drains the queue, so both are held to a budget here, on the tiny 12-layer GPT-2 of the
-review (n_embd 16, T 16, B 4; SGD from ``make_optimizer``).
+Every aten op that reaches the dispatcher is counted; views (``func.is_view``: reshape, transpose,
+detach…) launch no kernel and are left out of ``launches``. A host sync is an op that copies a
+device value to the host (``.item()``, ``int(t)``, ``if t.any()``, ``nonzero``). On a GPU each
+launch costs about 5 µs of host time and each sync drains the queue, so both are held to a budget
+here, on the tiny 12-layer GPT-2 of the review (n_embd 16, T 16, B 4; SGD from ``make_optimizer``).
 
-Before issue 30 a step (``backward`` + ``step``) made 1,764 launches and 1 sync (the non-private step:
-666 launches); the budget is half of that (benchmarks/RESULTS.md has the counts).
+Before issue 30 a step (``backward`` + ``step``) made 1,764 launches and 1 sync (the non-private
+step: 666 launches); the budget is half of that (benchmarks/RESULTS.md has the counts).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ transformers = pytest.importorskip("transformers")
 LAUNCHES_BEFORE, SYNCS_BEFORE = 1764, 1
 LAUNCH_BUDGET = LAUNCHES_BEFORE // 2
 WEIGHTS_EXTRA = 8
-"""Padding weights cost a few launches of (B,) vectors: the weighted loss, the masks of weight-0 rows."""
+"""Padding weights cost a few launches of (B,) vectors: the weighted loss, the masks of weight-0
+rows."""
 SYNC_OPS = (
     "aten._local_scalar_dense",
     "aten.nonzero",
@@ -82,7 +84,11 @@ def count_step(
     ``model``, by default the tiny GPT-2."""
     model = _gpt2() if model is None else model
     engine = BKEngine(
-        model, make_optimizer("sgd", model.parameters(), 0.1), clip_norm=1.0, noise_multiplier=1.0, normalizer=4.0
+        model,
+        make_optimizer("sgd", model.parameters(), 0.1),
+        clip_norm=1.0,
+        noise_multiplier=1.0,
+        normalizer=4.0,
     )
     ids = torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(1))
     engine.private_step(_losses(model, ids), weights)
@@ -103,7 +109,8 @@ def test_a_bk_step_stays_within_half_the_launches_of_before_and_never_syncs():
 
 
 def test_padding_weights_and_a_dropped_example_add_no_sync():
-    """The non-finite example is masked by masked_fill, not found by ``.any()``; the count stays on the device."""
+    """The non-finite example is masked by masked_fill, not found by ``.any()``; the count stays on
+    the device."""
     counter = count_step(weights=torch.tensor([1.0, 1.0, 1.0, 0.0]), poison=True)
     assert counter.syncs == 0 and counter.launches <= LAUNCH_BUDGET + WEIGHTS_EXTRA
     assert counter.engine.nonfinite_examples == 1
@@ -146,8 +153,8 @@ def test_the_generic_rule_checks_all_its_calls_in_one_host_sync_per_step():
 
 
 def test_cuda_noise_comes_in_few_large_draws_and_the_cpu_stream_keeps_its_chunks():
-    """GPT-2 small's 124M noise entries: at most 8 seeded draws on CUDA (475 before); the CPU chunks, and so
-    the CPU noise of every released run, are unchanged."""
+    """GPT-2 small's 124M noise entries: at most 8 seeded draws on CUDA (475 before); the CPU
+    chunks, and so the CPU noise of every released run, are unchanged."""
     from dpledger.engine.noise import NOISE_CHUNK, noise_chunk
 
     gpt2_small = 124_439_808

@@ -1,4 +1,5 @@
-"""Exactness of every layer rule: the BK clipped sum equals a naive per-example loop in float64 (1e-10)."""
+"""Exactness of every layer rule: the BK clipped sum equals a naive per-example loop in float64
+(1e-10)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def test_linear_with_leading_dimensions_matches_naive_loop(batch, lead, d, p, bi
 
 @pytest.mark.parametrize("steps", [33, 64, 100, 128, 300])
 def test_linear_over_long_sequences_uses_symmetric_gram_blocks_exactly(steps):
-    """T >= 64 takes the row-block path of the ghost norm on CPU (blocks of 32, a ragged last one)."""
+    """T >= 64 takes the row-block path of the ghost norm on CPU (blocks of 32, a ragged last
+    one)."""
     torch.manual_seed(steps)
     model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3))
     inputs = torch.randn(3, steps, 5)
@@ -63,7 +65,9 @@ def test_linear_over_long_sequences_uses_symmetric_gram_blocks_exactly(steps):
     ghost=st.sampled_from(GHOST),
     seed=st.integers(0, 10_000),
 )
-def test_conv2d_matches_naive_loop(batch, c_in, groups, kernel, stride, padding, dilation, mode, bias, ghost, seed):
+def test_conv2d_matches_naive_loop(
+    batch, c_in, groups, kernel, stride, padding, dilation, mode, bias, ghost, seed
+):
     if padding == "same":
         stride = 1
     torch.manual_seed(seed)
@@ -98,7 +102,8 @@ def test_conv2d_matches_naive_loop(batch, c_in, groups, kernel, stride, padding,
 def test_conv1d_matches_naive_loop(batch, kernel, stride, padding, dilation, groups, ghost, seed):
     torch.manual_seed(seed)
     model = nn.Sequential(
-        nn.Conv1d(3, 3, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups), nn.Tanh()
+        nn.Conv1d(3, 3, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups),
+        nn.Tanh(),
     )
     inputs = torch.randn(batch, 3, 11)
     error, _ = compare(model, sum_loss, inputs, _targets(model, inputs), ghost=ghost)
@@ -142,7 +147,9 @@ def test_embedding_norm_by_row_sums_is_exact_over_long_sequences_and_chosen_belo
     error, engine = compare(model, cross_entropy, tokens, torch.randint(0, 3, (4,)))
     assert error < TOL
     assert engine.layer_methods["embed"] == "ghost"
-    _, engine = compare(_Tokens(8, 4, None), cross_entropy, torch.randint(0, 8, (2, 9)), torch.randint(0, 3, (2,)))
+    _, engine = compare(
+        _Tokens(8, 4, None), cross_entropy, torch.randint(0, 8, (2, 9)), torch.randint(0, 3, (2,))
+    )
     assert engine.layer_methods["embed"] == "instantiate"
 
 
@@ -161,7 +168,9 @@ def test_normalisation_layers_match_naive_loop(norm):
     layer = norm()
     shape = (5, 3, 6) if not isinstance(layer, nn.GroupNorm) else (5, 3, 4, 2)
     model = (
-        nn.Sequential(layer, nn.Tanh()) if isinstance(layer, nn.GroupNorm) else nn.Sequential(nn.Linear(6, 6), layer)
+        nn.Sequential(layer, nn.Tanh())
+        if isinstance(layer, nn.GroupNorm)
+        else nn.Sequential(nn.Linear(6, 6), layer)
     )
     inputs = torch.randn(*shape)
     error, _ = compare(model, sum_loss, inputs, _targets(model, inputs))
@@ -171,11 +180,12 @@ def test_normalisation_layers_match_naive_loop(norm):
 @pytest.mark.parametrize("ghost", GHOST)
 @pytest.mark.parametrize("frozen", ["weight", "bias"])
 @pytest.mark.parametrize(
-    "layer", [lambda: nn.Linear(6, 6), lambda: nn.Conv1d(3, 3, 3, padding=1), lambda: nn.LayerNorm(6)]
+    "layer",
+    [lambda: nn.Linear(6, 6), lambda: nn.Conv1d(3, 3, 3, padding=1), lambda: nn.LayerNorm(6)],
 )
 def test_a_frozen_weight_or_bias_leaves_the_other_parameter_exact(layer, frozen, ghost):
-    """Bias-only training (frozen weights) and frozen biases: the engine handles exactly the trainable
-    parameters of a layer, and never computes a frozen weight's norm."""
+    """Bias-only training (frozen weights) and frozen biases: the engine handles exactly the
+    trainable parameters of a layer, and never computes a frozen weight's norm."""
     torch.manual_seed(2)
     first = layer()
     getattr(first, frozen).requires_grad_(False)
@@ -209,8 +219,15 @@ def test_tied_and_reused_parameters_use_the_norm_of_the_summed_gradient(ghost):
     targets = torch.randint(0, 7, (6,))
     error, engine = compare(_Tied(), cross_entropy, tokens, targets, ghost=ghost)
     assert error < TOL
-    expected = {"never": "instantiate", "always": "ghost", "auto": "instantiate"}[ghost]  # auto: T = 5, 7 × 4 weight
-    assert engine.layer_methods["mix"] == engine.layer_methods["embed"] == engine.layer_methods["head"] == expected
+    expected = {"never": "instantiate", "always": "ghost", "auto": "instantiate"}[
+        ghost
+    ]  # auto: T = 5, 7 × 4 weight
+    assert (
+        engine.layer_methods["mix"]
+        == engine.layer_methods["embed"]
+        == engine.layer_methods["head"]
+        == expected
+    )
 
 
 class _TiedHeadFirst(_Tied):
@@ -226,7 +243,8 @@ class _TiedHeadFirst(_Tied):
 
 @pytest.mark.parametrize("model_class", [_Tied, _TiedHeadFirst])
 def test_per_layer_clipping_counts_only_layers_that_own_parameters(model_class):
-    """L in R/√L is the number of owning layers (embed, mix), wherever the tied head is registered."""
+    """L in R/√L is the number of owning layers (embed, mix), wherever the tied head is
+    registered."""
     torch.manual_seed(2)
     tokens, targets = torch.randint(0, 7, (6, 5)), torch.randint(0, 7, (6,))
     error, _ = compare(model_class(), cross_entropy, tokens, targets, clipping="per-layer")
@@ -236,7 +254,9 @@ def test_per_layer_clipping_counts_only_layers_that_own_parameters(model_class):
 @pytest.mark.parametrize("clipping", ["flat", "per-layer", "automatic"])
 def test_clipping_modes_match_naive_loop(clipping):
     torch.manual_seed(3)
-    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.GroupNorm(1, 2), nn.Flatten(), nn.Linear(2 * 4 * 4, 3))
+    model = nn.Sequential(
+        nn.Conv2d(1, 2, 3), nn.GroupNorm(1, 2), nn.Flatten(), nn.Linear(2 * 4 * 4, 3)
+    )
     inputs = torch.randn(6, 1, 6, 6)
     error, _ = compare(model, cross_entropy, inputs, torch.randint(0, 3, (6,)), clipping=clipping)
     assert error < TOL
@@ -258,7 +278,11 @@ def test_padding_rows_contribute_exactly_zero():
 def test_in_place_activation_after_a_layer_keeps_the_layer_output_gradient():
     torch.manual_seed(5)
     model = nn.Sequential(
-        nn.Linear(5, 6), nn.ReLU(inplace=True), nn.Linear(6, 6), nn.ReLU(inplace=True), nn.Linear(6, 3)
+        nn.Linear(5, 6),
+        nn.ReLU(inplace=True),
+        nn.Linear(6, 6),
+        nn.ReLU(inplace=True),
+        nn.Linear(6, 3),
     )
     error, _ = compare(model, cross_entropy, torch.randn(7, 5), torch.randint(0, 3, (7,)))
     assert error < TOL
@@ -278,12 +302,14 @@ class _PlainSubclass(nn.Linear):
     """Inherits Linear's forward: Linear's rule applies."""
 
 
-@pytest.mark.parametrize("layer", [lambda: _ScaledInput(3, 4), lambda: _FlippedConv(1, 2, 3)], ids=["linear", "conv"])
+@pytest.mark.parametrize(
+    "layer", [lambda: _ScaledInput(3, 4), lambda: _FlippedConv(1, 2, 3)], ids=["linear", "conv"]
+)
 def test_a_subclass_that_changes_how_the_output_is_computed_gets_the_exact_generic_rule(layer):
-    """The base class's rule assumes the base class's forward: F.linear(2·x) gave relative error 0.39 against
-    the naive loop and a flipped-input Conv2d 1.13, silently. Such a layer gets the generic rule (its own
-    forward re-run per example); a subclass that keeps the forward (like torch's NonDynamicallyQuantizableLinear)
-    keeps the base class's ghost rule."""
+    """The base class's rule assumes the base class's forward: F.linear(2·x) gave relative error
+    0.39 against the naive loop and a flipped-input Conv2d 1.13, silently. Such a layer gets the
+    generic rule (its own forward re-run per example); a subclass that keeps the forward (like
+    torch's NonDynamicallyQuantizableLinear) keeps the base class's ghost rule."""
     torch.manual_seed(6)
     first = layer()
     model = nn.Sequential(first, nn.Tanh())
@@ -299,8 +325,9 @@ def test_a_subclass_that_changes_how_the_output_is_computed_gets_the_exact_gener
 
 
 class _EmbeddingTwiceTiedHead(nn.Module):
-    """One table looked up twice (two token streams, one with padding) and used again as the output head:
-    all three pairwise kinds of ghost_dot (one-hot/one-hot, dense/one-hot, one-hot/dense) meet."""
+    """One table looked up twice (two token streams, one with padding) and used again as the output
+    head: all three pairwise kinds of ghost_dot (one-hot/one-hot, dense/one-hot, one-hot/dense)
+    meet."""
 
     def __init__(self, vocab: int, padding_idx: int | None) -> None:
         super().__init__()
@@ -311,7 +338,9 @@ class _EmbeddingTwiceTiedHead(nn.Module):
 
     def forward(self, tokens):
         half = tokens.shape[1] // 2
-        h = self.embed(tokens[:, :half]) + torch.tanh(self.mix(self.embed(tokens[:, half : 2 * half])))
+        h = self.embed(tokens[:, :half]) + torch.tanh(
+            self.mix(self.embed(tokens[:, half : 2 * half]))
+        )
         return self.head(h).sum(1)
 
 
@@ -324,7 +353,9 @@ class _EmbeddingTwiceTiedHead(nn.Module):
     ghost=st.sampled_from(GHOST),
     seed=st.integers(0, 10_000),
 )
-def test_a_weight_tied_across_three_uses_keeps_an_exact_ghost_norm(batch, length, vocab, padding_idx, ghost, seed):
+def test_a_weight_tied_across_three_uses_keeps_an_exact_ghost_norm(
+    batch, length, vocab, padding_idx, ghost, seed
+):
     torch.manual_seed(seed)
     tokens = torch.randint(0, vocab, (batch, 2 * length))
     error, engine = compare(

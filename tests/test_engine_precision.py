@@ -1,9 +1,9 @@
-"""The engine's norms and clipped sums in full precision whatever the caller's autocast or TF32 settings
-(issue 30): autocast state follows autograd into backward, and TF32 is a global switch.
+"""The engine's norms and clipped sums in full precision whatever the caller's autocast or TF32
+settings (issue 30): autocast state follows autograd into backward, and TF32 is a global switch.
 
 Each model is float32 and its forward pass runs outside autocast, so a and b are the same float32
-tensors either way; only ``engine.backward`` runs inside ``torch.autocast``. The engine must then give
-the float32 result (to float32 rounding), not one computed in bf16/fp16.
+tensors either way; only ``engine.backward`` runs inside ``torch.autocast``. The engine must then
+give the float32 result (to float32 rounding), not one computed in bf16/fp16.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ def _inputs(scale: float = 1.0) -> torch.Tensor:
 
 
 def _run(model, inputs, clip_norm, context=None, ghost="always"):
-    engine = BKEngine(model, None, clip_norm=clip_norm, noise_multiplier=0.0, normalizer=1.0, ghost=ghost)
+    engine = BKEngine(
+        model, None, clip_norm=clip_norm, noise_multiplier=0.0, normalizer=1.0, ghost=ghost
+    )
     losses = model(inputs).square().sum((1, 2))
     with context or torch.autocast("cpu", enabled=False):
         norms = engine.backward(losses)
@@ -46,17 +48,22 @@ def _run(model, inputs, clip_norm, context=None, ghost="always"):
 def test_bf16_autocast_around_backward_leaves_norms_and_clipped_sums_in_float32(ghost):
     inputs = _inputs()
     norms, grads, _ = _run(_model(), inputs, 1.0, ghost=ghost)
-    cast_norms, cast_grads, _ = _run(_model(), inputs, 1.0, torch.autocast("cpu", dtype=torch.bfloat16), ghost)
+    cast_norms, cast_grads, _ = _run(
+        _model(), inputs, 1.0, torch.autocast("cpu", dtype=torch.bfloat16), ghost
+    )
     assert torch.allclose(cast_norms, norms, rtol=1e-5, atol=0)
     assert torch.allclose(cast_grads, grads, rtol=1e-4, atol=1e-6 * float(grads.abs().max()))
 
 
 def test_a_clipped_contribution_stays_within_r_under_bf16_autocast():
-    """One example, norm far above R: the clipped gradient's norm is R to float32 rounding, not 1.001·R."""
+    """One example, norm far above R: the clipped gradient's norm is R to float32 rounding, not
+    1.001·R."""
     model = _model()
     clip_norm = 1e-3
     for i in range(B):
-        engine = BKEngine(model, None, clip_norm=clip_norm, noise_multiplier=0.0, normalizer=1.0, ghost="always")
+        engine = BKEngine(
+            model, None, clip_norm=clip_norm, noise_multiplier=0.0, normalizer=1.0, ghost="always"
+        )
         losses = model(_inputs()[i : i + 1]).square().sum((1, 2))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             engine.backward(losses)
@@ -70,7 +77,9 @@ def test_fp16_autocast_does_not_overflow_a_large_squared_norm_into_a_dropped_exa
     """‖g‖² above fp16's 65504 stays finite: the example is clipped, not silently dropped."""
     inputs = _inputs(30.0)
     norms, grads, _ = _run(_model(), inputs, 1.0)
-    cast_norms, cast_grads, engine = _run(_model(), inputs, 1.0, torch.autocast("cpu", dtype=torch.float16))
+    cast_norms, cast_grads, engine = _run(
+        _model(), inputs, 1.0, torch.autocast("cpu", dtype=torch.float16)
+    )
     assert float(norms.min()) ** 2 > 65504
     assert engine.nonfinite_examples == 0
     assert torch.allclose(cast_norms, norms, rtol=1e-5, atol=0)
@@ -79,8 +88,8 @@ def test_fp16_autocast_does_not_overflow_a_large_squared_norm_into_a_dropped_exa
 
 @pytest.fixture
 def precision_settings():
-    """Set torch's per-backend float32 precision settings (``set(name, value)``, name 'cuda', 'cudnn' or
-    'mkldnn'); every one is put back after the test."""
+    """Set torch's per-backend float32 precision settings (``set(name, value)``, name 'cuda',
+    'cudnn' or 'mkldnn'); every one is put back after the test."""
     leaves = {
         "cuda": torch.backends.cuda.matmul,
         "cudnn": torch.backends.cudnn.conv,
@@ -119,7 +128,11 @@ def test_the_ghost_norm_and_clipped_sum_run_without_tf32_and_the_callers_setting
     _caller_turns_tf32_on(precision_settings)
     assert tf32_enabled()
     _run(_model(), _inputs(), 1.0)
-    assert torch.backends.cuda.matmul.fp32_precision == torch.backends.mkldnn.matmul.fp32_precision == "tf32"
+    assert (
+        torch.backends.cuda.matmul.fp32_precision
+        == torch.backends.mkldnn.matmul.fp32_precision
+        == "tf32"
+    )
     assert {name for name, _ in seen} == {"sequence_ghost_norm", "add_scaled_product"}
     assert not any(flag for _, flag in seen), seen
 
@@ -130,12 +143,14 @@ def test_exact_restores_autocast_and_tf32_even_on_an_error(precision_settings):
         with pytest.raises(ValueError), exact():
             assert not tf32_enabled() and not torch.is_autocast_enabled("cpu")
             raise ValueError
-        assert torch.is_autocast_enabled("cpu") and torch.backends.cudnn.conv.fp32_precision == "tf32"
+        assert (
+            torch.is_autocast_enabled("cpu") and torch.backends.cudnn.conv.fp32_precision == "tf32"
+        )
 
 
 def test_exact_works_where_torchs_legacy_precision_getter_raises(precision_settings):
-    """cuBLAS in IEEE but oneDNN in TF32 (legacy and per-backend settings mixed): torch's global getter raises;
-    the engine must neither raise nor leave the state changed."""
+    """cuBLAS in IEEE but oneDNN in TF32 (legacy and per-backend settings mixed): torch's global
+    getter raises; the engine must neither raise nor leave the state changed."""
     precision_settings("cuda", "ieee")
     precision_settings("mkldnn", "tf32")
     with pytest.raises(RuntimeError):
@@ -145,14 +160,19 @@ def test_exact_works_where_torchs_legacy_precision_getter_raises(precision_setti
 
 
 def test_a_model_moved_or_cast_after_the_engine_was_built_is_one_line():
-    """p.grad would be a view of a buffer on the old device or dtype: refused before any work (issue 30)."""
+    """p.grad would be a view of a buffer on the old device or dtype: refused before any work (issue
+    30)."""
     model = _model()
     engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=1.0, normalizer=1.0)
     model.double()
     losses = model(_inputs().double()).square().sum((1, 2))
     with pytest.raises(ParamsError) as error:
         engine.backward(losses)
-    assert "\n" not in str(error.value) and "float64" in str(error.value) and "float32" in str(error.value)
+    assert (
+        "\n" not in str(error.value)
+        and "float64" in str(error.value)
+        and "float32" in str(error.value)
+    )
 
 
 def test_a_model_split_over_devices_is_refused_when_the_engine_is_built():

@@ -1,6 +1,6 @@
-"""Issue 29 item 6: mistakes surface in the first stage that can see them (calibrate, before accounting), as
-one line; channels-last images are recognised; third-party chatter is not shown as an alarm; the LM
-example stays out of the default pipeline."""
+"""Issue 29 item 6: mistakes surface in the first stage that can see them (calibrate, before
+accounting), as one line; channels-last images are recognised; third-party chatter is not shown as
+an alarm; the LM example stays out of the default pipeline."""
 
 from __future__ import annotations
 
@@ -57,7 +57,9 @@ def _project(root: Path, *, data: dict | None = None, train: dict | None = None)
         ({"model": "transformer", "task": "causal-lm"}, r"train.task = 'causal-lm' is invalid"),
     ],
 )
-def test_calibrate_refuses_a_bad_model_in_one_line_before_any_accounting(tmp_path, monkeypatch, train, match):
+def test_calibrate_refuses_a_bad_model_in_one_line_before_any_accounting(
+    tmp_path, monkeypatch, train, match
+):
     def no_accounting(*args, **kwargs):
         raise AssertionError("accounting ran before the model was checked")
 
@@ -95,9 +97,13 @@ def test_the_builtin_cnn_sees_three_channels_of_a_channels_last_file(tmp_path):
 def test_a_vit_on_channels_last_images_builds_and_on_mismatched_channels_is_one_line(tmp_path):
     options = {"config": dict(TINY_VIT), "init": "random"}
     data = load_dataset("npz", str(_images(tmp_path / "hwc.npz", (8, 8, 3))), 0.25, seed=0)
-    build_task_model("hf", options, task_for("hf", "classification", data), data)  # converted: it fits
+    build_task_model(
+        "hf", options, task_for("hf", "classification", data), data
+    )  # converted: it fits
     grey = load_dataset("npz", str(_images(tmp_path / "grey.npz", (8, 8))), 0.25, seed=0)
-    with pytest.raises(ParamsError, match=r"batch of shape \(2, 1, 8, 8\) \(images are read as \(N, C, H, W\)\)") as e:
+    with pytest.raises(
+        ParamsError, match=r"batch of shape \(2, 1, 8, 8\) \(images are read as \(N, C, H, W\)\)"
+    ) as e:
         build_task_model("hf", options, task_for("hf", "classification", grey), grey)
     assert "\n" not in str(e.value)
 
@@ -146,7 +152,9 @@ def test_the_sentiment_generator_is_balanced_deterministic_and_tokenized_offline
             NEGATIVE if label else POSITIVE
         )
     write_example(tmp_path / "sentiment", count=50)
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "sentiment" / "tokenizer", local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(
+        tmp_path / "sentiment" / "tokenizer", local_files_only=True
+    )
     ids = tokenizer("the soup was truly wonderful")["input_ids"]
     assert ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
     assert tokenizer.unk_token_id not in ids and len(tokenizer) <= 200

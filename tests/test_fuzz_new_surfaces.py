@@ -1,8 +1,10 @@
-"""Issue 27 Build 5: a fuzz of the surfaces added since the last probe, in the style of test_fuzz_params_cli.py.
+"""Issue 27 Build 5: a fuzz of the surfaces added since the last probe, in the style of
+test_fuzz_params_cli.py.
 
-Model folders (missing, empty, corrupt, truncated, foreign), tokenizer/model mismatches, text and CSV fields of
-every JSON type, and plugin factories returning odd things: each case loads, or stops with one line (a
-:class:`DpledgerError`), within a few seconds, writing nothing into the folder it reads."""
+Model folders (missing, empty, corrupt, truncated, foreign), tokenizer/model mismatches, text and
+CSV fields of every JSON type, and plugin factories returning odd things: each case loads, or stops
+with one line (a :class:`DpledgerError`), within a few seconds, writing nothing into the folder it
+reads."""
 
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ from dpledger.errors import DpledgerError
 from dpledger.models.hf import load_hf_model
 from test_fuzz_params_cli import _assert_one_line, _time_limit
 
-FUZZ = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 
 json_values = st.recursive(
     st.one_of(
@@ -49,7 +53,9 @@ def lm(tmp_path_factory) -> Path:
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 def _one_line_or_ok(call):
@@ -61,19 +67,26 @@ def _one_line_or_ok(call):
             return None
 
 
-# --- model and tokenizer folders ------------------------------------------------------------------------------
+# --- model and tokenizer folders
+# ------------------------------------------------------------------------------
 
 DAMAGES = {
     "missing": lambda f: shutil.rmtree(f),
     "empty": lambda f: [p.unlink() for p in f.iterdir()],
     "config not json": lambda f: (f / "config.json").write_text("{not json"),
     "config a list": lambda f: (f / "config.json").write_text("[1, 2]"),
-    "config unknown model_type": lambda f: (f / "config.json").write_text('{"model_type": "no-such-model"}'),
+    "config unknown model_type": lambda f: (f / "config.json").write_text(
+        '{"model_type": "no-such-model"}'
+    ),
     "config no model_type": lambda f: (f / "config.json").write_text('{"n_layer": 2}'),
     "config binary": lambda f: (f / "config.json").write_bytes(b"\xff\xfe\x00garbage"),
-    "weights truncated": lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:64]),
+    "weights truncated": lambda f: (f / "model.safetensors").write_bytes(
+        (f / "model.safetensors").read_bytes()[:64]
+    ),
     "weights empty": lambda f: (f / "model.safetensors").write_bytes(b""),
-    "weights random": lambda f: (f / "model.safetensors").write_bytes(np.random.default_rng(0).bytes(4096)),
+    "weights random": lambda f: (f / "model.safetensors").write_bytes(
+        np.random.default_rng(0).bytes(4096)
+    ),
     "weights missing": lambda f: (f / "model.safetensors").unlink(),
     "weights a pickle": lambda f: (
         (f / "model.safetensors").unlink(),
@@ -82,10 +95,16 @@ DAMAGES = {
     "weights wrong shapes": lambda f: _wrong_shapes(f),
     "tokenizer json corrupt": lambda f: (f / "tokenizer.json").write_text("{"),
     "tokenizer config a number": lambda f: (f / "tokenizer_config.json").write_text("5"),
-    "tokenizer files missing": lambda f: [(f / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json")],
-    "foreign folder": lambda f: [p.unlink() for p in f.iterdir()] and (f / "notes.txt").write_text("hello"),
+    "tokenizer files missing": lambda f: [
+        (f / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json")
+    ],
+    "foreign folder": lambda f: (
+        [p.unlink() for p in f.iterdir()] and (f / "notes.txt").write_text("hello")
+    ),
     "auto_map": lambda f: (f / "config.json").write_text(
-        json.dumps({**json.loads((f / "config.json").read_text()), "auto_map": {"AutoConfig": "x.Y"}})
+        json.dumps(
+            {**json.loads((f / "config.json").read_text()), "auto_map": {"AutoConfig": "x.Y"}}
+        )
     ),
 }
 
@@ -104,9 +123,13 @@ def test_a_damaged_model_or_tokenizer_folder_loads_or_is_one_line(lm, tmp_path, 
     DAMAGES[damage](folder)
     before = _snapshot(folder) if folder.exists() else None
     for task in ("causal-lm", "classification"):
-        _one_line_or_ok(lambda task=task: load_hf_model({"path": str(folder)}, task, text=True, num_labels=2))
+        _one_line_or_ok(
+            lambda task=task: load_hf_model({"path": str(folder)}, task, text=True, num_labels=2)
+        )
     _one_line_or_ok(lambda: load_tokenizer(str(folder)))
-    assert (_snapshot(folder) if folder.exists() else None) == before  # nothing written into the folder
+    assert (
+        _snapshot(folder) if folder.exists() else None
+    ) == before  # nothing written into the folder
 
 
 @FUZZ
@@ -131,7 +154,11 @@ def test_a_damaged_model_or_tokenizer_folder_loads_or_is_one_line(lm, tmp_path, 
 )
 def test_an_inline_model_config_builds_or_is_one_line(spec):
     spec = {"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2, "vocab_size": 50, **spec}
-    _one_line_or_ok(lambda: load_hf_model({"config": spec, "init": "random"}, "causal-lm", text=True, num_labels=None))
+    _one_line_or_ok(
+        lambda: load_hf_model(
+            {"config": spec, "init": "random"}, "causal-lm", text=True, num_labels=None
+        )
+    )
 
 
 def test_a_tokenizer_larger_than_the_model_vocabulary_is_one_line(lm, tmp_path):
@@ -158,12 +185,15 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_one_line(lm, tmp_path):
         "n_positions": 32,
     }
     with pytest.raises(DpledgerError) as refused:
-        build_task_model("hf", {"config": config, "init": "random"}, task_for("hf", "causal-lm", data), data)
+        build_task_model(
+            "hf", {"config": config, "init": "random"}, task_for("hf", "causal-lm", data), data
+        )
     _assert_one_line(refused.value)
     assert "the tokenizer has 300" in str(refused.value)
 
 
-# --- text and CSV fields of every JSON type -------------------------------------------------------------------
+# --- text and CSV fields of every JSON type
+# -------------------------------------------------------------------
 
 
 @FUZZ
@@ -176,7 +206,9 @@ def test_jsonl_fields_of_every_type_are_read_or_one_line(texts, labels):
     strings = _one_line_or_ok(lambda: _texts(texts, path, "text"))
     assert strings is None or all(isinstance(t, str) for t in strings)
     classes = _one_line_or_ok(lambda: _labels(labels, path, "label"))
-    if classes is not None:  # accepted labels are exactly the integral values given, never truncated
+    if (
+        classes is not None
+    ):  # accepted labels are exactly the integral values given, never truncated
         assert [int(c) for c in classes] == [int(float(v)) for v in labels]
         assert all(float(v) == int(float(v)) and not isinstance(v, bool) for v in labels)
 
@@ -196,10 +228,13 @@ def test_csv_fields_round_trip_exactly(rows, tmp_path_factory):
     records = _one_line_or_ok(lambda: read_records(path))
     if records is not None:
         normalise = lambda t: t.replace("\r\n", "\n").replace("\r", "\n")  # noqa: E731 (universal newlines)
-        assert [(r["text"], r["label"]) for r in records] == [(normalise(t), normalise(y)) for t, y in rows]
+        assert [(r["text"], r["label"]) for r in records] == [
+            (normalise(t), normalise(y)) for t, y in rows
+        ]
 
 
-# --- plugin factories returning odd things ----------------------------------------------------------------------
+# --- plugin factories returning odd things
+# ----------------------------------------------------------------------
 
 
 class _Returns(nn.Module):

@@ -1,8 +1,9 @@
 """Property-based fuzz of params.yaml and of the CLI flags (issue 21, Build 8).
 
-Every case either succeeds or stops with one line (a :class:`DpledgerError`, which the console script prints as
-``error: ...`` with exit code 2, or click's own usage error, exit code 2), writes nothing, and ends within a
-few seconds: no traceback, no hang. Values mix types, signs, magnitudes, NaN/inf, missing and extra keys.
+Every case either succeeds or stops with one line (a :class:`DpledgerError`, which the console
+script prints as ``error: ...`` with exit code 2, or click's own usage error, exit code 2), writes
+nothing, and ends within a few seconds: no traceback, no hang. Values mix types, signs, magnitudes,
+NaN/inf, missing and extra keys.
 """
 
 from __future__ import annotations
@@ -22,11 +23,31 @@ from dpledger.errors import DpledgerError
 REPO = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((REPO / "params.yaml").read_text())
 KEYS = [(section, key) for section, body in BASE.items() if isinstance(body, dict) for key in body]
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 CASE_SECONDS = 10
 
 hostile_numbers = st.sampled_from(
-    [0, -1, 1, 2, 3, 10**9, 10**12, 2**64, -(2**63), 1e-300, 1e300, 0.5, 1e9, math.nan, math.inf, -math.inf, -0.0]
+    [
+        0,
+        -1,
+        1,
+        2,
+        3,
+        10**9,
+        10**12,
+        2**64,
+        -(2**63),
+        1e-300,
+        1e300,
+        0.5,
+        1e9,
+        math.nan,
+        math.inf,
+        -math.inf,
+        -0.0,
+    ]
 )
 scalars = st.one_of(
     hostile_numbers,
@@ -35,19 +56,24 @@ scalars = st.one_of(
     st.booleans(),
     st.none(),
     st.text(st.characters(exclude_categories=("Cs",)), max_size=12),
-    st.sampled_from(["1e9", "nan", "inf", "poisson", "module:callable", "os:system", "digits", "npz", "mlp"]),
+    st.sampled_from(
+        ["1e9", "nan", "inf", "poisson", "module:callable", "os:system", "digits", "npz", "mlp"]
+    ),
 )
 values = st.one_of(
     scalars,
     st.lists(scalars, max_size=4),
-    st.dictionaries(st.text(st.characters(exclude_categories=("Cs",)), max_size=6), scalars, max_size=3),
+    st.dictionaries(
+        st.text(st.characters(exclude_categories=("Cs",)), max_size=6), scalars, max_size=3
+    ),
 )
 
 
 @contextmanager
 def _time_limit(seconds: int):
-    """Fail a case that runs longer than ``seconds`` (a hang) instead of waiting for it. The alarm's exception
-    can land in code that swallows it (a gc callback), so expiry is also recorded and checked afterwards."""
+    """Fail a case that runs longer than ``seconds`` (a hang) instead of waiting for it. The alarm's
+    exception can land in code that swallows it (a gc callback), so expiry is also recorded and
+    checked afterwards."""
     expired = []
 
     def expire(signum, frame):
@@ -85,9 +111,9 @@ def edited_params(draw) -> dict:
         elif action == "delete":
             raw[section].pop(key, None)
         elif action == "extra":
-            raw[section][draw(st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=8))] = draw(
-                values
-            )
+            raw[section][
+                draw(st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=8))
+            ] = draw(values)
         else:
             raw[section] = draw(values)
     return raw
@@ -115,9 +141,13 @@ def test_params_yaml_is_accepted_or_refused_with_one_line(raw, tmp_path_factory)
             _cheap_checks(load_params(path))
         except Exception as error:  # noqa: BLE001 - the property: only DpledgerError, as one line
             _assert_one_line(error)
-            result = CliRunner().invoke(_app(), ["stage", "train", "--params", str(path), "--root", str(folder)])
+            result = CliRunner().invoke(
+                _app(), ["stage", "train", "--params", str(path), "--root", str(folder)]
+            )
             _assert_one_line(result.exception)
-            assert sorted(p.name for p in folder.iterdir()) == ["params.yaml"]  # the refused stage wrote nothing
+            assert sorted(p.name for p in folder.iterdir()) == [
+                "params.yaml"
+            ]  # the refused stage wrote nothing
 
 
 def _app():
@@ -127,12 +157,32 @@ def _app():
 
 
 flag_values = st.one_of(
-    st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e-3", "1e9", "1e300", "2", "abc", "", "[1,2]", "{}", "-3"]),
-    st.integers(-100, 100).map(str),  # valid sizes stay cheap; the huge ones above must be refused at once
+    st.sampled_from(
+        [
+            "nan",
+            "inf",
+            "-inf",
+            "-1",
+            "0",
+            "1e-3",
+            "1e9",
+            "1e300",
+            "2",
+            "abc",
+            "",
+            "[1,2]",
+            "{}",
+            "-3",
+        ]
+    ),
+    st.integers(-100, 100).map(
+        str
+    ),  # valid sizes stay cheap; the huge ones above must be refused at once
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
 )
 
-# Commands outside accounting, with the flags that take a value and the fixed flags that keep a valid case cheap.
+# Commands outside accounting, with the flags that take a value and the fixed flags that keep a
+# valid case cheap.
 COMMANDS = {
     ("audit", "bgm"): (
         [
@@ -152,7 +202,16 @@ COMMANDS = {
             "--claim-sampler",
             "--backend",
         ],
-        ["--sampler", "poisson", "--steps", "4", "--noise-multiplier", "1", "--observations", "200"],
+        [
+            "--sampler",
+            "poisson",
+            "--steps",
+            "4",
+            "--noise-multiplier",
+            "1",
+            "--observations",
+            "200",
+        ],
     ),
     ("audit", "selfcheck"): (
         [
@@ -204,14 +263,21 @@ def test_cli_flags_are_accepted_or_refused_with_one_line(command, data, tmp_path
     folder = tmp_path_factory.mktemp("cli")
     if command == ("schedule-stats",):
         arguments = [str(folder / data.draw(st.sampled_from(["", "missing", "a/b"])))]
-    _check_cli([*command, *arguments, "--json"] if command != ("schedule-stats",) else [*command, *arguments])
+    _check_cli(
+        [*command, *arguments, "--json"]
+        if command != ("schedule-stats",)
+        else [*command, *arguments]
+    )
 
 
 def _check_cli(arguments: list[str]) -> None:
     with _time_limit(CASE_SECONDS):
         result = CliRunner().invoke(_app(), arguments)
     if result.exception is None or isinstance(result.exception, SystemExit):
-        assert result.exit_code in (0, 1, 2), (arguments, result.output)  # 1: a verify/audit finding; 2: usage
+        assert result.exit_code in (0, 1, 2), (
+            arguments,
+            result.output,
+        )  # 1: a verify/audit finding; 2: usage
         if result.exit_code == 2:
             assert "Error" in result.output or "Usage" in result.output, (arguments, result.output)
     else:
@@ -241,7 +307,20 @@ ACCOUNTING_FLAGS = [
 @given(command=st.sampled_from(["epsilon", "noise"]), data=st.data())
 def test_accounting_flags_are_accepted_or_refused_with_one_line(command, data):
     target = ["--noise-multiplier", "1"] if command == "epsilon" else ["--epsilon", "3"]
-    arguments = [command, *target, "--delta", "1e-5", "--dataset-size", "1000", "--batch-size", "100", "--epochs", "2"]
-    for flag in data.draw(st.lists(st.sampled_from([*ACCOUNTING_FLAGS, target[0]]), max_size=2, unique=True)):
+    arguments = [
+        command,
+        *target,
+        "--delta",
+        "1e-5",
+        "--dataset-size",
+        "1000",
+        "--batch-size",
+        "100",
+        "--epochs",
+        "2",
+    ]
+    for flag in data.draw(
+        st.lists(st.sampled_from([*ACCOUNTING_FLAGS, target[0]]), max_size=2, unique=True)
+    ):
         arguments += [flag, data.draw(flag_values)]
     _check_cli([*arguments, "--json"])

@@ -1,6 +1,7 @@
-"""Issue 27 defect 9 and the two bounds: the allocation accountant refuses a composition it cannot finish and a
-grid that does not fit memory with one line, the CLI applies params' Monte Carlo bounds, and `dpledger noise` /
-`dpledger epsilon` say which of their two valid upper bounds is the claim."""
+"""Issue 27 defect 9 and the two bounds: the allocation accountant refuses a composition it cannot
+finish and a grid that does not fit memory with one line, the CLI applies params' Monte Carlo
+bounds, and `dpledger noise` / `dpledger epsilon` say which of their two valid upper bounds is the
+claim."""
 
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ def test_ten_thousand_redrawn_epochs_are_refused_at_once_not_hung():
     with pytest.raises(ParamsError) as refused:
         allocation.allocation_epsilon(_redrawn(10_000), 1e-5)
     assert "\n" not in str(refused.value) and "epochs = 10000" in str(refused.value)
-    assert allocation.allocation_shape(_redrawn(allocation.MAX_COMPOSED_EPOCHS))[2] == allocation.MAX_COMPOSED_EPOCHS
+    assert (
+        allocation.allocation_shape(_redrawn(allocation.MAX_COMPOSED_EPOCHS))[2]
+        == allocation.MAX_COMPOSED_EPOCHS
+    )
 
 
 def test_a_grid_that_does_not_fit_memory_is_one_line(monkeypatch):
@@ -79,6 +83,8 @@ def test_the_cli_applies_the_params_bounds_of_monte_carlo(flag, value):
 
 
 def test_epsilon_says_its_allocation_bound_is_not_the_recorded_claim():
-    result = CliRunner().invoke(app, ["epsilon", "--accountant", "allocation", "--noise-multiplier", "2", *RUN])
+    result = CliRunner().invoke(
+        app, ["epsilon", "--accountant", "allocation", "--noise-multiplier", "2", *RUN]
+    )
     assert result.exit_code == 0, result.output
     assert "the claim calibrate records (and dpledger noise prints)" in result.output

@@ -1,5 +1,5 @@
-"""Upper bounds (issue 21, Build 7): a huge count or size is refused with one line stating the bound, at once,
-instead of growing memory or showing a bar of thousands of hours."""
+"""Upper bounds (issue 21, Build 7): a huge count or size is refused with one line stating the
+bound, at once, instead of growing memory or showing a bar of thousands of hours."""
 
 from __future__ import annotations
 
@@ -32,21 +32,29 @@ def test_huge_counts_in_params_are_refused_with_their_bound(section, key, value,
     with pytest.raises(ParamsError) as error:
         parse_params(_params(section, key, value))
     assert str(error.value) == (
-        f"params: {section}.{key} = {value} is invalid: Input should be less than or equal to {bound}"
+        f"params: {section}.{key} = {value} is invalid: Input should be less than or equal to "
+        f"{bound}"
     )
 
 
 def test_steps_beyond_the_bound_are_refused_once_the_dataset_size_is_known():
     params = parse_params(_params("batching", "epochs", bounds.MAX_EPOCHS))
-    params = params.model_copy(update={"batching": params.batching.model_copy(update={"batch_size": 1})})
-    with pytest.raises(ParamsError, match=r"is too large: 143,800,000 training steps exceeds the limit of 10,000,000"):
+    params = params.model_copy(
+        update={"batching": params.batching.model_copy(update={"batch_size": 1})}
+    )
+    with pytest.raises(
+        ParamsError,
+        match=r"is too large: 143,800,000 training steps exceeds the limit of 10,000,000",
+    ):
         check_dataset_size(params, 1438)
 
 
 def test_a_schedule_beyond_the_machine_memory_is_refused(monkeypatch):
     monkeypatch.setattr(bounds, "machine_memory", lambda: 1 << 30)
     params = parse_params(_params("batching", "epochs", 10_000))
-    params = params.model_copy(update={"batching": params.batching.model_copy(update={"batch_size": 10_000})})
+    params = params.model_copy(
+        update={"batching": params.batching.model_copy(update={"batch_size": 10_000})}
+    )
     with pytest.raises(
         ParamsError,
         match=r"schedule of batching.epochs = 10000 over 50000 examples is too large: "
@@ -58,9 +66,15 @@ def test_a_schedule_beyond_the_machine_memory_is_refused(monkeypatch):
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"hidden": [-1]}, "train.model_options.hidden = -1 is invalid: sizes are integers in [1, 1,000,000]"),
+        (
+            {"hidden": [-1]},
+            "train.model_options.hidden = -1 is invalid: sizes are integers in [1, 1,000,000]",
+        ),
         ({"hidden": [10**9]}, "train.model_options.hidden = 1000000000 is invalid"),
-        ({"hidden": [100_000, 100_000]}, "10,007,600,010 parameters exceeds the limit of 1,000,000,000 parameters"),
+        (
+            {"hidden": [100_000, 100_000]},
+            "10,007,600,010 parameters exceeds the limit of 1,000,000,000 parameters",
+        ),
         ({"hidden": 5}, "TypeError: 'int' object is not iterable"),
         ({"activation": "swish"}, "KeyError: 'swish'"),
         ({"hidden": [True]}, "sizes are integers"),
@@ -101,14 +115,28 @@ def test_audit_functions_refuse_huge_runs_at_once():
     from dpledger.audit.selfcheck import run_selfcheck
 
     small = BgmAudit(
-        "poisson", dataset_size=100, batch_size=1, epochs=1, noise_multiplier=1.0, observations=2, delta=1e-5
+        "poisson",
+        dataset_size=100,
+        batch_size=1,
+        epochs=1,
+        noise_multiplier=1.0,
+        observations=2,
+        delta=1e-5,
     )
     with pytest.raises(ParamsError, match="must be at most 100,000,000"):
         audit_bgm(replace(small, observations=10**12, progress=False))
     with pytest.raises(ParamsError, match="draws exceeds the limit of 50,000,000,000 draws"):
-        audit_bgm(replace(small, dataset_size=10_000, epochs=100, observations=10**8, progress=False))
+        audit_bgm(
+            replace(small, dataset_size=10_000, epochs=100, observations=10**8, progress=False)
+        )
     digits = BgmAudit(
-        "shuffle", dataset_size=64, batch_size=64, epochs=1, noise_multiplier=1.0, observations=1000, delta=1e-5
+        "shuffle",
+        dataset_size=64,
+        batch_size=64,
+        epochs=1,
+        noise_multiplier=1.0,
+        observations=1000,
+        delta=1e-5,
     )
     with pytest.raises(ParamsError, match="10,000 training runs"):
         audit_dpsgd(DpsgdAudit(replace(digits, observations=10**9)))

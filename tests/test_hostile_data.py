@@ -1,7 +1,8 @@
-"""Hostile data files (issue 21): non-finite inputs, crafted pickles, corrupt npz, object arrays, 1-based labels.
+"""Hostile data files (issue 21): non-finite inputs, crafted pickles, corrupt npz, object arrays,
+1-based labels.
 
-Each case was a traceback, a silent misreading or code execution before; each must now be one line naming
-the file (and, for non-finite inputs, the first bad example).
+Each case was a traceback, a silent misreading or code execution before; each must now be one line
+naming the file (and, for non-finite inputs, the first bad example).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def test_npz_with_one_non_finite_input_names_the_file_and_the_example(tmp_path, 
     np.savez(tmp_path / "d.npz", x=x, y=np.arange(20) % 2)
     with pytest.raises(DpledgerError) as error:
         load_dataset("npz", str(tmp_path / "d.npz"), 0.2, seed=0)
-    assert _one_line(error).startswith(f"{tmp_path / 'd.npz'}: x: example 13 holds a non-finite value")
+    assert _one_line(error).startswith(
+        f"{tmp_path / 'd.npz'}: x: example 13 holds a non-finite value"
+    )
 
 
 def test_npz_split_names_which_array_holds_the_non_finite_input(tmp_path):
@@ -50,7 +53,9 @@ def test_npz_split_names_which_array_holds_the_non_finite_input(tmp_path):
 
 def test_mnist_float_idx_with_nan_names_the_image_file(tmp_path):
     def write(name, array, code):
-        header = struct.pack(">HBB", 0, code, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape)
+        header = struct.pack(">HBB", 0, code, array.ndim) + struct.pack(
+            ">" + "I" * array.ndim, *array.shape
+        )
         (tmp_path / name).write_bytes(header + array.tobytes())
 
     images = np.zeros((3, 4, 4), dtype=">f4")
@@ -59,7 +64,9 @@ def test_mnist_float_idx_with_nan_names_the_image_file(tmp_path):
     write("train-labels-idx1-ubyte", np.array([0, 1, 2], dtype=np.uint8), 0x08)
     write("t10k-images-idx3-ubyte", np.zeros((1, 4, 4), dtype=np.uint8), 0x08)
     write("t10k-labels-idx1-ubyte", np.array([0], dtype=np.uint8), 0x08)
-    with pytest.raises(DpledgerError, match=r"train-images-idx3-ubyte: example 1 holds a non-finite value"):
+    with pytest.raises(
+        DpledgerError, match=r"train-images-idx3-ubyte: example 1 holds a non-finite value"
+    ):
         load_dataset("mnist", str(tmp_path), 0.2, seed=0)
 
 
@@ -67,7 +74,12 @@ class _Payload:
     """Unpickling this runs ``exec``: a CIFAR-10 batch from a shared remote could carry it."""
 
     def __reduce__(self):
-        return (exec, ("import pathlib; pathlib.Path(__import__('os').environ['PAYLOAD_MARK']).write_text('ran')",))
+        return (
+            exec,
+            (
+                "import pathlib; pathlib.Path(__import__('os').environ['PAYLOAD_MARK']).write_text('ran')",
+            ),
+        )
 
 
 def test_a_crafted_cifar_batch_runs_no_code(tmp_path, monkeypatch):
@@ -81,16 +93,21 @@ def test_a_crafted_cifar_batch_runs_no_code(tmp_path, monkeypatch):
             pickle.dump({b"data": images, b"labels": [0, 1], b"x": _Payload()}, handle)
     with pytest.raises(DpledgerError) as error:
         load_dataset("cifar10", str(folder), 0.2, seed=0)
-    assert "data_batch_1: not a CIFAR-10 python batch" in _one_line(error) and "builtins.exec" in str(error.value)
+    assert "data_batch_1: not a CIFAR-10 python batch" in _one_line(
+        error
+    ) and "builtins.exec" in str(error.value)
     assert not mark.exists()
-    # the same batch without the payload loads: the unpickler still builds numpy arrays (numpy 2 pickles)
+    # the same batch without the payload loads: the unpickler still builds numpy arrays (numpy 2
+    # pickles)
     for name in ("data_batch_1", "test_batch"):
         with open(folder / name, "wb") as handle:
             pickle.dump({b"data": images, b"labels": [0, 1]}, handle, protocol=2)
     assert load_dataset("cifar10", str(folder), 0.2, seed=0).num_classes == 10
 
 
-@pytest.mark.parametrize("content", [b"", b"\x80\x04garbage", pickle.dumps([1, 2, 3]), pickle.dumps({b"data": b"x"})])
+@pytest.mark.parametrize(
+    "content", [b"", b"\x80\x04garbage", pickle.dumps([1, 2, 3]), pickle.dumps({b"data": b"x"})]
+)
 def test_a_truncated_or_foreign_cifar_batch_is_one_line(tmp_path, content):
     (tmp_path / "data_batch_1").write_bytes(content)
     (tmp_path / "test_batch").write_bytes(content)
@@ -159,7 +176,8 @@ def test_a_path_given_with_digits_is_refused_not_ignored():
     with pytest.raises(ParamsError) as error:
         parse_params(_params(name="digits", path="mine.npz", test_fraction=0.2))
     assert _one_line(error) == (
-        "params: data.path = 'mine.npz' is invalid: data.name = digits is embedded and reads no file "
+        "params: data.path = 'mine.npz' is invalid: data.name = digits is embedded and reads no "
+        "file "
         "(set data.path: null)"
     )
     with pytest.raises(ParamsError, match="data.name = npz reads its arrays from a file"):

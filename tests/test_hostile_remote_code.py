@@ -1,5 +1,6 @@
-"""Issue 27 defect 5: nothing runs from a model or tokenizer folder. A config.json or tokenizer_config.json with an
-auto_map (code shipped in the folder) is refused with one line naming the file: no prompt, no payload run."""
+"""Issue 27 defect 5: nothing runs from a model or tokenizer folder. A config.json or
+tokenizer_config.json with an auto_map (code shipped in the folder) is refused with one line naming
+the file: no prompt, no payload run."""
 
 from __future__ import annotations
 
@@ -62,7 +63,9 @@ def test_a_model_folder_whose_config_maps_to_its_own_code_is_refused(lm, tmp_pat
 
 
 def test_a_tokenizer_folder_whose_config_maps_to_its_own_code_is_refused(lm, tmp_path):
-    folder = _with_auto_map(lm, tmp_path, "tokenizer_config.json", {"AutoTokenizer": [None, "evil.EvilTokenizer"]})
+    folder = _with_auto_map(
+        lm, tmp_path, "tokenizer_config.json", {"AutoTokenizer": [None, "evil.EvilTokenizer"]}
+    )
     with pytest.raises(ParamsError) as refused:
         load_tokenizer(str(folder))
     message = str(refused.value)
@@ -91,8 +94,8 @@ def test_every_transformers_load_passes_trust_remote_code_false():
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr in ("from_pretrained", "from_config")
-        # peft's PeftModel.from_pretrained wraps a model object already built (and checked) here; it reads
-        # adapter_config.json and weights, and has no auto_map through which code could run
+        # peft's PeftModel.from_pretrained wraps a model object already built (and checked) here; it
+        # reads adapter_config.json and weights, and has no auto_map through which code could run
         and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "PeftModel")
     ]
     assert len(calls) >= 4

@@ -1,5 +1,6 @@
-"""Issue 27 defects 7, 8, 10 and 11: padding enters a sequence classifier as its pad_token_id, a changed plugin
-model restarts training, and bad weights files, labels, text fields and lengths are one line each."""
+"""Issue 27 defects 7, 8, 10 and 11: padding enters a sequence classifier as its pad_token_id, a
+changed plugin model restarts training, and bad weights files, labels, text fields and lengths are
+one line each."""
 
 from __future__ import annotations
 
@@ -81,7 +82,9 @@ def test_a_damaged_weights_file_in_a_model_folder_is_one_line(lm, tmp_path, dama
         torch.save({"weight": _Payload()}, folder / "pytorch_model.bin")
     with pytest.raises(ParamsError) as refused:
         load_hf_model({"path": str(folder)}, "causal-lm", text=True, num_labels=None)
-    assert "\n" not in str(refused.value) and "its weights cannot be loaded safely" in str(refused.value)
+    assert "\n" not in str(refused.value) and "its weights cannot be loaded safely" in str(
+        refused.value
+    )
     assert not (tmp_path / "PAYLOAD_RAN").exists()
 
 
@@ -114,13 +117,19 @@ def test_integral_labels_are_accepted():
 def test_a_text_field_that_is_not_a_string_is_refused(text):
     with pytest.raises(DpledgerError) as refused:
         _texts(["fine", text], Path("data.jsonl"), "text")
-    assert "\n" not in str(refused.value) and "record 2" in str(refused.value) and "strings" in str(refused.value)
+    assert (
+        "\n" not in str(refused.value)
+        and "record 2" in str(refused.value)
+        and "strings" in str(refused.value)
+    )
 
 
 def test_a_causal_lm_on_one_token_texts_is_refused(lm, tmp_path):
     from byo_helpers import text_project
 
-    (tmp_path / "data.jsonl").write_text("".join(f'{{"text": "word {i} and more"}}\n' for i in range(40)))
+    (tmp_path / "data.jsonl").write_text(
+        "".join(f'{{"text": "word {i} and more"}}\n' for i in range(40))
+    )
     params = text_project(
         tmp_path,
         train_size=32,
@@ -142,7 +151,9 @@ def no_parameters(input_shape, num_classes):
 
 
 def test_a_plugin_model_without_parameters_is_one_line(tmp_path):
-    params, _, _ = small_project(tmp_path, train={"model": f"{__name__}:no_parameters", "model_options": {}})
+    params, _, _ = small_project(
+        tmp_path, train={"model": f"{__name__}:no_parameters", "model_options": {}}
+    )
     with pytest.raises(ParamsError, match="has no trainable parameters"):
         run_stage("train", params, tmp_path)
 
@@ -159,7 +170,9 @@ def model(input_shape, num_classes):
 def test_a_changed_plugin_model_source_restarts_training(tmp_path, monkeypatch):
     (tmp_path / "plugin_round2.py").write_text(PLUGIN.format(activation="Tanh"))
     monkeypatch.syspath_prepend(str(tmp_path))
-    params, _, _ = small_project(tmp_path, train={"model": "plugin_round2:model", "model_options": {}})
+    params, _, _ = small_project(
+        tmp_path, train={"model": "plugin_round2:model", "model_options": {}}
+    )
     assert run_stage("train", params, tmp_path)["resumed_from_step"] == 0
     assert run_stage("train", params, tmp_path)["resumed_from_step"] == 10
     (tmp_path / "plugin_round2.py").write_text(PLUGIN.format(activation="ReLU"))

@@ -1,6 +1,6 @@
-"""Issue 27 defect 4: a model that changes its own state from the data (a buffer updated in ``forward``, an
-example copied into a frozen parameter) is refused like BatchNorm, naming the buffer or parameter; a model
-whose buffers and frozen parameters stay put trains."""
+"""Issue 27 defect 4: a model that changes its own state from the data (a buffer updated in
+``forward``, an example copied into a frozen parameter) is refused like BatchNorm, naming the buffer
+or parameter; a model whose buffers and frozen parameters stay put trains."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ class GrowsABuffer(nn.Module):
 
 
 class ConstantState(nn.Module):
-    """A constant buffer and a frozen parameter that forward only reads: nothing leaks, it trains."""
+    """A constant buffer and a frozen parameter that forward only reads: nothing leaks, it
+    trains."""
 
     def __init__(self, features: int, classes: int) -> None:
         super().__init__()
@@ -92,20 +93,28 @@ def constant_state(input_shape, num_classes):
         ("grows_a_buffer", "buffer seen appeared"),
     ],
 )
-def test_a_model_that_changes_its_state_from_the_data_is_refused_and_nothing_is_written(tmp_path, factory, named):
-    params, _, _ = small_project(tmp_path, train={"model": f"{__name__}:{factory}", "model_options": {}})
+def test_a_model_that_changes_its_state_from_the_data_is_refused_and_nothing_is_written(
+    tmp_path, factory, named
+):
+    params, _, _ = small_project(
+        tmp_path, train={"model": f"{__name__}:{factory}", "model_options": {}}
+    )
     with pytest.raises(DpledgerError) as refused:
         run_stage("train", params, tmp_path)
     message = str(refused.value)
     assert "\n" not in message and named in message and "without noise" in message
     written = (
-        [p.name for p in (tmp_path / "artifacts/train").glob("*")] if (tmp_path / "artifacts/train").exists() else []
+        [p.name for p in (tmp_path / "artifacts/train").glob("*")]
+        if (tmp_path / "artifacts/train").exists()
+        else []
     )
     assert written == [] and not (tmp_path / "metrics/train.json").exists()
 
 
 def test_a_model_whose_buffers_and_frozen_parameters_stay_put_trains(tmp_path):
-    params, _, _ = small_project(tmp_path, train={"model": f"{__name__}:constant_state", "model_options": {}})
+    params, _, _ = small_project(
+        tmp_path, train={"model": f"{__name__}:constant_state", "model_options": {}}
+    )
     assert run_stage("train", params, tmp_path)["steps_done"] == 10
 
 
@@ -173,13 +182,18 @@ def test_the_standalone_consecutive_trainer_refuses_a_model_that_changes_its_sta
     train_consecutive(ConstantState(3, 2), inputs, targets, seed=0, **run)
 
 
-@pytest.mark.parametrize("dtype,size", [(torch.float32, 3 * (1 << 20) + 5), (torch.bfloat16, 1001), (torch.uint8, 7)])
+@pytest.mark.parametrize(
+    "dtype,size", [(torch.float32, 3 * (1 << 20) + 5), (torch.bfloat16, 1001), (torch.uint8, 7)]
+)
 def test_the_digest_sees_one_flipped_bit_anywhere_and_keeps_no_copy(dtype, size, monkeypatch):
-    """The snapshot digests on the tensor's device instead of copying it to the host (a LoRA base stays
-    put); one flipped bit at the start, in the middle (across the pass boundary) or at the end shows."""
+    """The snapshot digests on the tensor's device instead of copying it to the host (a LoRA base
+    stays put); one flipped bit at the start, in the middle (across the pass boundary) or at the end
+    shows."""
     from dpledger.engine import validators
 
-    monkeypatch.setattr(validators, "DIGEST_CHUNK", 1 << 20)  # several passes over the float32 tensor
+    monkeypatch.setattr(
+        validators, "DIGEST_CHUNK", 1 << 20
+    )  # several passes over the float32 tensor
     generator = torch.Generator().manual_seed(0)
     tensor = torch.randint(0, 255, (size,), generator=generator, dtype=torch.uint8).to(dtype)
     before = validators.digest(tensor)
@@ -189,4 +203,6 @@ def test_the_digest_sees_one_flipped_bit_anywhere_and_keeps_no_copy(dtype, size,
     for index in (0, raw.numel() // 2, raw.numel() - 1):
         flipped = raw.clone()
         flipped[index] ^= 1 << (index % 8)
-        assert not torch.equal(validators.digest(flipped.view(dtype) if dtype != torch.uint8 else flipped), before)
+        assert not torch.equal(
+            validators.digest(flipped.view(dtype) if dtype != torch.uint8 else flipped), before
+        )

@@ -1,6 +1,6 @@
-"""Issue 27 defects 4 (a model that mixes the batch before its first layer) and 6 (``verify.model: train`` on
-image inputs): the battery runs on 4-D image batches, and its sensitivity test catches a model that mixes the
-examples of a batch, which no state check can see."""
+"""Issue 27 defects 4 (a model that mixes the batch before its first layer) and 6 (``verify.model:
+train`` on image inputs): the battery runs on 4-D image batches, and its sensitivity test catches a
+model that mixes the examples of a batch, which no state check can see."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from dpledger.verify.errors import BugFoundError
 
 
 class MixesTheBatch(nn.Module):
-    """Subtracts the batch mean before its first layer: each example's output depends on the others."""
+    """Subtracts the batch mean before its first layer: each example's output depends on the
+    others."""
 
     def __init__(self, features: int, classes: int) -> None:
         super().__init__()
@@ -56,7 +57,11 @@ def _project(tmp_path, repo_root, model: str, optimizer: str = "sgd"):
 
 def test_verify_model_train_runs_on_the_default_image_model(tmp_path, repo_root):
     metrics = run_stage("verify", _project(tmp_path, repo_root, "mlp"), tmp_path)
-    assert metrics["passed"] is True and metrics["tests_failed"] == 0 and "mlp" in metrics["battery_model"]
+    assert (
+        metrics["passed"] is True
+        and metrics["tests_failed"] == 0
+        and "mlp" in metrics["battery_model"]
+    )
 
 
 def test_the_adam_warm_up_rows_keep_the_image_shape(repo_root):
@@ -65,7 +70,9 @@ def test_the_adam_warm_up_rows_keep_the_image_shape(repo_root):
     from dpledger.verify.runner import BatteryConfig, Runner
 
     params = load_params(repo_root / "params.yaml")
-    params = params.model_copy(update={"verify": params.verify.model_copy(update={"model": "train"})})
+    params = params.model_copy(
+        update={"verify": params.verify.model_copy(update={"model": "train"})}
+    )
     task = battery_task(params)
     assert task.inputs.ndim == 4
     inputs, targets = Runner(lambda *a, **k: None, task, "adam", BatteryConfig())._warmup_rows(3)
@@ -81,11 +88,16 @@ def test_a_model_that_mixes_the_batch_fails_the_sensitivity_test(tmp_path, repo_
         run_stage("verify", _project(tmp_path, repo_root, f"{__name__}:mixes_the_batch"), tmp_path)
     import json
 
-    tests = {t["name"]: t for t in json.loads((tmp_path / "artifacts/verify/verify.json").read_text())["tests"]}
+    tests = {
+        t["name"]: t
+        for t in json.loads((tmp_path / "artifacts/verify/verify.json").read_text())["tests"]
+    }
     assert tests["sensitivity"]["passed"] is False
     assert "mixes the examples of a batch" in tests["sensitivity"]["diagnosis"]
 
 
 def test_the_same_model_without_mixing_passes(tmp_path, repo_root):
-    metrics = run_stage("verify", _project(tmp_path, repo_root, f"{__name__}:per_example"), tmp_path)
+    metrics = run_stage(
+        "verify", _project(tmp_path, repo_root, f"{__name__}:per_example"), tmp_path
+    )
     assert metrics["passed"] is True

@@ -5,11 +5,11 @@ The layers, bottom first (a module may import its own package and any strictly l
 sharing a layer may not import each other):
 
  0. ``errors``: the house exception types.
- 1. ``io``, ``paths``, ``plugins``, ``philox_normal``, ``imports``, ``precision``, ``local_folders``,
-    ``quiet``, ``devices``:
-    atomic files, where the stages' outputs live, ``module:callable`` loading, the counter-based noise
-    generator, the reading of import statements, full-precision guards (autocast, TF32), the refusal
-    of code in model folders, the muting of third-party log noise and the one device resolver; each needs only ``errors``.
+ 1. ``io``, ``paths``, ``plugins``, ``philox_normal``, ``imports``, ``precision``,
+    ``local_folders``, ``quiet``, ``devices``: atomic files, where the stages' outputs live,
+    ``module:callable`` loading, the counter-based noise generator, the reading of import
+    statements, full-precision guards (autocast, TF32), the refusal of code in model folders, the
+    muting of third-party log noise and the one device resolver; each needs only ``errors``.
  2. ``plotting``: the shared figure style (writes through ``io``).
  3. ``mechanisms``: correlation matrices, their RMSE, streaming correlated noise.
  4. ``accounting``: the privacy ledger; it describes mechanisms, so it sits above them (and the
@@ -17,8 +17,8 @@ sharing a layer may not import each other):
     calibration).
  5. ``sampling``: batch samplers, each stating the accounting law it is accounted as.
  6. ``params``, ``seals``: the typed schema of params.yaml (it asks accountants and samplers what is
-    allowed); the seals of the calibration record and the schedule, checked by every stage that reads
-    them.
+    allowed); the seals of the calibration record and the schedule, checked by every stage that
+    reads them.
  7. ``engine``: the Book-Keeping DP engine.
  8. ``data``: datasets and loaders.
  9. ``models``: the model zoo and tasks (a task knows its data).
@@ -41,7 +41,17 @@ from test_pipeline_deps import REPO, SOURCE_ROOTS
 
 LAYERS = (
     ("errors",),
-    ("io", "paths", "plugins", "philox_normal", "imports", "precision", "local_folders", "quiet", "devices"),
+    (
+        "io",
+        "paths",
+        "plugins",
+        "philox_normal",
+        "imports",
+        "precision",
+        "local_folders",
+        "quiet",
+        "devices",
+    ),
     ("plotting",),
     ("mechanisms",),
     ("accounting",),

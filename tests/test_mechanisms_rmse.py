@@ -28,7 +28,11 @@ from dpledger.mechanisms.rmse import prefix_error_norm, prefix_error_norm_torch,
 
 @pytest.mark.parametrize(
     "mechanism,params",
-    [("identity", {}), ("banded", banded_params(5)), ("blt", {"buffer_decays": [0.7], "output_scales": [0.3]})],
+    [
+        ("identity", {}),
+        ("banded", banded_params(5)),
+        ("blt", {"buffer_decays": [0.7], "output_scales": [0.3]}),
+    ],
 )
 def test_prefix_rmse_equals_dense_frobenius_norm(mechanism, params):
     n = 24
@@ -36,24 +40,35 @@ def test_prefix_rmse_equals_dense_frobenius_norm(mechanism, params):
     prefix = np.tril(np.ones((n, n)))
     dense = np.linalg.norm(prefix @ np.linalg.inv(dense_matrix(values)), "fro") / math.sqrt(n)
     assert prefix_rmse(values, 2.0) == pytest.approx(2.0 * dense, rel=1e-10)
-    assert float(prefix_error_norm_torch(torch.as_tensor(values))) == pytest.approx(dense, rel=1e-10)
+    assert float(prefix_error_norm_torch(torch.as_tensor(values))) == pytest.approx(
+        dense, rel=1e-10
+    )
 
 
 def test_identity_prefix_error_is_closed_form():
     n = 100
-    assert prefix_error_norm(coefficients("identity", {}, n)) == pytest.approx(math.sqrt((n + 1) / 2))
+    assert prefix_error_norm(coefficients("identity", {}, n)) == pytest.approx(
+        math.sqrt((n + 1) / 2)
+    )
 
 
 def test_square_root_factorization_beats_identity_without_amplification():
     n = 64
-    assert prefix_error_norm(coefficients("banded", banded_params(n), n)) < prefix_error_norm(np.eye(n)[0])
+    assert prefix_error_norm(coefficients("banded", banded_params(n), n)) < prefix_error_norm(
+        np.eye(n)[0]
+    )
 
 
 def test_balls_in_bins_improves_on_unamplified_rmse():
     for epsilon in (0.5, 4.0, 16.0):
-        result = amplified_rmse("banded", banded_params(2), RmseSetting(epsilon, 1e-5, 8, 4, samples=1 << 14))
+        result = amplified_rmse(
+            "banded", banded_params(2), RmseSetting(epsilon, 1e-5, 8, 4, samples=1 << 14)
+        )
         assert result.rmse < result.unamplified_rmse
-        assert unamplified_rmse("banded", banded_params(2), epsilon, 1e-5, 8, 4) == result.unamplified_rmse
+        assert (
+            unamplified_rmse("banded", banded_params(2), epsilon, 1e-5, 8, 4)
+            == result.unamplified_rmse
+        )
 
 
 def test_best_bands_is_the_minimum_over_candidates():
@@ -68,7 +83,8 @@ def test_best_bands_is_the_minimum_over_candidates():
 
 
 def test_implicit_gradient_of_sigma_matches_finite_differences():
-    """∂σ/∂θ from the implicit function theorem equals the slope of the recalibrated σ(C) (same samples)."""
+    """∂σ/∂θ from the implicit function theorem equals the slope of the recalibrated σ(C) (same
+    samples)."""
     bins, epochs, epsilon, delta, samples = 4, 3, 1.0, 1e-2, 20_000
     n = bins * epochs
     start, to_coefficients, _ = _blt(1, 12, 4)
@@ -84,7 +100,10 @@ def test_implicit_gradient_of_sigma_matches_finite_differences():
     sigma, search, gram = sigma_of(raw)
     norm = prefix_error_norm_torch(to_coefficients(raw, n))
     gradient = _implicit_gradient(raw, gram, norm, search, epsilon, sigma)
-    grad_norm = torch.autograd.grad(prefix_error_norm_torch(to_coefficients(raw, n)), raw)[0] / norm.detach()
+    grad_norm = (
+        torch.autograd.grad(prefix_error_norm_torch(to_coefficients(raw, n)), raw)[0]
+        / norm.detach()
+    )
     implicit_sigma = (gradient - grad_norm) * sigma
     step = 1e-3
     for index in range(raw.numel()):
@@ -92,13 +111,17 @@ def test_implicit_gradient_of_sigma_matches_finite_differences():
         shift[index] = step
         plus, _, _ = sigma_of(raw.detach() + shift)
         minus, _, _ = sigma_of(raw.detach() - shift)
-        assert float(implicit_sigma[index]) == pytest.approx((plus - minus) / (2 * step), rel=0.05, abs=1e-4)
+        assert float(implicit_sigma[index]) == pytest.approx(
+            (plus - minus) / (2 * step), rel=0.05, abs=1e-4
+        )
 
 
 def test_optimized_blt_improves_on_its_start_and_is_non_negative():
-    """From (nearly) DP-SGD at ε = 8, where correlated noise pays, the optimized BLT has a smaller RMSE
-    than its start, both recalibrated on the same larger sample."""
-    result = optimize_matrix("blt", 8.0, 1e-4, 6, 4, steps=60, samples=1 << 12, buffers=2, init_bands=1)
+    """From (nearly) DP-SGD at ε = 8, where correlated noise pays, the optimized BLT has a smaller
+    RMSE than its start, both recalibrated on the same larger sample."""
+    result = optimize_matrix(
+        "blt", 8.0, 1e-4, 6, 4, steps=60, samples=1 << 12, buffers=2, init_bands=1
+    )
     start = {"buffer_decays": [1 - 1 / 1.5, 0.5], "output_scales": [1e-2, 1e-2]}
     recalibration = RmseSetting(8.0, 1e-4, 6, 4, samples=1 << 15, seed=9)
     before = amplified_rmse("blt", start, recalibration)
@@ -113,12 +136,15 @@ def test_blt_fit_reproduces_a_geometric_target():
     target = np.concatenate([[1.0], 0.3 * 0.8 ** np.arange(30)])
     decays, scales = blt_fit(target, 3)
     np.testing.assert_allclose(
-        coefficients("blt", {"buffer_decays": decays, "output_scales": scales}, 31), target, atol=0.02
+        coefficients("blt", {"buffer_decays": decays, "output_scales": scales}, 31),
+        target,
+        atol=0.02,
     )
 
 
 def _dense_unamplified_factor(values: np.ndarray, bins: int, epochs: int) -> float:
-    """max_i ‖Σ_e C[:, e·b + i]‖ · ‖A C⁻¹‖_F/√n from dense matrices (independent of the torch objective)."""
+    """max_i ‖Σ_e C[:, e·b + i]‖ · ‖A C⁻¹‖_F/√n from dense matrices (independent of the torch
+    objective)."""
     n = bins * epochs
     matrix = dense_matrix(values)
     modes = np.stack([matrix[:, i::bins].sum(1) for i in range(bins)])
@@ -131,22 +157,30 @@ def test_optimized_banded_is_a_local_minimum_of_the_unamplified_rmse_below_the_s
     bins, epochs = 6, 4
     params = optimize_banded(bands, bins, epochs)
     values = coefficients("banded", params, bins * epochs)
-    assert len(params["coefficients"]) == min(bands, bins * epochs) and values[0] == 1 and np.all(values >= 0)
+    assert (
+        len(params["coefficients"]) == min(bands, bins * epochs)
+        and values[0] == 1
+        and np.all(values >= 0)
+    )
     best = _dense_unamplified_factor(values, bins, epochs)
-    square_root = _dense_unamplified_factor(coefficients("banded", banded_params(bands), bins * epochs), bins, epochs)
+    square_root = _dense_unamplified_factor(
+        coefficients("banded", banded_params(bands), bins * epochs), bins, epochs
+    )
     assert best < square_root
     rng = np.random.default_rng(bands)
     for _ in range(20):
         nudged = values.copy()
-        nudged[1 : len(params["coefficients"])] += 1e-3 * rng.standard_normal(len(params["coefficients"]) - 1)
+        nudged[1 : len(params["coefficients"])] += 1e-3 * rng.standard_normal(
+            len(params["coefficients"]) - 1
+        )
         if np.all(nudged >= 0):
             assert _dense_unamplified_factor(nudged, bins, epochs) >= best - 1e-9
 
 
 def test_unamplified_blt_is_a_local_minimum_below_its_start_and_above_the_best_banded_at_period_bins():
-    """The BLT optimized without amplification beats the fit it starts from and no nudge of its parameters
-    improves it (dense objective); at bands = bins the optimized banded C, whose columns of the same slot
-    never overlap, still beats it: the geometric tail's cost."""
+    """The BLT optimized without amplification beats the fit it starts from and no nudge of its
+    parameters improves it (dense objective); at bands = bins the optimized banded C, whose columns
+    of the same slot never overlap, still beats it: the geometric tail's cost."""
     bins, epochs, buffers = 8, 6, 2
     n = bins * epochs
     params = optimize_blt_unamplified(buffers, bins, epochs, init_bands=bins)
@@ -159,7 +193,12 @@ def test_unamplified_blt_is_a_local_minimum_below_its_start_and_above_the_best_b
     for _ in range(20):
         nudged_decays = np.clip(decays + 1e-4 * rng.standard_normal(buffers), 1e-6, 1 - 1e-6)
         nudged_scales = np.maximum(scales + 1e-4 * rng.standard_normal(buffers), 0)
-        assert _dense_unamplified_factor(blt_coefficients(nudged_decays, nudged_scales, n), bins, epochs) >= best - 1e-9
+        assert (
+            _dense_unamplified_factor(
+                blt_coefficients(nudged_decays, nudged_scales, n), bins, epochs
+            )
+            >= best - 1e-9
+        )
     banded = coefficients("banded", optimize_banded(bins, bins, epochs), n)
     assert _dense_unamplified_factor(banded, bins, epochs) < best
     with pytest.raises(ParamsError, match="buffers = 0"):

@@ -12,7 +12,11 @@ from test_engine_helpers import compare, cross_entropy
 
 @pytest.mark.parametrize(
     "name,opts",
-    [("mlp", {"hidden": [8, 8]}), ("cnn", {"channels": [4, 8]}), ("transformer", {"dim": 8, "depth": 2, "heads": 2})],
+    [
+        ("mlp", {"hidden": [8, 8]}),
+        ("cnn", {"channels": [4, 8]}),
+        ("transformer", {"dim": 8, "depth": 2, "heads": 2}),
+    ],
 )
 def test_every_model_maps_images_to_logits_and_bk_clips_it_exactly(name, opts):
     torch.manual_seed(0)
@@ -29,11 +33,14 @@ def test_token_transformer_uses_embeddings_and_is_exact():
     model = build_model("transformer", (6,), 3, dim=8, depth=1, heads=2, vocab_size=11)
     tokens = torch.randint(0, 11, (4, 6))
     error, engine = compare(model, cross_entropy, tokens, torch.randint(0, 3, (4,)))
-    assert error < 1e-10 and "tokens" in engine.layer_methods and "positions" in engine.layer_methods
+    assert (
+        error < 1e-10 and "tokens" in engine.layer_methods and "positions" in engine.layer_methods
+    )
 
 
 @pytest.mark.parametrize(
-    "name,opts,match", [("resnet", {}, "train.model = 'resnet'"), ("mlp", {"depth": 3}, "model_options")]
+    "name,opts,match",
+    [("resnet", {}, "train.model = 'resnet'"), ("mlp", {"depth": 3}, "model_options")],
 )
 def test_unknown_model_or_option_is_a_params_error(name, opts, match):
     with pytest.raises(ParamsError, match=match):

@@ -1,4 +1,5 @@
-"""params.yaml validation: every bad value stops with one line naming the key, the value and what is allowed."""
+"""params.yaml validation: every bad value stops with one line naming the key, the value and what is
+allowed."""
 
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def test_bad_value_names_key_value_and_allowed_range(raw, key, value, allowed):
 
 
 @pytest.mark.parametrize(
-    "key", ["seed", "data", "batching", "calibrate", "calibrate.epsilon", "calibrate.delta", "train"]
+    "key",
+    ["seed", "data", "batching", "calibrate", "calibrate.epsilon", "calibrate.delta", "train"],
 )
 def test_missing_key_is_named(raw, key):
     with pytest.raises(ParamsError, match=rf"{key} is missing"):
@@ -91,7 +93,9 @@ def test_unknown_key_is_named(raw, key):
 
 def test_batch_larger_than_dataset_is_refused(raw):
     params = parse_params(_with(raw, "batching.batch_size", 5000))
-    with pytest.raises(ParamsError, match=r"batching.batch_size = 5000 .*at most the training-set size, 1438"):
+    with pytest.raises(
+        ParamsError, match=r"batching.batch_size = 5000 .*at most the training-set size, 1438"
+    ):
         check_dataset_size(params, 1438)
 
 
@@ -113,7 +117,9 @@ def test_stage_with_bad_params_prints_one_line_and_writes_nothing(raw, tmp_path)
     )
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines == ["error: params: calibrate.epsilon = -2.0 is invalid: Input should be greater than 0"]
+    assert lines == [
+        "error: params: calibrate.epsilon = -2.0 is invalid: Input should be greater than 0"
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
 
@@ -138,25 +144,34 @@ def test_boolean_where_a_number_is_expected_is_refused(raw, key, value):
 
 
 def test_boolean_keys_still_take_booleans(raw):
-    params = parse_params(_with(_with(raw, "train.secure_noise", True), "verify.fail_pipeline", False))
+    params = parse_params(
+        _with(_with(raw, "train.secure_noise", True), "verify.fail_pipeline", False)
+    )
     assert params.train.secure_noise is True and params.verify.fail_pipeline is False
 
 
 @pytest.mark.parametrize("key", ["train.clip_norm", "train.lr", "train.automatic_gamma"])
 def test_infinite_training_floats_are_refused_up_front(raw, key):
-    # inf passed validation and only failed (clip_norm) or silently produced NaN weights (lr) in the train stage
-    with pytest.raises(ParamsError, match=rf"^params: {key} = inf is invalid: Input should be a finite number$"):
+    # inf passed validation and only failed (clip_norm) or silently produced NaN weights (lr) in the
+    # train stage
+    with pytest.raises(
+        ParamsError, match=rf"^params: {key} = inf is invalid: Input should be a finite number$"
+    ):
         parse_params(_with(raw, key, float("inf")))
 
 
 def test_seed_beyond_64_bits_is_refused_not_a_traceback_in_train(raw):
     assert parse_params(_with(raw, "seed", 2**32 - 1)).seed == 2**32 - 1
-    with pytest.raises(ParamsError, match=r"^params: seed = 18446744073709551616 is invalid: .*less than or equal"):
+    with pytest.raises(
+        ParamsError, match=r"^params: seed = 18446744073709551616 is invalid: .*less than or equal"
+    ):
         parse_params(_with(raw, "seed", 2**64))
 
 
 def test_duplicate_key_is_refused_not_silently_overridden(raw, tmp_path):
-    text = yaml.safe_dump(raw, sort_keys=False).replace("  epsilon: 3.0\n", "  epsilon: 3.0\n  epsilon: 8.0\n", 1)
+    text = yaml.safe_dump(raw, sort_keys=False).replace(
+        "  epsilon: 3.0\n", "  epsilon: 3.0\n  epsilon: 8.0\n", 1
+    )
     assert text.count("epsilon: ") >= 2
     path = tmp_path / "params.yaml"
     path.write_text(text)
@@ -170,7 +185,8 @@ def test_params_path_that_is_a_folder_is_one_line(tmp_path):
 
 
 def test_fp16_without_loss_scaling_is_refused_naming_bf16(raw):
-    """fp16 autocast with no loss scaling underflows an LM head's ~1e-7 gradients: refused (issue 30)."""
+    """fp16 autocast with no loss scaling underflows an LM head's ~1e-7 gradients: refused (issue
+    30)."""
     with pytest.raises(ParamsError) as error:
         parse_params(_with(raw, "train.precision", "fp16"))
     message = str(error.value)

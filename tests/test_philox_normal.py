@@ -34,14 +34,17 @@ def test_philox_matches_random123_known_answers(counter, key, expected):
 def _words(key, step, block, lanes, second=0):
     """Philox words of a block's counters from the scalar reference, as a (4, lanes) array."""
     return np.array(
-        [pn.philox4x32(block * pn.LANES + lane, second, step & 0xFFFFFFFF, step >> 32, *key) for lane in range(lanes)],
+        [
+            pn.philox4x32(block * pn.LANES + lane, second, step & 0xFFFFFFFF, step >> 32, *key)
+            for lane in range(lanes)
+        ],
         dtype=np.float64,
     ).T
 
 
 def _reference(key, step, numel):
-    """The documented layout recomputed with numpy's float64 log, cos and sin from scalar Philox words:
-    the draws and the radius ρ each was drawn with."""
+    """The documented layout recomputed with numpy's float64 log, cos and sin from scalar Philox
+    words: the draws and the radius ρ each was drawn with."""
     out, radii = np.empty(numel), np.empty(numel)
     for start in range(0, numel, 4 * pn.LANES):
         lanes = min(pn.LANES, (numel - start + 3) // 4)
@@ -105,7 +108,9 @@ def test_float32_log_and_turn_are_accurate_over_every_word():
     logs, sines, cosines = evaluate(words)
     u = (words.astype(np.float64) + 0.5) / 2**32
     exact = -2 * np.log(u)
-    assert np.max(np.abs(logs - exact) / exact) < 2.0**-22  # relative, also for U next to 1 (tiny radii)
+    assert (
+        np.max(np.abs(logs - exact) / exact) < 2.0**-22
+    )  # relative, also for U next to 1 (tiny radii)
     assert np.max(np.abs(sines - np.sin(2 * np.pi * u))) < 2.0**-23
     assert np.max(np.abs(cosines - np.cos(2 * np.pi * u))) < 2.0**-23
 
@@ -113,15 +118,22 @@ def test_float32_log_and_turn_are_accurate_over_every_word():
 def test_a_zero_radius_word_is_refined_with_the_second_counter_so_the_tail_reaches_9_sigma():
     @njit
     def pair(word, refined, angle):
-        return pn._normal_pair(np.uint32(word), np.uint32(refined), np.uint32(angle), np.float32(1.0))
+        return pn._normal_pair(
+            np.uint32(word), np.uint32(refined), np.uint32(angle), np.float32(1.0)
+        )
 
     assert pair(0, 0, 0)[0] == pytest.approx(math.sqrt(-2 * math.log(0.5 * 2.0**-64)), rel=1e-6)
     assert pair(0, 0, 0)[0] > 9.4
-    assert pair(5, 999, 0)[0] == pytest.approx(math.sqrt(-2 * math.log(5.5 * 2.0**-32)), rel=1e-6)  # unused
+    assert pair(5, 999, 0)[0] == pytest.approx(
+        math.sqrt(-2 * math.log(5.5 * 2.0**-32)), rel=1e-6
+    )  # unused
 
     # Found by search: under key (11, 12) at this step, lane 921 of block 0 has word 2 equal to 0.
     key, step, lane = (11, 12), 8_077_275, 921
-    words, second = _words(key, step, 0, pn.LANES)[:, lane], _words(key, step, 0, pn.LANES, second=1)[:, lane]
+    words, second = (
+        _words(key, step, 0, pn.LANES)[:, lane],
+        _words(key, step, 0, pn.LANES, second=1)[:, lane],
+    )
     assert words[2] == 0
     out = np.empty(4 * pn.LANES, np.float32)
     pn.fill_standard_normal(out, key, step)
@@ -132,7 +144,9 @@ def test_a_zero_radius_word_is_refined_with_the_second_counter_so_the_tail_reach
     reference, _ = _reference(key, step, 4 * pn.LANES)
     others = np.ones(4 * pn.LANES, bool)
     others[[2 * pn.LANES + lane, 3 * pn.LANES + lane]] = False
-    assert np.allclose(out[others], reference[others], rtol=0, atol=4e-6)  # only that pair was redrawn
+    assert np.allclose(
+        out[others], reference[others], rtol=0, atol=4e-6
+    )  # only that pair was redrawn
 
 
 def test_noise_depends_only_on_key_step_and_position():
@@ -146,7 +160,10 @@ def test_noise_depends_only_on_key_step_and_position():
     other_step, other_key = np.empty(numel, np.float32), np.empty(numel, np.float32)
     pn.fill_standard_normal(other_step, (1, 2), 4, scale=2.5)
     pn.fill_standard_normal(other_key, (1, 3), 3, scale=2.5)
-    assert abs(np.corrcoef(whole, other_step)[0, 1]) < 0.01 and abs(np.corrcoef(whole, other_key)[0, 1]) < 0.01
+    assert (
+        abs(np.corrcoef(whole, other_step)[0, 1]) < 0.01
+        and abs(np.corrcoef(whole, other_key)[0, 1]) < 0.01
+    )
 
 
 @pytest.mark.parametrize("threads", [2, 3, 7])
@@ -181,7 +198,9 @@ def test_draws_are_standard_normal():
     beyond = int(np.sum(np.abs(draws) > 3))
     expected = draws.size * 2 * stats.norm.sf(3)
     assert abs(beyond - expected) < 5 * math.sqrt(expected)
-    lag = np.corrcoef(draws[:-1], draws[1:])[0, 1]  # cos/sin pairs of one word pair are uncorrelated
+    lag = np.corrcoef(draws[:-1], draws[1:])[
+        0, 1
+    ]  # cos/sin pairs of one word pair are uncorrelated
     assert abs(lag) < 5 / math.sqrt(draws.size)
 
 

@@ -1,5 +1,6 @@
-"""dvc.yaml's deps are each stage's real import closure: every lib/ and stages/ file a stage can import is
-covered by one of its deps, and no code dep is unused (so `dvc repro` reruns exactly what a change affects)."""
+"""dvc.yaml's deps are each stage's real import closure: every lib/ and stages/ file a stage can
+import is covered by one of its deps, and no code dep is unused (so `dvc repro` reruns exactly what
+a change affects)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 
 
 def stage_closure(stage: str) -> set[Path]:
-    """The stage entrypoint's closure, plus its runner: ``run_stage`` imports dpledger.pipeline.<stage> by name."""
+    """The stage entrypoint's closure, plus its runner: ``run_stage`` imports
+    dpledger.pipeline.<stage> by name."""
     start = [REPO / "stages" / f"{stage}.py"]
     runner = REPO / "lib/dpledger/pipeline" / f"{stage}.py"
     return import_closure(start + ([runner] if runner.is_file() else []), SOURCE_ROOTS)
@@ -30,7 +32,9 @@ def code_deps(stage: str) -> list[Path]:
 
 def test_the_closure_follows_function_level_imports_and_parent_packages():
     closure = stage_closure("audit")
-    assert REPO / "lib/dpledger/audit/dpsgd.py" in closure  # imported inside run() when audit.dpsgd is set
+    assert (
+        REPO / "lib/dpledger/audit/dpsgd.py" in closure
+    )  # imported inside run() when audit.dpsgd is set
     assert REPO / "lib/dpledger/__init__.py" in closure and REPO / "stages/_entry.py" in closure
 
 
@@ -50,7 +54,9 @@ def test_every_imported_file_is_a_dep_of_the_stage(stage):
 def test_no_code_dep_is_unused(stage):
     closure = stage_closure(stage)
     unused = [
-        str(dep.relative_to(REPO)) for dep in code_deps(stage) if not any(f == dep or dep in f.parents for f in closure)
+        str(dep.relative_to(REPO))
+        for dep in code_deps(stage)
+        if not any(f == dep or dep in f.parents for f in closure)
     ]
     assert unused == [], f"dvc.yaml stage {stage} lists code it never imports: {unused}"
 
@@ -67,9 +73,10 @@ def test_the_training_fingerprint_covers_every_library_file_the_train_stage_impo
 
 
 def test_every_stage_param_is_a_params_yaml_section_whatever_the_data_dir():
-    """A stage's ``params`` name sections of params.yaml, never a path: the report listed ``${data_dir}``,
-    which is the section ``data`` only while dvc-vars.yaml's data_dir is ``data``; with the LM example's
-    ``examples/lm/data`` (make lm) DVC stopped with "Parameters 'examples/lm/data' are missing"."""
+    """A stage's ``params`` name sections of params.yaml, never a path: the report listed
+    ``${data_dir}``, which is the section ``data`` only while dvc-vars.yaml's data_dir is ``data``;
+    with the LM example's ``examples/lm/data`` (make lm) DVC stopped with "Parameters
+    'examples/lm/data' are missing"."""
     sections = set(yaml.safe_load((REPO / "params.yaml").read_text()))
     for name, stage in STAGES.items():
         for param in stage.get("params", []):

@@ -1,4 +1,5 @@
-"""The DVC pipeline end to end in a temporary copy: a change reruns exactly the stages it affects."""
+"""The DVC pipeline end to end in a temporary copy: a change reruns exactly the stages it
+affects."""
 
 from __future__ import annotations
 
@@ -44,7 +45,10 @@ def _set_params(project: Path, changes: dict[str, object]) -> None:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """A git+DVC copy of the working tree with small settings, after one full `dvc repro`."""
-    if shutil.which("dvc", path=os.path.dirname(sys.executable)) is None and shutil.which("dvc") is None:
+    if (
+        shutil.which("dvc", path=os.path.dirname(sys.executable)) is None
+        and shutil.which("dvc") is None
+    ):
         pytest.skip("dvc is not installed")
     root = tmp_path_factory.mktemp("pipeline") / "project"
     files = subprocess.run(
@@ -56,7 +60,9 @@ def project(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     ).stdout.split("\0")
     for name in filter(None, files):
         source = REPO / name
-        if source.is_file() and not name.startswith(("artifacts/", "metrics/", "plots/", "reports/")):
+        if source.is_file() and not name.startswith(
+            ("artifacts/", "metrics/", "plots/", "reports/")
+        ):
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, root / name)
     env = dict(os.environ)

@@ -17,7 +17,10 @@ def test_png_is_written_at_the_shared_size_with_the_shared_style(tmp_path):
         grid_on = axes.xaxis.get_gridlines()[0].get_visible()
         top_spine = axes.spines["top"].get_visible()
     height, width = imread(path).shape[:2]
-    assert (width, height) == (round(plotting.SIZE[0] * plotting.DPI), round(plotting.SIZE[1] * plotting.DPI))
+    assert (width, height) == (
+        round(plotting.SIZE[0] * plotting.DPI),
+        round(plotting.SIZE[1] * plotting.DPI),
+    )
     assert grid_on and not top_spine
     assert not matplotlib.rcParams["axes.grid"]  # the style does not leak out of the block
 

@@ -1,5 +1,6 @@
-"""Issue 20: a sampler declared in this one file (its accounted_as and description) is validated by params,
-accepted by the guard, accounted, audited and named in the report, with no edit anywhere else."""
+"""Issue 20: a sampler declared in this one file (its accounted_as and description) is validated by
+params, accepted by the guard, accounted, audited and named in the report, with no edit anywhere
+else."""
 
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ coin_flips.description = "independent coin flips with probability B/n per exampl
 
 def test_a_one_file_plugin_sampler_runs_through_every_stage(tmp_path, repo_root):
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "data.npz", x=rng.normal(size=(100, 6)).astype(np.float32), y=rng.integers(0, 2, 100))
+    np.savez(
+        tmp_path / "data.npz",
+        x=rng.normal(size=(100, 6)).astype(np.float32),
+        y=rng.integers(0, 2, 100),
+    )
     raw = yaml.safe_load((repo_root / "params.yaml").read_text())
     raw["data"] = {"name": "npz", "path": str(tmp_path / "data.npz"), "test_fraction": 0.2}
     raw["batching"] = {"batch_size": 16, "epochs": 1}
@@ -49,7 +54,9 @@ def test_a_one_file_plugin_sampler_runs_through_every_stage(tmp_path, repo_root)
     assert calibrate["sampler"] == "poisson" and calibrate["accountant"] == "pld"
     schedule = run_stage("schedule", path, tmp_path)
     header = json.loads((tmp_path / "artifacts/schedule/schedule.json").read_text())
-    assert schedule["num_steps"] == 5 and header["metadata"]["description"] == coin_flips.description
+    assert (
+        schedule["num_steps"] == 5 and header["metadata"]["description"] == coin_flips.description
+    )
     train = run_stage("train", path, tmp_path)  # accepted by the guard
     assert train["steps_done"] == 5 and train["sampler_mismatch"] is False
     audit = run_stage("audit", path, tmp_path)
@@ -70,7 +77,9 @@ def test_every_sampler_describes_its_own_run_as_its_accountant_reads_it():
         sampler="poisson", noise_multiplier=1.5, **sizes
     )
     for name, cls in SAMPLERS.items():
-        built = build_sampler(name, seed=0, **sizes, **({"buffer_size": 8} if "buffer_size" in cls.OPTIONS else {}))
+        built = build_sampler(
+            name, seed=0, **sizes, **({"buffer_size": 8} if "buffer_size" in cls.OPTIONS else {})
+        )
         if cls.accounted_as is None:
             with pytest.raises(ParamsError, match=f"sampler = '{name}' cannot be accounted: .*"):
                 built.mechanism_description()

@@ -32,7 +32,8 @@ def lm(tmp_path_factory) -> Path:
 
 
 def _lm_run(root: Path, lm: Path, **train) -> Path:
-    """Train the tiny GPT-2 on its corpus through the train stage (``lm_project``); returns ``root``."""
+    """Train the tiny GPT-2 on its corpus through the train stage (``lm_project``); returns
+    ``root``."""
     run_stage("train", lm_project(root, lm, **train), root)
     return root
 

@@ -1,6 +1,7 @@
-"""Issue 29 acceptance: the README's image recipes (the built-in ``cnn`` and a small ViT, blocks between the
-``recipe:images-cnn`` and ``recipe:images-vit`` markers) on their generated ``(N, H, W, C)`` npz, through
-calibrate, schedule and train at ε = 8, beat the majority baseline (the cnn by far)."""
+"""Issue 29 acceptance: the README's image recipes (the built-in ``cnn`` and a small ViT, blocks
+between the ``recipe:images-cnn`` and ``recipe:images-vit`` markers) on their generated ``(N, H, W,
+C)`` npz, through calibrate, schedule and train at ε = 8, beat the majority baseline (the cnn by
+far)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ def test_the_generated_images_are_channels_last_balanced_and_read_channels_first
 
 
 def test_the_label_is_the_stripes_orientation():
-    """Along its stripes an image only varies by noise; across them by the wave: the label is recoverable
-    from the pixels (a check that the set is learnable at all, independent of any model)."""
+    """Along its stripes an image only varies by noise; across them by the wave: the label is
+    recoverable from the pixels (a check that the set is learnable at all, independent of any
+    model)."""
     from dpledger.data.example_images import stripes
 
     labels = np.arange(400) % 4
@@ -46,7 +48,9 @@ def test_the_recipes_are_valid_params_at_epsilon_8():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,points", [("images-cnn", 0.30), ("images-vit", 0.10)])
-def test_readme_image_recipe_beats_its_majority_baseline_at_epsilon_8(tmp_path, monkeypatch, name, points):
+def test_readme_image_recipe_beats_its_majority_baseline_at_epsilon_8(
+    tmp_path, monkeypatch, name, points
+):
     """Measured once each at load 8-11: cnn 98.75 %, ViT 44.25 % against 27.75 %."""
     monkeypatch.chdir(tmp_path)
     write_example("data/stripes.npz")  # the README's generation command

@@ -1,6 +1,7 @@
 """Issue 29, GPT-2 + LoRA: the README's LoRA recipe (``recipe:lora``) fine-tunes a base
 pretrained without privacy on PUBLIC text (pydoc's topics) with DP on a PRIVATE corpus
-(standard-library docstrings) and beats the unigram baseline and the base it started from at ε = 8."""
+(standard-library docstrings) and beats the unigram baseline and the base it started from at ε =
+8."""
 
 from __future__ import annotations
 

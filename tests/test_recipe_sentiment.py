@@ -1,6 +1,6 @@
-"""Issue 29 item 2: the README's text-classification recipe really learns. Its params block (between the
-``recipe:sentiment`` markers) on its generated sentiment set, through calibrate, schedule and train at
-ε = 8, beats the majority baseline by at least 20 points."""
+"""Issue 29 item 2: the README's text-classification recipe really learns. Its params block (between
+the ``recipe:sentiment`` markers) on its generated sentiment set, through calibrate, schedule and
+train at ε = 8, beats the majority baseline by at least 20 points."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ def test_the_recipe_is_valid_params_at_epsilon_8():
 
 
 @pytest.mark.slow
-def test_readme_sentiment_recipe_beats_its_majority_baseline_by_20_points_at_epsilon_8(tmp_path, monkeypatch):
+def test_readme_sentiment_recipe_beats_its_majority_baseline_by_20_points_at_epsilon_8(
+    tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     write_example("data/sentiment")  # the README's generation command
     metrics = run_recipe(tmp_path, readme_recipe("sentiment"))

@@ -1,8 +1,8 @@
-"""report.html as a person sees it: headless Chromium opens it offline; every image loads, nothing is fetched,
-the page is not blank, and the warnings are the first thing on it.
+"""report.html as a person sees it: headless Chromium opens it offline; every image loads, nothing
+is fetched, the page is not blank, and the warnings are the first thing on it.
 
-Chromium is driven through the DevTools protocol over ``--remote-debugging-pipe`` (NUL-separated JSON
-on file descriptors 3 and 4), which needs nothing beyond the standard library.
+Chromium is driven through the DevTools protocol over ``--remote-debugging-pipe`` (NUL-separated
+JSON on file descriptors 3 and 4), which needs nothing beyond the standard library.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from PIL import Image
 from dpledger.pipeline.report import run
 from test_report_fixtures import ALL_PROBLEMS, fabricate_project, report_params
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+CHROMIUM = shutil.which("chromium") or (
+    "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+)
 FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -46,17 +48,22 @@ LOCAL_SCHEMES = ("file:", "data:")
 
 if CHROMIUM is None and os.environ.get("DPLEDGER_REQUIRE_CHROMIUM"):
     raise RuntimeError("DPLEDGER_REQUIRE_CHROMIUM is set but chromium is not installed")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)"
+)
 
 
 class DevTools:
-    """A minimal DevTools-protocol client over the pipe Chromium opens with --remote-debugging-pipe."""
+    """A minimal DevTools-protocol client over the pipe Chromium opens with
+    --remote-debugging-pipe."""
 
     def __init__(self, user_data_dir: Path) -> None:
         to_browser_read, self._to_browser = os.pipe()
         self._from_browser, from_browser_write = os.pipe()
 
-        def wire_pipes() -> None:  # in the child: its fd 3 reads our commands, its fd 4 writes replies
+        def wire_pipes() -> (
+            None
+        ):  # in the child: its fd 3 reads our commands, its fd 4 writes replies
             high_read = fcntl.fcntl(to_browser_read, fcntl.F_DUPFD_CLOEXEC, 10)
             high_write = fcntl.fcntl(from_browser_write, fcntl.F_DUPFD_CLOEXEC, 10)
             os.dup2(high_read, 3)  # dup2 leaves the copies at 3 and 4 inheritable
@@ -78,7 +85,9 @@ class DevTools:
         self.events: list[dict[str, Any]] = []
         self._deadline = time.monotonic() + DEADLINE_S
 
-    def call(self, method: str, params: dict[str, Any] | None = None, session: str | None = None) -> dict[str, Any]:
+    def call(
+        self, method: str, params: dict[str, Any] | None = None, session: str | None = None
+    ) -> dict[str, Any]:
         """Send one command and wait for its reply; a protocol error fails the test."""
         self._next_id += 1
         message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
@@ -141,11 +150,14 @@ PAGE_FACTS = """JSON.stringify({
 def open_page(
     html: Path, user_data_dir: Path, width: int = 1280
 ) -> tuple[dict[str, Any], list[str], list[dict], bytes]:
-    """Load ``html``; return (page facts, URLs the page requested, console/log entries, full-page screenshot PNG)."""
+    """Load ``html``; return (page facts, URLs the page requested, console/log entries, full-page
+    screenshot PNG)."""
     browser = DevTools(user_data_dir)
     try:
         target = browser.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = browser.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        session = browser.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
+            "sessionId"
+        ]
         for domain in ("Page", "Network", "Log", "Runtime"):
             browser.call(f"{domain}.enable", session=session)
         browser.call(
@@ -155,20 +167,33 @@ def open_page(
         )
         browser.call("Page.navigate", {"url": html.resolve().as_uri()}, session)
         browser.wait_for("Page.loadEventFired", session)
-        evaluated = browser.call("Runtime.evaluate", {"expression": PAGE_FACTS, "returnByValue": True}, session)
+        evaluated = browser.call(
+            "Runtime.evaluate", {"expression": PAGE_FACTS, "returnByValue": True}, session
+        )
         facts = json.loads(evaluated["result"]["value"])
         browser.call(
             "Emulation.setDeviceMetricsOverride",
-            {"width": width, "height": int(facts["height"]), "deviceScaleFactor": 1, "mobile": False},
+            {
+                "width": width,
+                "height": int(facts["height"]),
+                "deviceScaleFactor": 1,
+                "mobile": False,
+            },
             session,
         )
-        shot = base64.b64decode(browser.call("Page.captureScreenshot", {"format": "png"}, session)["data"])
+        shot = base64.b64decode(
+            browser.call("Page.captureScreenshot", {"format": "png"}, session)["data"]
+        )
         requested = [
             e["params"]["request"]["url"]
             for e in browser.events
             if e.get("method") == "Network.requestWillBeSent" and e.get("sessionId") == session
         ]
-        logs = [e["params"] for e in browser.events if e.get("method") in ("Log.entryAdded", "Runtime.exceptionThrown")]
+        logs = [
+            e["params"]
+            for e in browser.events
+            if e.get("method") in ("Log.entryAdded", "Runtime.exceptionThrown")
+        ]
         return facts, requested, logs, shot
     finally:
         browser.close()
@@ -178,7 +203,9 @@ def open_page(
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = fabricate_project(tmp_path_factory.mktemp("project"), ALL_PROBLEMS)
     run(report_params(), root)
-    facts, requested, logs, shot = open_page(root / "reports" / "report.html", tmp_path_factory.mktemp("chromium"))
+    facts, requested, logs, shot = open_page(
+        root / "reports" / "report.html", tmp_path_factory.mktemp("chromium")
+    )
     keep = os.environ.get("DPLEDGER_REPORT_SCREENSHOT")
     if keep:
         Path(keep).write_bytes(shot)
@@ -195,7 +222,9 @@ def test_no_request_leaves_the_page(rendered):
     urls = rendered["requested"] + rendered["facts"]["resources"]
     assert rendered["requested"], "the page load itself must be observed"
     assert all(url.startswith(LOCAL_SCHEMES) for url in urls), urls
-    blocked = [log for log in rendered["logs"] if "entry" in log and log["entry"]["level"] == "error"]
+    blocked = [
+        log for log in rendered["logs"] if "entry" in log and log["entry"]["level"] == "error"
+    ]
     assert not blocked, blocked
 
 
@@ -207,7 +236,9 @@ def test_screenshot_is_not_blank(rendered):
     assert differs.mean() > 0.01, "less than 1% of the page differs from its background"
     assert differs.any(axis=1).mean() > 0.3, "most of the page's rows are empty"
     red = (image[..., 0] > 180) & (image[..., 1] < 90) & (image[..., 2] < 90)
-    assert red[: image.shape[0] // 3].any(), "the red warning styling is missing from the top of the page"
+    assert red[: image.shape[0] // 3].any(), (
+        "the red warning styling is missing from the top of the page"
+    )
 
 
 def test_warning_is_the_first_thing_on_the_page(rendered):
@@ -220,6 +251,8 @@ def test_committed_report_html_loads_offline(repo_root, tmp_path):
     if not html.exists():
         pytest.skip("no reports/report.html in this checkout yet (dvc repro writes it)")
     facts, requested, logs, _ = open_page(html, tmp_path / "chromium")
-    assert all(image["complete"] and image["width"] > 0 for image in facts["images"]), facts["images"]
+    assert all(image["complete"] and image["width"] > 0 for image in facts["images"]), facts[
+        "images"
+    ]
     assert all(url.startswith(LOCAL_SCHEMES) for url in requested + facts["resources"]), requested
     assert not [log for log in logs if "entry" in log and log["entry"]["level"] == "error"]

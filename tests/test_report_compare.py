@@ -1,4 +1,5 @@
-"""`dpledger report` and `dpledger report --compare REV` (old metrics read with git show, never recomputed)."""
+"""`dpledger report` and `dpledger report --compare REV` (old metrics read with git show, never
+recomputed)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,15 @@ from dpledger.report.compare import HEADLINE_METRICS, compare_headlines
 from test_report_fixtures import REPO_ROOT, Problems, fabricate_project
 
 PARAMS = str(REPO_ROOT / "params.yaml")
-GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "commit.gpgsign=false"]
+GIT = [
+    "git",
+    "-c",
+    "user.name=test",
+    "-c",
+    "user.email=test@example.com",
+    "-c",
+    "commit.gpgsign=false",
+]
 
 
 def _git(root: Path, *args: str) -> None:
@@ -50,7 +59,9 @@ def test_compare_renders_old_and_new_headline_side_by_side(repository):
     assert "| Implementation tests failed | 0 | 1 | +1 |" in table
     assert "| Empirical ε (lower bound) | not run | 0.83 |   |" in table
     assert "| Test accuracy | 88.61 % | 88.61 % |   |" in table
-    assert table.count("\n| ") == len(HEADLINE_METRICS) + 3  # header, warnings, utility, one row per metric
+    assert (
+        table.count("\n| ") == len(HEADLINE_METRICS) + 3
+    )  # header, warnings, utility, one row per metric
     assert not (repository / "reports").exists()  # --compare prints, it writes nothing
 
 
@@ -59,12 +70,29 @@ def test_compare_json(repository):
     payload = json.loads(result.output)
     assert payload["new"] == "working tree" and payload["old"].startswith("HEAD (")
     rows = {row["label"]: row for row in payload["rows"]}
-    assert rows["Sampler used"] == {"label": "Sampler used", "old": "poisson", "new": "poisson", "change": ""}
+    assert rows["Sampler used"] == {
+        "label": "Sampler used",
+        "old": "poisson",
+        "new": "poisson",
+        "change": "",
+    }
 
 
 def test_compare_uses_the_same_checks_as_the_report():
-    old = {"train": {"sampler_accounted": "poisson", "sampler_used": "poisson", "sampler_mismatch": False}}
-    new = {"train": {"sampler_accounted": "poisson", "sampler_used": "shuffle", "sampler_mismatch": True}}
+    old = {
+        "train": {
+            "sampler_accounted": "poisson",
+            "sampler_used": "poisson",
+            "sampler_mismatch": False,
+        }
+    }
+    new = {
+        "train": {
+            "sampler_accounted": "poisson",
+            "sampler_used": "shuffle",
+            "sampler_mismatch": True,
+        }
+    }
     for train in (old["train"], new["train"]):
         train["self_check_passed"] = True
     warnings = compare_headlines(old, new, mc_failure_warning=1e-6)[0]
@@ -94,7 +122,8 @@ def test_compare_with_an_unknown_revision_is_one_line_and_exit_code_2(repository
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"error: report --compare: 'no-such-rev' is not a git revision of the repository at {repository}"
+        "error: report --compare: 'no-such-rev' is not a git revision of the repository at "
+        f"{repository}"
     ]
 
 
@@ -108,7 +137,9 @@ def test_plain_report_renders_the_current_tree(tmp_path):
 
 
 def test_report_names_the_git_commit_it_was_rendered_from(repository):
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repository, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repository, capture_output=True, text=True
+    ).stdout.strip()
     invoke("--root", str(repository))
     markdown = (repository / "reports/report.md").read_text()
     assert f"| git commit | `{head}` |" in markdown

@@ -1,4 +1,5 @@
-"""A fabricated project: every file the report reads, written from the stage contracts (common to all report tests).
+"""A fabricated project: every file the report reads, written from the stage contracts (common to
+all report tests).
 
 ``fabricate_project`` writes flat metrics, detail JSONs, training artifacts and real matplotlib PNGs
 for the five upstream stages, optionally with the problems the report must put first.
@@ -51,7 +52,9 @@ def report_params(**report: object) -> Params:
     return params.model_copy(update={"report": params.report.model_copy(update=report)})
 
 
-def fabricate_project(root: Path, problems: Problems = Problems(), skip: tuple[str, ...] = ()) -> Path:
+def fabricate_project(
+    root: Path, problems: Problems = Problems(), skip: tuple[str, ...] = ()
+) -> Path:
     """Write a complete set of upstream outputs under ``root`` (stages in ``skip`` left out)."""
     accounting = "montecarlo" if problems.mc_failure_probability is not None else "pld"
     used = "shuffle" if problems.sampler_mismatch else "poisson"
@@ -101,7 +104,8 @@ def _calibrate(root: Path, accountant: str, mc_failure: float | None):
         "accountant": accountant,
         "sampler": "poisson",
         "assumptions": [
-            "Poisson sampling: each example joins each step independently with probability q = 0.0445",
+            "Poisson sampling: each example joins each step independently with probability q = "
+            "0.0445",
             "zero-out adjacency; every intermediate model is released",
         ],
         "steps": 225,
@@ -118,13 +122,31 @@ def _calibrate(root: Path, accountant: str, mc_failure: float | None):
                 "details": {},
                 "assumptions": ["zero-out adjacency; every intermediate model is released"],
             },
-            {"accountant": "rdp", "epsilon": 3.41, "delta": 1e-5, "assumptions": ["RDP conversion"], "details": {}},
+            {
+                "accountant": "rdp",
+                "epsilon": 3.41,
+                "delta": 1e-5,
+                "assumptions": ["RDP conversion"],
+                "details": {},
+            },
         ],
         "group": [
-            {"group_size": 1, "mog": 3.0000049, "conversion": 3.0000049, "linear": 3.0000049, "note": ""},
+            {
+                "group_size": 1,
+                "mog": 3.0000049,
+                "conversion": 3.0000049,
+                "linear": 3.0000049,
+                "note": "",
+            },
             {"group_size": 2, "mog": 6.37, "conversion": 6.9, "linear": 6.0000098, "note": ""},
             {"group_size": 4, "mog": 13.90001, "conversion": 15.2, "linear": 12.00002, "note": ""},
-            {"group_size": 8, "mog": 31.2, "conversion": float("inf"), "linear": 24.00004, "note": "PLD tail"},
+            {
+                "group_size": 8,
+                "mog": 31.2,
+                "conversion": float("inf"),
+                "linear": 24.00004,
+                "note": "PLD tail",
+            },
         ],
         "epsilon_curve": [[s, 3.0000049 * s / 225] for s in range(0, 226, 25)],
     }
@@ -199,7 +221,10 @@ def _train(root: Path, used: str, mismatch: bool):
 
     def write() -> None:
         _write(root / "metrics" / "train.json", metrics)
-        _write(root / "artifacts" / "train" / "summary.json", {"model": "mlp", "ledger": {"steps": 225}})
+        _write(
+            root / "artifacts" / "train" / "summary.json",
+            {"model": "mlp", "ledger": {"steps": 225}},
+        )
         _write(root / "artifacts" / "train" / "model.pt", b"\x00binary checkpoint")
 
     return write
@@ -207,16 +232,32 @@ def _train(root: Path, used: str, mismatch: bool):
 
 def _verify(root: Path, failed: bool):
     tests = [
-        {"name": "no_clipping", "statistic": 0.41, "p_value": 0.62, "passed": True, "diagnosis": "", "steps": 3},
+        {
+            "name": "no_clipping",
+            "statistic": 0.41,
+            "p_value": 0.62,
+            "passed": True,
+            "diagnosis": "",
+            "steps": 3,
+        },
         {
             "name": "minibatch_clipping",
             "statistic": 5.2 if failed else 0.3,
             "p_value": 1e-4 if failed else 0.44,
             "passed": not failed,
-            "diagnosis": "ΔL grows with B: clipping is applied to the batch, not per example" if failed else "",
+            "diagnosis": "ΔL grows with B: clipping is applied to the batch, not per example"
+            if failed
+            else "",
             "steps": 3,
         },
-        {"name": "noise_calibration", "statistic": 1.1, "p_value": 0.27, "passed": True, "diagnosis": "", "steps": 3},
+        {
+            "name": "noise_calibration",
+            "statistic": 1.1,
+            "p_value": 0.27,
+            "passed": True,
+            "diagnosis": "",
+            "steps": 3,
+        },
         {
             "name": "opacus_only",
             "statistic": None,
@@ -227,10 +268,18 @@ def _verify(root: Path, failed: bool):
             "steps": 0,
         },
     ]
-    metrics = {"passed": not failed, "tests_run": 3, "tests_failed": int(failed), "training_steps": 9}
+    metrics = {
+        "passed": not failed,
+        "tests_run": 3,
+        "tests_failed": int(failed),
+        "training_steps": 9,
+    }
     metrics.update({f"p_value_{t['name']}": t["p_value"] for t in tests if not t.get("skipped")})
     details = {
-        "verdict": {"passed": not failed, "findings": ["per-example clipping missing"] if failed else []},
+        "verdict": {
+            "passed": not failed,
+            "findings": ["per-example clipping missing"] if failed else [],
+        },
         "tests": tests,
         "trainer": "dpledger",
     }
@@ -254,8 +303,14 @@ def _audit(root: Path, contradicted: bool, sampler: str):
         "sampler": sampler,
     }
     details = {
-        "threat_models": {"partially_informed": {"epsilon_emp": emp, "fpr": 0.01}, "worst_case": {"epsilon_emp": emp}},
-        "by_observations": [{"observations": n, "epsilon_emp": emp * (1 - 1 / np.sqrt(n))} for n in (100, 1000, 10000)],
+        "threat_models": {
+            "partially_informed": {"epsilon_emp": emp, "fpr": 0.01},
+            "worst_case": {"epsilon_emp": emp},
+        },
+        "by_observations": [
+            {"observations": n, "epsilon_emp": emp * (1 - 1 / np.sqrt(n))}
+            for n in (100, 1000, 10000)
+        ],
         "scores": list(np.linspace(0.0, 1.0, 5000)),
     }
 

@@ -1,4 +1,5 @@
-"""Numbers in the report: a claimed epsilon is never shown smaller than proven, an empirical bound never larger."""
+"""Numbers in the report: a claimed epsilon is never shown smaller than proven, an empirical bound
+never larger."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ def _parse(text: str) -> Fraction:
 
 @given(positive)
 def test_upper_never_understates_and_lower_never_overstates(value):
-    shown = Fraction(repr(value))  # the float's shortest decimal text, the number an accountant "returned"
+    shown = Fraction(
+        repr(value)
+    )  # the float's shortest decimal text, the number an accountant "returned"
     up, down = _parse(format_upper(value)), _parse(format_lower(value))
     assert up >= shown >= down
     assert up - down <= Fraction(2, 1000) * shown  # within one unit of the 4th significant digit
@@ -39,7 +42,9 @@ def test_upper_never_understates_and_lower_never_overstates(value):
 def test_rounding_direction_against_a_naive_computation():
     for value in (3.0000049, 2.99996, 0.123449, 7.77771, 1e-5 * 1.00001):
         exponent = math.floor(math.log10(value)) - 3
-        naive_up = math.ceil(Fraction(repr(value)) / Fraction(10) ** exponent) * Fraction(10) ** exponent
+        naive_up = (
+            math.ceil(Fraction(repr(value)) / Fraction(10) ** exponent) * Fraction(10) ** exponent
+        )
         assert _parse(format_upper(value)) == naive_up
     assert format_upper(3.0000049) == "3.001" and format_lower(3.0000049) == "3"
     assert format_upper(2.99996) == "3" and format_lower(2.99996) == "2.999"
@@ -70,7 +75,14 @@ def test_percent_and_change():
 
 
 def test_flatten_and_humanize():
-    assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": {}}) == [("a.b", 1), ("a.c.d", [1, 2]), ("e", {})]
+    assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": {}}) == [
+        ("a.b", 1),
+        ("a.c.d", [1, 2]),
+        ("e", {}),
+    ]
     assert humanize("epsilon_vs_step") == "ε vs step"  # Greek stays lower case: 'Ε' would read as E
-    assert humanize("rmse_vs_epsilon") == "RMSE vs ε" and humanize("epsilon_emp_vs_n") == "ε (empirical) vs N"
+    assert (
+        humanize("rmse_vs_epsilon") == "RMSE vs ε"
+        and humanize("epsilon_emp_vs_n") == "ε (empirical) vs N"
+    )
     assert humanize("batch-size_histogram") == "Batch size histogram"

@@ -1,4 +1,5 @@
-"""The report section of params.yaml: each bad value stops the stage with one line, and nothing is written."""
+"""The report section of params.yaml: each bad value stops the stage with one line, and nothing is
+written."""
 
 from __future__ import annotations
 
@@ -23,9 +24,17 @@ def _raw() -> dict:
             0.0,
             "params: report.mc_failure_warning = 0.0 is invalid: Input should be greater than 0",
         ),
-        ("mc_failure_warning", 1.0, "params: report.mc_failure_warning = 1.0 is invalid: Input should be less than 1"),
+        (
+            "mc_failure_warning",
+            1.0,
+            "params: report.mc_failure_warning = 1.0 is invalid: Input should be less than 1",
+        ),
         ("mc_failure_warning", "often", "params: report.mc_failure_warning = 'often' is invalid"),
-        ("title", "", "params: report.title = '' is invalid: String should have at least 1 character"),
+        (
+            "title",
+            "",
+            "params: report.title = '' is invalid: String should have at least 1 character",
+        ),
         ("titel", "x", "params: report.titel is not a known key (check its spelling)"),
     ],
 )

@@ -34,7 +34,11 @@ SECTIONS_IN_ORDER = [
 
 def render(root: Path, **report) -> tuple[dict, str, str]:
     metrics = run(report_params(**report), root)
-    return metrics, (root / "reports/report.md").read_text(), (root / "reports/report.html").read_text()
+    return (
+        metrics,
+        (root / "reports/report.md").read_text(),
+        (root / "reports/report.html").read_text(),
+    )
 
 
 class _BodyOutline(HTMLParser):
@@ -76,7 +80,9 @@ def markdown_before_first_alert(markdown: str) -> str:
 
 def test_clean_run_has_no_warning_and_says_so_first(tmp_path):
     metrics, markdown, html = render(fabricate_project(tmp_path))
-    assert metrics["warnings"] == 0 and metrics["warning_kinds"] == "none" and metrics["figures"] == 7
+    assert (
+        metrics["warnings"] == 0 and metrics["warning_kinds"] == "none" and metrics["figures"] == 7
+    )
     assert markdown_before_first_alert(markdown).strip() == "# dpledger report"
     assert markdown.split("\n\n")[1].startswith("> [!TIP]")
     assert "[!CAUTION]" not in markdown
@@ -128,17 +134,22 @@ def test_mc_failure_probability_at_or_below_the_threshold_is_not_a_warning(tmp_p
 def test_training_past_the_accounted_budget_is_a_warning(tmp_path):
     root = fabricate_project(tmp_path)
     train = json.loads((root / "metrics/train.json").read_text())
-    (root / "metrics/train.json").write_text(json.dumps({**train, "epsilon_spent": 3.2, "steps_done": 240}))
+    (root / "metrics/train.json").write_text(
+        json.dumps({**train, "epsilon_spent": 3.2, "steps_done": 240})
+    )
     metrics, markdown, _ = render(root)
-    assert metrics["warning_kinds"] == "sources-disagree,budget-exceeded"  # 3.2 is not the record's ε either
     assert (
-        "Training spent ε = 3.2, more than the claimed ε = 3.001; took 240 steps but the accountant covered 225"
-        in markdown
+        metrics["warning_kinds"] == "sources-disagree,budget-exceeded"
+    )  # 3.2 is not the record's ε either
+    assert (
+        "Training spent ε = 3.2, more than the claimed ε = 3.001; took 240 steps but the "
+        "accountant covered 225" in markdown
     )
 
 
 def test_audit_above_the_claim_without_a_valid_bound_is_not_a_contradiction(tmp_path):
-    """The uncorrected ``max`` threshold's ε_emp is no lower bound: the audit's inconclusive verdict stands."""
+    """The uncorrected ``max`` threshold's ε_emp is no lower bound: the audit's inconclusive verdict
+    stands."""
     root = fabricate_project(tmp_path)
     audit = json.loads((root / "metrics/audit.json").read_text())
     invalid = {
@@ -192,7 +203,9 @@ def test_details_show_assumptions_group_epsilon_mechanism_and_defensive_audit_js
     _, markdown, _ = render(fabricate_project(tmp_path))
     assert "- zero-out adjacency; every intermediate model is released" in markdown
     assert "| `rdp` | 3.41 | 1e-5 | RDP conversion |" in markdown
-    assert "| `pld` | 3.001 | 1e-5 | as listed above |" in markdown  # shared assumptions are not repeated
+    assert (
+        "| `pld` | 3.001 | 1e-5 | as listed above |" in markdown
+    )  # shared assumptions are not repeated
     assert "| group_size | mog | conversion | linear | note |" in markdown
     assert "| 4 | 13.91 | 15.2 | 12.01 |   |" in markdown  # every group ε rounded up
     assert "| 8 | 31.2 | ∞ | 24.01 | PLD tail |" in markdown
@@ -201,7 +214,10 @@ def test_details_show_assumptions_group_epsilon_mechanism_and_defensive_audit_js
     assert "… (5000 items)" in markdown  # a long list is summarised, not dumped
     assert "| `epsilon` | 3.0000049 |" in markdown  # the full-precision metrics listing
     assert "| `ledger.steps` | 225 |" in markdown  # artifacts/train/*.json
-    assert "| `opacus_only` | — | — | 0 | ⚪ **skipped** | not applicable to this trainer |" in markdown
+    assert (
+        "| `opacus_only` | — | — | 0 | ⚪ **skipped** | not applicable to this trainer |"
+        in markdown
+    )
 
 
 def test_params_versions_commit_and_reproduction_are_included(tmp_path):
@@ -215,7 +231,9 @@ def test_params_versions_commit_and_reproduction_are_included(tmp_path):
 
 
 def markdown_image_links(markdown: str) -> list[str]:
-    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown) + re.findall(r"<img [^>]*src=\"([^\"]+)\"", markdown)
+    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown) + re.findall(
+        r"<img [^>]*src=\"([^\"]+)\"", markdown
+    )
 
 
 def test_committed_report_links_resolve(repo_root):
@@ -233,7 +251,9 @@ def test_every_image_path_in_the_markdown_exists(tmp_path):
     for link in links:
         assert (tmp_path / "reports" / link).is_file(), link
         stage, name = Path(link).name.split("-", 1)
-        assert (tmp_path / "reports" / link).read_bytes() == (tmp_path / "plots" / stage / name).read_bytes()
+        assert (tmp_path / "reports" / link).read_bytes() == (
+            tmp_path / "plots" / stage / name
+        ).read_bytes()
 
 
 def test_html_is_self_contained(tmp_path):
@@ -242,7 +262,9 @@ def test_html_is_self_contained(tmp_path):
     assert not [t for t, _ in tags if t in {"script", "link", "iframe", "object", "embed"}]
     sources = [attrs.get("src") or "" for t, attrs in tags if t == "img"]
     assert len(sources) == 7 and all(src.startswith("data:image/png;base64,") for src in sources)
-    assert not [attrs for _, attrs in tags if any(k in attrs for k in ("href", "srcset", "background"))]
+    assert not [
+        attrs for _, attrs in tags if any(k in attrs for k in ("href", "srcset", "background"))
+    ]
     style = html.split("<style>", 1)[1].split("</style>", 1)[0]
     assert "url(" not in style and "@import" not in style and "@font-face" not in style
     assert "default-src 'none'" in html  # the Content-Security-Policy forbids fetching anything
@@ -257,13 +279,19 @@ def test_stale_figures_are_removed_on_rerender(tmp_path):
     assert not (root / "reports/figures/audit-tradeoff_curve.png").exists()
 
 
-@pytest.mark.parametrize("skip", [("verify",), ("audit",), ("train", "verify", "audit"), tuple(PLOTS)])
+@pytest.mark.parametrize(
+    "skip", [("verify",), ("audit",), ("train", "verify", "audit"), tuple(PLOTS)]
+)
 def test_missing_stage_outputs_show_not_run(tmp_path, skip):
     metrics, markdown, html = render(fabricate_project(tmp_path, skip=skip))
     assert metrics["stages_not_run"] == len(skip)
-    assert "**Evidence missing.**" in markdown and all(f"{stage} (not run)" in markdown for stage in skip)
+    assert "**Evidence missing.**" in markdown and all(
+        f"{stage} (not run)" in markdown for stage in skip
+    )
     assert "⚪ **not run**" in markdown and 'class="badge neutral">not run<' in html
-    assert "[!CAUTION]" not in markdown and "[!TIP]" not in markdown  # a notice, neither warning nor all-clear
+    assert (
+        "[!CAUTION]" not in markdown and "[!TIP]" not in markdown
+    )  # a notice, neither warning nor all-clear
     assert markdown.split("\n\n")[1].startswith("> [!NOTE]")
 
 
@@ -289,7 +317,9 @@ def test_user_text_is_escaped(tmp_path):
 
 def test_report_stage_runs_through_the_shared_runner_within_10_seconds(tmp_path):
     root = fabricate_project(tmp_path, ALL_PROBLEMS)
-    (root / "params.yaml").write_text((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    (root / "params.yaml").write_text(
+        (Path(__file__).resolve().parents[1] / "params.yaml").read_text()
+    )
     started = time.perf_counter()
     metrics = run_stage("report", root / "params.yaml", root)
     assert time.perf_counter() - started < 10.0
@@ -308,7 +338,9 @@ def _use_plugin_sampler(root: Path, declared: str, train_mismatch: bool | None) 
     header.update(sampler="mylib:sampler", sampler_params={"accounted_as": declared})
     header_path.write_text(json.dumps(header))
     schedule = json.loads((root / "metrics/schedule.json").read_text())
-    (root / "metrics/schedule.json").write_text(json.dumps({**schedule, "sampler": "mylib:sampler"}))
+    (root / "metrics/schedule.json").write_text(
+        json.dumps({**schedule, "sampler": "mylib:sampler"})
+    )
     if train_mismatch is None:
         (root / "metrics/train.json").unlink()
     else:
@@ -323,8 +355,8 @@ def test_plugin_sampler_declared_equivalent_is_a_notice_not_a_warning(tmp_path):
     metrics, markdown, _ = render(root)
     assert metrics["warnings"] == 0
     assert (
-        "**Sampler equivalence declared, not proven.** The batches came from the plugin sampler 'mylib:sampler'"
-        in markdown
+        "**Sampler equivalence declared, not proven.** The batches came from the plugin sampler "
+        "'mylib:sampler'" in markdown
     )
 
 
@@ -333,7 +365,10 @@ def test_plugin_declared_as_another_sampler_is_a_mismatch_even_before_training(t
     _use_plugin_sampler(root, declared="fixed", train_mismatch=None)
     metrics, markdown, _ = render(root)
     assert metrics["warning_kinds"] == "sampler-mismatch"
-    assert "training used 'mylib:sampler' (declared equivalent to 'fixed')" in markdown.split("## Headline")[0]
+    assert (
+        "training used 'mylib:sampler' (declared equivalent to 'fixed')"
+        in markdown.split("## Headline")[0]
+    )
 
 
 def test_nested_metrics_break_dvc_metrics_diff_and_are_flagged(tmp_path):
@@ -342,8 +377,13 @@ def test_nested_metrics_break_dvc_metrics_diff_and_are_flagged(tmp_path):
     (root / "metrics/audit.json").write_text(json.dumps({**audit, "per_threat_model": {"wc": 1.0}}))
     metrics, markdown, _ = render(root)
     assert metrics["warnings"] == 0 and metrics["notices"] == 1
-    assert "**Metrics not flat.** Nested values in metrics/\\*.json (audit.per_threat_model)" in markdown
-    assert all(isinstance(v, (int, float, str, bool)) for v in metrics.values())  # report.json itself is flat
+    assert (
+        "**Metrics not flat.** Nested values in metrics/\\*.json (audit.per_threat_model)"
+        in markdown
+    )
+    assert all(
+        isinstance(v, (int, float, str, bool)) for v in metrics.values()
+    )  # report.json itself is flat
 
 
 def test_a_renderer_that_cannot_draw_every_block_kind_fails_when_defined():

@@ -1,4 +1,5 @@
-"""The guard (sampler accounted == sampler used) and plugin samplers following the documented protocol."""
+"""The guard (sampler accounted == sampler used) and plugin samplers following the documented
+protocol."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import pytest
 
 from dpledger.accounting.description import describe
 from dpledger.errors import ParamsError, SamplerMismatchError
-from dpledger.sampling import ACCOUNTED_SAMPLERS, SAMPLERS, build_sampler, build_schedule, check_schedule
+from dpledger.sampling import (
+    ACCOUNTED_SAMPLERS,
+    SAMPLERS,
+    build_sampler,
+    build_schedule,
+    check_schedule,
+)
 
 PLUGIN_SOURCE = textwrap.dedent(
     """
@@ -61,7 +68,9 @@ def schedule_of(name: str, **options):
 
 def run(sampler: str, dataset_size: int = 50, batch_size: int = 5, epochs: int = 2):
     """The accounted description of a run (what a calibration record carries)."""
-    return describe(sampler=sampler, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs)
+    return describe(
+        sampler=sampler, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs
+    )
 
 
 @pytest.mark.parametrize("accounted", ACCOUNTED_SAMPLERS)
@@ -69,7 +78,9 @@ def test_each_accounted_sampler_matches_its_own_schedule_and_no_other(accounted)
     schedule = schedule_of(accounted)
     assert check_schedule(run(accounted), schedule, allow_mismatch=False).matches
     for other in set(ACCOUNTED_SAMPLERS) - {accounted}:
-        with pytest.raises(SamplerMismatchError, match=f"sampler '{accounted}' \\(accounted '{other}'\\)"):
+        with pytest.raises(
+            SamplerMismatchError, match=f"sampler '{accounted}' \\(accounted '{other}'\\)"
+        ):
             check_schedule(run(other), schedule, allow_mismatch=False)
 
 
@@ -87,18 +98,28 @@ def test_allowed_mismatch_passes_and_carries_the_warning_for_the_report():
     assert not check.matches and check.allowed_mismatch
     assert "assumed the 'poisson' sampler but training used 'shuffle'" in check.warning()
     assert "No sound accountant exists for 'shuffle'" in check.warning()
-    assert check.to_metrics() == {"sampler_accounted": "poisson", "sampler_used": "shuffle", "sampler_mismatch": True}
+    assert check.to_metrics() == {
+        "sampler_accounted": "poisson",
+        "sampler_used": "shuffle",
+        "sampler_mismatch": True,
+    }
 
 
 @pytest.mark.parametrize("accounted", ACCOUNTED_SAMPLERS)
 def test_schedule_sizes_must_be_the_accounted_ones(accounted):
     check_schedule(run(accounted), schedule_of(accounted), allow_mismatch=False)
-    check_schedule(run(accounted, epochs=3), schedule_of(accounted), allow_mismatch=False)  # fewer epochs: a prefix
-    bigger = build_schedule(accounted, dataset_size=50, batch_size=10, epochs=2, seed=0)  # q = 0.2, not 0.1
+    check_schedule(
+        run(accounted, epochs=3), schedule_of(accounted), allow_mismatch=False
+    )  # fewer epochs: a prefix
+    bigger = build_schedule(
+        accounted, dataset_size=50, batch_size=10, epochs=2, seed=0
+    )  # q = 0.2, not 0.1
     with pytest.raises(SamplerMismatchError, match="batch_size 10 \\(accounted 5\\)"):
         check_schedule(run(accounted), bigger, allow_mismatch=False)
     with pytest.raises(SamplerMismatchError, match="dataset_size 50 \\(accounted 40\\)"):
-        check_schedule(run(accounted, dataset_size=40), schedule_of(accounted), allow_mismatch=False)
+        check_schedule(
+            run(accounted, dataset_size=40), schedule_of(accounted), allow_mismatch=False
+        )
     with pytest.raises(SamplerMismatchError, match="epochs 2 \\(accounted 1\\)"):
         check_schedule(run(accounted, epochs=1), schedule_of(accounted), allow_mismatch=False)
 
@@ -108,7 +129,13 @@ def test_one_comparison_names_every_field_that_differs():
     with pytest.raises(SamplerMismatchError) as refused:
         check_schedule(run("balls-in-bins"), bigger, allow_mismatch=True)
     named = str(refused.value)
-    for field in ("dataset_size 60", "batch_size 10", "sample_rate", "batches_per_epoch 6", "epochs 3"):
+    for field in (
+        "dataset_size 60",
+        "batch_size 10",
+        "sample_rate",
+        "batches_per_epoch 6",
+        "epochs 3",
+    ):
         assert field in named
     assert "\n" not in named
 
@@ -130,7 +157,9 @@ def test_a_sampler_mismatch_with_other_sizes_is_refused_even_when_mismatch_is_al
         ("balls-in-bins-redrawn", {"bins": 4, "pad_truncate": True}, "batches_per_epoch 4"),
     ],
 )
-def test_sampler_options_other_than_the_accounted_rate_or_bins_are_refused(accounted, options, message):
+def test_sampler_options_other_than_the_accounted_rate_or_bins_are_refused(
+    accounted, options, message
+):
     schedule = schedule_of(accounted, **options)
     with pytest.raises(SamplerMismatchError, match=message):
         check_schedule(run(accounted), schedule, allow_mismatch=False)
@@ -144,7 +173,10 @@ def test_pad_truncate_is_accounted_as_balls_in_bins():
 
 def test_plugin_declaring_poisson_passes_the_guard_and_says_it_is_a_declaration(plugin_module):
     schedule = schedule_of(f"{plugin_module}:coins")
-    assert schedule.sampler == "my_samplers:coins" and schedule.sampler_params["accounted_as"] == "poisson"
+    assert (
+        schedule.sampler == "my_samplers:coins"
+        and schedule.sampler_params["accounted_as"] == "poisson"
+    )
     check = check_schedule(run("poisson"), schedule, allow_mismatch=False)
     assert check.matches and "declares itself equivalent to 'poisson'" in check.assumption()
     with pytest.raises(SamplerMismatchError, match="declared equivalent to 'poisson'"):
@@ -161,9 +193,13 @@ def test_plugin_without_declaration_matches_no_accountant(plugin_module):
 def test_plugin_schedule_is_deterministic_and_streams_as_a_batch_sampler(plugin_module):
     first, again = schedule_of(f"{plugin_module}:coins"), schedule_of(f"{plugin_module}:coins")
     assert np.array_equal(first.indices, again.indices) and first.num_steps == 20
-    sampler = build_sampler(f"{plugin_module}:coins", dataset_size=50, batch_size=5, epochs=2, seed=0)
+    sampler = build_sampler(
+        f"{plugin_module}:coins", dataset_size=50, batch_size=5, epochs=2, seed=0
+    )
     assert [np.asarray(b) for b in sampler][3].tolist() == first.batch(3)[0].tolist()
-    assert [b.indices.tolist() for b in sampler.batches(18)] == [first.batch(t)[0].tolist() for t in (18, 19)]
+    assert [b.indices.tolist() for b in sampler.batches(18)] == [
+        first.batch(t)[0].tolist() for t in (18, 19)
+    ]
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,10 @@ def poisson_inclusion_p_values(schedule, q: float) -> dict[str, float]:
     """p-values that each example joins each step independently with probability q.
 
     - total: all inclusions ~ Binomial(n·T, q) (exact binomial test);
-    - per_example: Σ_i (c_i − Tq)² / (Tq(1−q)) ≈ χ²_n, two-sided (catches unequal or too-regular rates);
-    - batch_size: Σ_t (s_t − nq)² / (nq(1−q)) ≈ χ²_T, two-sided (catches fixed sizes posing as Poisson).
+    - per_example: Σ_i (c_i − Tq)² / (Tq(1−q)) ≈ χ²_n, two-sided (catches unequal or too-regular
+      rates);
+    - batch_size: Σ_t (s_t − nq)² / (nq(1−q)) ≈ χ²_T, two-sided (catches fixed sizes posing as
+      Poisson).
     """
     n, steps = schedule.dataset_size, schedule.num_steps
     counts = np.bincount(schedule.indices, minlength=n)
@@ -56,11 +58,19 @@ def test_poisson_inclusion_frequencies_match_q():
 
 @pytest.mark.parametrize(
     "name, extra",
-    [("poisson", {"sample_rate": 1.1 * B / N}), ("fixed", {}), ("shuffle", {}), ("balls-in-bins-redrawn", {})],
+    [
+        ("poisson", {"sample_rate": 1.1 * B / N}),
+        ("fixed", {}),
+        ("shuffle", {}),
+        ("balls-in-bins-redrawn", {}),
+    ],
 )
 def test_inclusion_test_rejects_samplers_that_are_not_poisson_at_q(name, extra):
-    """Power: a 10% wrong q shifts the total by ~21 standard deviations; fixed and shuffled batches are too regular."""
-    schedule = build_schedule(name, dataset_size=N, batch_size=B, epochs=EPOCHS, seed=20240601, **extra)
+    """Power: a 10% wrong q shifts the total by ~21 standard deviations; fixed and shuffled batches
+    are too regular."""
+    schedule = build_schedule(
+        name, dataset_size=N, batch_size=B, epochs=EPOCHS, seed=20240601, **extra
+    )
     assert rejects(poisson_inclusion_p_values(schedule, B / N))
 
 
@@ -78,17 +88,28 @@ def goodness_of_fit(observed: dict, probability) -> float:
     keep = expected > 0
     assert observed_counts[~keep].sum() == 0, "a batch the law gives probability zero"
     total = observed_counts.sum()
-    return stats.chisquare(observed_counts[keep], total * expected[keep] / expected[keep].sum()).pvalue
+    return stats.chisquare(
+        observed_counts[keep], total * expected[keep] / expected[keep].sum()
+    ).pvalue
 
 
 def test_poisson_batches_have_the_exact_law_of_independent_coins():
     """Every subset S of 4 examples has probability q^|S| (1−q)^(4−|S|); 20 000 steps."""
     n, q = 4, 0.3
-    schedule = build_schedule("poisson", dataset_size=n, batch_size=1, epochs=5000, seed=7, sample_rate=q)
+    schedule = build_schedule(
+        "poisson", dataset_size=n, batch_size=1, epochs=5000, seed=7, sample_rate=q
+    )
     observed = subset_frequencies(schedule, n)
     assert goodness_of_fit(observed, lambda s: q ** len(s) * (1 - q) ** (n - len(s))) > ALPHA
-    wrong = build_schedule("poisson", dataset_size=n, batch_size=1, epochs=5000, seed=7, sample_rate=0.33)
-    assert goodness_of_fit(subset_frequencies(wrong, n), lambda s: q ** len(s) * (1 - q) ** (n - len(s))) < ALPHA
+    wrong = build_schedule(
+        "poisson", dataset_size=n, batch_size=1, epochs=5000, seed=7, sample_rate=0.33
+    )
+    assert (
+        goodness_of_fit(
+            subset_frequencies(wrong, n), lambda s: q ** len(s) * (1 - q) ** (n - len(s))
+        )
+        < ALPHA
+    )
 
 
 def test_fixed_size_batches_are_uniform_subsets_of_size_b():
@@ -110,7 +131,8 @@ def test_shuffle_orders_are_uniform_permutations():
 
 @pytest.mark.parametrize("name", ["balls-in-bins", "balls-in-bins-redrawn"])
 def test_balls_in_bins_puts_each_example_in_an_independent_uniform_bin(name):
-    """004 Def. 3.1: the joint bin assignment of 4 examples over b = 2 bins is uniform on 2⁴ cells (3000 seeds)."""
+    """004 Def. 3.1: the joint bin assignment of 4 examples over b = 2 bins is uniform on 2⁴ cells
+    (3000 seeds)."""
     n, batch_size = 4, 2
     observed = {cells: 0 for cells in itertools.product(range(2), repeat=n)}
     for seed in range(3000):

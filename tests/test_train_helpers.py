@@ -1,8 +1,9 @@
-"""Fixtures for the train-stage tests: a project folder with a calibration record and a schedule (no tests here).
+"""Fixtures for the train-stage tests: a project folder with a calibration record and a schedule (no
+tests here).
 
 The record and schedule are built directly from their contracts (not by the calibrate/schedule
-stages), so these tests exercise the train stage alone; the record's ε is the PLD accountant's at its σ
-and the record is sealed, as the train stage checks both.
+stages), so these tests exercise the train stage alone; the record's ε is the PLD accountant's at
+its σ and the record is sealed, as the train stage checks both.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from dpledger.seals import seal_record
 TRAIN_SIZE = 1438  # the default digits split
 
 
-def poisson_schedule(dataset_size: int, batch_size: int, epochs: int, seed: int, sampler: str = "poisson") -> Schedule:
+def poisson_schedule(
+    dataset_size: int, batch_size: int, epochs: int, seed: int, sampler: str = "poisson"
+) -> Schedule:
     rng = np.random.default_rng(seed)
     steps_per_epoch = int(round(dataset_size / batch_size))
     batches = [
-        np.flatnonzero(rng.random(dataset_size) < batch_size / dataset_size) for _ in range(steps_per_epoch * epochs)
+        np.flatnonzero(rng.random(dataset_size) < batch_size / dataset_size)
+        for _ in range(steps_per_epoch * epochs)
     ]
     offsets = np.concatenate([[0], np.cumsum([len(b) for b in batches])])
     indices = np.concatenate(batches)
@@ -52,9 +56,12 @@ def genuine_record(
     mechanism_params: dict | None = None,
     delta: float = 1e-5,
 ) -> CalibrationRecord:
-    """A record whose ε is what its accountant gives at its σ (train and audit recompute it): PLD where it
-    applies, else Monte Carlo's claim is left at 3.0 (the seal, not a recomputation, protects it)."""
-    accountant = "pld" if sampler in ("poisson", "fixed") and mechanism == "identity" else "montecarlo"
+    """A record whose ε is what its accountant gives at its σ (train and audit recompute it): PLD
+    where it applies, else Monte Carlo's claim is left at 3.0 (the seal, not a recomputation,
+    protects it)."""
+    accountant = (
+        "pld" if sampler in ("poisson", "fixed") and mechanism == "identity" else "montecarlo"
+    )
     description = describe(
         sampler=sampler,
         dataset_size=dataset_size,
@@ -64,7 +71,9 @@ def genuine_record(
         mechanism_params=mechanism_params,
     )
     description = description.with_steps(steps).with_noise(noise_multiplier)
-    epsilon = get_accountant("pld").epsilon(description, delta).epsilon if accountant == "pld" else 3.0
+    epsilon = (
+        get_accountant("pld").epsilon(description, delta).epsilon if accountant == "pld" else 3.0
+    )
     curve = [(s, epsilon * (s / steps) ** 0.5) for s in range(10, steps, 10)] + [(steps, epsilon)]
     return CalibrationRecord(
         description=description,
@@ -89,7 +98,8 @@ def make_project(
     mechanism: str = "identity",
     mechanism_params: dict | None = None,
 ) -> Path:
-    """Write params.yaml, artifacts/calibration/calibration.json and artifacts/schedule/ under ``root``."""
+    """Write params.yaml, artifacts/calibration/calibration.json and artifacts/schedule/ under
+    ``root``."""
     schedule = schedule or poisson_schedule(TRAIN_SIZE, batch_size, epochs, seed=7, sampler=sampler)
     record = genuine_record(
         noise_multiplier=noise_multiplier,

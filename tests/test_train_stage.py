@@ -1,4 +1,5 @@
-"""The train stage: outputs, ε ledger, sampler guard, and resuming a killed run to the same end state."""
+"""The train stage: outputs, ε ledger, sampler guard, and resuming a killed run to the same end
+state."""
 
 from __future__ import annotations
 
@@ -49,7 +50,9 @@ def test_stage_trains_and_writes_metrics_plots_and_ledger(tmp_path):
         assert key in flat
     assert all(not isinstance(v, (dict, list)) for v in flat.values())
     assert metrics["test_accuracy"] > 0.8
-    claimed = json.loads((tmp_path / "artifacts/calibration/calibration.json").read_text())["epsilon"]
+    claimed = json.loads((tmp_path / "artifacts/calibration/calibration.json").read_text())[
+        "epsilon"
+    ]
     assert metrics["steps_done"] == 66 and metrics["epsilon_spent"] == pytest.approx(claimed)
     assert metrics["sampler_mismatch"] is False
     ledger, _ = _state(tmp_path)
@@ -61,7 +64,9 @@ def test_stage_trains_and_writes_metrics_plots_and_ledger(tmp_path):
 
 
 def test_epsilon_spent_reads_the_curve_pessimistically():
-    description = describe(sampler="poisson", noise_multiplier=1.0, dataset_size=100, batch_size=10, epochs=10)
+    description = describe(
+        sampler="poisson", noise_multiplier=1.0, dataset_size=100, batch_size=10, epochs=10
+    )
     record = CalibrationRecord(
         description=description,
         epsilon=3.0,
@@ -82,7 +87,11 @@ def test_sampler_mismatch_stops_before_writing_unless_allowed(tmp_path):
         run_stage("train", params, tmp_path)
     assert not (tmp_path / "artifacts/train").exists() and not (tmp_path / "metrics").exists()
     params = make_project(
-        tmp_path, sampler="shuffle", accounted="poisson", epochs=1, train={"allow_sampler_mismatch": True}
+        tmp_path,
+        sampler="shuffle",
+        accounted="poisson",
+        epochs=1,
+        train={"allow_sampler_mismatch": True},
     )
     assert run_stage("train", params, tmp_path)["sampler_mismatch"] is True
 
@@ -105,8 +114,9 @@ def test_schedule_longer_than_the_accounted_steps_is_refused(tmp_path):
 
 @pytest.mark.parametrize("batch_size,epochs", [(128, 4), (96, 2)])
 def test_schedule_built_for_other_sizes_is_refused(tmp_path, batch_size, epochs):
-    # calibrated for B = 64, 2 epochs (44 steps); B = 128 over 4 epochs is also 44 steps but q is twice the
-    # accounted one (and the engine divided its sum by 64); B = 96 over 2 epochs fits in 30 steps
+    # calibrated for B = 64, 2 epochs (44 steps); B = 128 over 4 epochs is also 44 steps but q is
+    # twice the accounted one (and the engine divided its sum by 64); B = 96 over 2 epochs fits in
+    # 30 steps
     params = make_project(tmp_path, epochs=2, batch_size=64)
     other = poisson_schedule(TRAIN_SIZE, batch_size, epochs, seed=7)
     other.save(tmp_path / "artifacts/schedule")
@@ -131,14 +141,18 @@ def test_pad_truncate_schedule_normalises_by_fixed_batch_size_and_ignores_paddin
         steps_per_epoch=steps,
         normalizer=size,
     )
-    params = make_project(tmp_path, schedule=schedule, accounted="balls-in-bins", batch_size=size, epochs=1)
+    params = make_project(
+        tmp_path, schedule=schedule, accounted="balls-in-bins", batch_size=size, epochs=1
+    )
     assert run_stage("train", params, tmp_path)["steps_done"] == steps
 
 
 def test_changed_config_restarts_instead_of_resuming(tmp_path):
     params = make_project(tmp_path, epochs=1)
     run_stage("train", params, tmp_path)
-    assert run_stage("train", params, tmp_path)["resumed_from_step"] == 22  # finished run: nothing left to do
+    assert (
+        run_stage("train", params, tmp_path)["resumed_from_step"] == 22
+    )  # finished run: nothing left to do
     params = make_project(tmp_path, epochs=1, train={"lr": 0.25})
     assert run_stage("train", params, tmp_path)["resumed_from_step"] == 0
 

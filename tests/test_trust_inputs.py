@@ -1,4 +1,5 @@
-"""Issue 21 defects 1, 2, 5 (checkpoint), 7 and 8: the train stage verifies what it reads and loads nothing executable."""
+"""Issue 21 defects 1, 2, 5 (checkpoint), 7 and 8: the train stage verifies what it reads and loads
+nothing executable."""
 
 from __future__ import annotations
 
@@ -39,7 +40,10 @@ def test_an_edited_sigma_with_a_resealed_record_is_refused_by_recomputing_the_cl
 
     params = make_project(tmp_path, epochs=1, noise_multiplier=1.244)
     record = CalibrationRecord.load(tmp_path / CALIBRATION)
-    seal_record(tmp_path / "artifacts/calibration", replace(record, description=record.description.with_noise(0.3)))
+    seal_record(
+        tmp_path / "artifacts/calibration",
+        replace(record, description=record.description.with_noise(0.3)),
+    )
     with pytest.raises(DpledgerError, match=r"gives ε = "):
         run_stage("train", params, tmp_path)
 
@@ -97,11 +101,15 @@ def test_a_truncated_checkpoint_restarts_from_step_0_and_says_so(tmp_path, capsy
     run_stage("train", params, tmp_path)
     ledger_file = tmp_path / "artifacts/train/checkpoint.json"
     checkpoint = ledger_file.with_name(json.loads(ledger_file.read_text())["weights_file"])
-    assert [p.name for p in ledger_file.parent.glob("checkpoint-step*.pt")] == [checkpoint.name]  # older ones gone
+    assert [p.name for p in ledger_file.parent.glob("checkpoint-step*.pt")] == [
+        checkpoint.name
+    ]  # older ones gone
     checkpoint.write_bytes(checkpoint.read_bytes()[:100])
     assert run_stage("train", params, tmp_path)["resumed_from_step"] == 0
     assert "starting over from step 0" in capsys.readouterr().err
-    _edit_json(ledger_file, weights_file="../../params.yaml")  # a ledger naming a file outside its folder
+    _edit_json(
+        ledger_file, weights_file="../../params.yaml"
+    )  # a ledger naming a file outside its folder
     assert run_stage("train", params, tmp_path)["resumed_from_step"] == 0
     assert "cannot be read" in capsys.readouterr().err
     (tmp_path / "artifacts/train/checkpoint.json").write_text("{not json")
@@ -119,13 +127,16 @@ def test_temporaries_of_an_interrupted_write_are_removed(tmp_path):
 
 
 def small_project(root, noise_multiplier: float = 1.0, train: dict | None = None):
-    """A 200-example npz project (160 training examples, batch 16, one epoch of 10 steps): fast to train."""
+    """A 200-example npz project (160 training examples, batch 16, one epoch of 10 steps): fast to
+    train."""
     import yaml
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(200, 8)).astype(np.float32), rng.integers(0, 3, 200)
     np.savez(root / "data.npz", x=x, y=y)
-    params = make_project(root, epochs=1, batch_size=16, schedule=_schedule(160, 16, 1), train=train)
+    params = make_project(
+        root, epochs=1, batch_size=16, schedule=_schedule(160, 16, 1), train=train
+    )
     raw = yaml.safe_load(params.read_text())
     raw["data"] = {"name": "npz", "path": str(root / "data.npz"), "test_fraction": 0.2}
     params.write_text(yaml.safe_dump(raw))

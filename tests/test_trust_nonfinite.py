@@ -1,4 +1,5 @@
-"""Defect 3 of issue 21: one non-finite example must not move the model (clip factor 0, exactly zero contribution)."""
+"""Defect 3 of issue 21: one non-finite example must not move the model (clip factor 0, exactly zero
+contribution)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,14 @@ def _model(kind: str) -> nn.Module:
     return nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 1 * 2, 3))
 
 
-def _update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, **engine_options) -> tuple[dict, BKEngine]:
+def _update(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, **engine_options
+) -> tuple[dict, BKEngine]:
     model = copy.deepcopy(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    engine = BKEngine(model, optimizer, clip_norm=1.0, noise_multiplier=0.0, normalizer=8, **engine_options)
+    engine = BKEngine(
+        model, optimizer, clip_norm=1.0, noise_multiplier=0.0, normalizer=8, **engine_options
+    )
     engine.backward(F.cross_entropy(model(x), y, reduction="none"))
     engine.step()
     return {k: v.clone() for k, v in model.state_dict().items()}, engine
@@ -33,7 +38,9 @@ def _update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, **engine_options
 @pytest.mark.parametrize("ghost", ["always", "never"])
 @pytest.mark.parametrize("clipping", ["flat", "per-layer", "automatic"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_one_nonfinite_pixel_is_dropped_and_the_update_equals_the_update_without_it(kind, ghost, clipping, bad):
+def test_one_nonfinite_pixel_is_dropped_and_the_update_equals_the_update_without_it(
+    kind, ghost, clipping, bad
+):
     model = _model(kind)
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(6, 1, 3, 4, generator=generator)
@@ -57,7 +64,9 @@ def test_padding_rows_with_nonfinite_values_are_zero_and_not_counted():
     y = torch.tensor([0, 1, 2, 0])
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     engine = BKEngine(model, optimizer, clip_norm=1.0, noise_multiplier=0.0, normalizer=4)
-    engine.backward(F.cross_entropy(model(x), y, reduction="none"), torch.tensor([1.0, 1.0, 1.0, 0.0]))
+    engine.backward(
+        F.cross_entropy(model(x), y, reduction="none"), torch.tensor([1.0, 1.0, 1.0, 0.0])
+    )
     engine.step()
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert engine.nonfinite_examples == 0
@@ -84,8 +93,9 @@ def test_clip_factors_of_nonfinite_norms_are_zero():
 
 
 def test_an_example_with_a_nan_input_through_the_generic_rule_is_dropped_not_refused():
-    """A custom norm (generic rule) on a NaN example: the recomputation check treats NaN = NaN, and the
-    example is dropped like any other non-finite one, so the update equals the one without it."""
+    """A custom norm (generic rule) on a NaN example: the recomputation check treats NaN = NaN, and
+    the example is dropped like any other non-finite one, so the update equals the one without
+    it."""
 
     class ScaleNorm(nn.Module):
         def __init__(self, width: int) -> None:

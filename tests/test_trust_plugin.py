@@ -24,7 +24,11 @@ poisson_like.accounted_as = "poisson"
 
 def test_a_plugin_sampler_goes_through_schedule_train_audit_and_report(tmp_path, repo_root):
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "data.npz", x=rng.normal(size=(100, 6)).astype(np.float32), y=rng.integers(0, 2, 100))
+    np.savez(
+        tmp_path / "data.npz",
+        x=rng.normal(size=(100, 6)).astype(np.float32),
+        y=rng.integers(0, 2, 100),
+    )
     params = yaml.safe_load((repo_root / "params.yaml").read_text())
     params["data"] = {"name": "npz", "path": str(tmp_path / "data.npz"), "test_fraction": 0.2}
     params["batching"] = {"batch_size": 16, "epochs": 1}
@@ -39,7 +43,14 @@ def test_a_plugin_sampler_goes_through_schedule_train_audit_and_report(tmp_path,
     folder.mkdir(parents=True)
     seal_record(
         folder,
-        genuine_record(noise_multiplier=1.0, sampler="poisson", steps=5, batch_size=16, dataset_size=80, epochs=1),
+        genuine_record(
+            noise_multiplier=1.0,
+            sampler="poisson",
+            steps=5,
+            batch_size=16,
+            dataset_size=80,
+            epochs=1,
+        ),
     )
     train = run_stage("train", path, tmp_path)
     assert train["steps_done"] == 5 and train["sampler_mismatch"] is False
@@ -48,4 +59,6 @@ def test_a_plugin_sampler_goes_through_schedule_train_audit_and_report(tmp_path,
     report = run_stage("report", path, tmp_path)
     text = (tmp_path / "reports/report.md").read_text()
     assert "poisson_like" in text and "declared" in text
-    assert json.loads((tmp_path / "metrics/report.json").read_text())["warnings"] == report["warnings"]
+    assert (
+        json.loads((tmp_path / "metrics/report.json").read_text())["warnings"] == report["warnings"]
+    )

@@ -1,5 +1,5 @@
-"""Issue 21: the report never says "No warnings" when the σ used differs from the σ claimed, when a loss is
-NaN, or when an example was dropped for a non-finite norm."""
+"""Issue 21: the report never says "No warnings" when the σ used differs from the σ claimed, when a
+loss is NaN, or when an example was dropped for a non-finite norm."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def test_an_edited_record_sigma_is_a_warning(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "change", [{"final_train_loss": float("nan")}, {"loss_diverged": True}, {"test_loss": float("inf")}]
+    "change",
+    [{"final_train_loss": float("nan")}, {"loss_diverged": True}, {"test_loss": float("inf")}],
 )
 def test_a_diverged_loss_is_a_warning(tmp_path, change):
     root = fabricate_project(tmp_path)

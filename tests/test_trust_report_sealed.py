@@ -1,6 +1,6 @@
-"""Issue 27 defects 1 and 3: the report re-derives the claim from the sealed record and every verdict from the
-numbers it shows; it never says "No warnings" when an ε, δ, sampler or step count it shows disagrees with the
-record it came from."""
+"""Issue 27 defects 1 and 3: the report re-derives the claim from the sealed record and every
+verdict from the numbers it shows; it never says "No warnings" when an ε, δ, sampler or step count
+it shows disagrees with the record it came from."""
 
 from __future__ import annotations
 
@@ -30,15 +30,24 @@ def test_an_epsilon_edited_in_the_three_metrics_files_is_not_printed_as_proven(t
     _rewrite(root / "metrics/train.json", epsilon_claimed=0.5, epsilon_spent=0.5)
     _rewrite(root / "metrics/audit.json", epsilon_claimed=0.5)
     kinds, markdown = _warnings(root)
-    assert "sources-disagree" in kinds and "audit-contradicted" in kinds and "No warnings" not in markdown
+    assert (
+        "sources-disagree" in kinds
+        and "audit-contradicted" in kinds
+        and "No warnings" not in markdown
+    )
     headline = markdown.split("## Headline")[1]
     claim_row, spent_row = (
         next(line for line in headline.splitlines() if line.startswith(f"| **{label}**"))
         for label in ("Claimed ε", "Privacy spent")
     )
-    assert "**ε = 3.001 at δ = 1e-5**" in claim_row and "proven" not in claim_row  # the record's claim, doubted
+    assert (
+        "**ε = 3.001 at δ = 1e-5**" in claim_row and "proven" not in claim_row
+    )  # the record's claim, doubted
     assert "within budget" not in spent_row
-    assert "claimed ε: calibration record 3, calibrate metrics 0.5, train metrics 0.5, audit metrics 0.5" in markdown
+    assert (
+        "claimed ε: calibration record 3, calibrate metrics 0.5, train metrics 0.5, audit metrics "
+        "0.5" in markdown
+    )
 
 
 def test_an_empirical_epsilon_above_the_claim_is_contradicted_whatever_the_audit_wrote(tmp_path):
@@ -52,7 +61,9 @@ def test_an_empirical_epsilon_above_the_claim_is_contradicted_whatever_the_audit
 
 def test_an_invalid_threshold_still_gives_no_contradiction(tmp_path):
     root = fabricate_project(tmp_path)
-    _rewrite(root / "metrics/audit.json", epsilon_emp=3.5, verdict="inconclusive", threshold_valid=False)
+    _rewrite(
+        root / "metrics/audit.json", epsilon_emp=3.5, verdict="inconclusive", threshold_valid=False
+    )
     kinds, _ = _warnings(root)
     assert "audit-contradicted" not in kinds
 
@@ -97,10 +108,14 @@ def test_a_consistent_run_with_a_ledger_has_no_warnings(tmp_path):
 
 def test_a_broken_seal_of_the_record_or_the_schedule_is_a_warning(tmp_path):
     make_project(tmp_path, epochs=1)
-    fabricate = fabricate_project(tmp_path / "other", Problems())  # metrics only; the real artifacts stay
+    fabricate = fabricate_project(
+        tmp_path / "other", Problems()
+    )  # metrics only; the real artifacts stay
     for stage in ("calibrate", "schedule", "train", "verify", "audit"):
         (tmp_path / "metrics").mkdir(exist_ok=True)
-        (tmp_path / f"metrics/{stage}.json").write_text((fabricate / f"metrics/{stage}.json").read_text())
+        (tmp_path / f"metrics/{stage}.json").write_text(
+            (fabricate / f"metrics/{stage}.json").read_text()
+        )
     from dpledger.report.sealed import seal_problems
 
     assert seal_problems(tmp_path) == []

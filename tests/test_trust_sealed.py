@@ -1,5 +1,5 @@
-"""Issue 27 defects 1 and 2: every field a claim depends on is sealed (the schedule's sampler fields, the
-checkpoint ledger's steps_done)."""
+"""Issue 27 defects 1 and 2: every field a claim depends on is sealed (the schedule's sampler
+fields, the checkpoint ledger's steps_done)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ def test_a_relabelled_schedule_header_is_refused_by_train_and_audit(tmp_path, ch
     for stage in ("train", "audit"):
         with pytest.raises(DpledgerError) as refused:
             run_stage(stage, params, tmp_path)
-        assert "\n" not in str(refused.value) and "does not match the digest in schedule.json" in str(refused.value)
+        assert "\n" not in str(
+            refused.value
+        ) and "does not match the digest in schedule.json" in str(refused.value)
     assert not (tmp_path / "artifacts/train").exists()
 
 
@@ -46,7 +48,9 @@ def test_a_rewound_ledger_is_refused_not_resumed(tmp_path):
     ledger_file = tmp_path / "artifacts/train/checkpoint.json"
     weights = ledger_file.with_name(json.loads(ledger_file.read_text())["weights_file"])
     before = weights.read_bytes()
-    _edit_json(ledger_file, steps_done=4)  # still names checkpoint-step10.pt, whose digest is intact
+    _edit_json(
+        ledger_file, steps_done=4
+    )  # still names checkpoint-step10.pt, whose digest is intact
     with pytest.raises(DpledgerError) as refused:
         run_stage("train", params, tmp_path)
     message = str(refused.value)
@@ -54,7 +58,9 @@ def test_a_rewound_ledger_is_refused_not_resumed(tmp_path):
     assert weights.read_bytes() == before  # nothing trained, nothing written
 
 
-@pytest.mark.parametrize("field,value", [("epsilon_spent", 0.01), ("total_steps", 3), ("nonfinite_examples", 0)])
+@pytest.mark.parametrize(
+    "field,value", [("epsilon_spent", 0.01), ("total_steps", 3), ("nonfinite_examples", 0)]
+)
 def test_any_other_edited_ledger_field_is_refused(tmp_path, field, value):
     params, _, _ = small_project(tmp_path)
     run_stage("train", params, tmp_path)

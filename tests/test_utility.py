@@ -1,5 +1,6 @@
-"""Issue 29 item 1: utility is evidence. Each number the train stage writes against a naive computation,
-and the report's "the model learned nothing" warning (a run at chance never renders "No warnings")."""
+"""Issue 29 item 1: utility is evidence. Each number the train stage writes against a naive
+computation, and the report's "the model learned nothing" warning (a run at chance never renders "No
+warnings")."""
 
 from __future__ import annotations
 
@@ -49,22 +50,30 @@ def test_per_class_metrics_and_confusion_matrix_match_a_naive_count():
         precision = tp / max(int(np.sum(y_pred == c)), 1)
         recall = tp / max(int(np.sum(y_true == c)), 1)
         f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        assert (row["precision"], row["recall"], row["f1"]) == pytest.approx((precision, recall, f1))
+        assert (row["precision"], row["recall"], row["f1"]) == pytest.approx(
+            (precision, recall, f1)
+        )
         assert row["support"] == int(np.sum(y_true == c))
     counts = Counter(zip(y_true.tolist(), y_pred.tolist()))
     assert details["confusion_matrix"] == [[counts[(t, p)] for p in range(5)] for t in range(5)]
     assert details["per_class"][3]["recall"] == 1.0 and details["per_class"][4]["support"] == 0
     assert metrics["predicted_classes"] == 4
-    assert metrics["test_macro_f1"] == pytest.approx(np.mean([r["f1"] for r in details["per_class"]]))
+    assert metrics["test_macro_f1"] == pytest.approx(
+        np.mean([r["f1"] for r in details["per_class"]])
+    )
 
 
 def test_unigram_perplexity_is_add_one_smoothed_frequencies_of_the_next_tokens():
-    x_train = np.array([[9, 0, 0, 1], [9, 2, PAD, PAD]])  # targets 0 0 1 2 (the first token is never a target)
+    x_train = np.array(
+        [[9, 0, 0, 1], [9, 2, PAD, PAD]]
+    )  # targets 0 0 1 2 (the first token is never a target)
     x_test = np.array([[9, 0, 3, PAD]])  # targets 0 3
     vocab = 10
     counts = {0: 2, 1: 1, 2: 1}
     log_p = [math.log((counts.get(t, 0) + 1) / (4 + vocab)) for t in (0, 3)]
-    assert utility.unigram_perplexity(x_train, x_test, vocab) == pytest.approx(math.exp(-sum(log_p) / 2))
+    assert utility.unigram_perplexity(x_train, x_test, vocab) == pytest.approx(
+        math.exp(-sum(log_p) / 2)
+    )
     metrics = utility.lm_utility(x_train, x_test, vocab)
     assert metrics["baseline_perplexity_uniform"] == vocab
 
@@ -97,11 +106,22 @@ def test_train_stage_writes_baseline_per_class_confusion_and_model(tmp_path):
     flat = json.loads((tmp_path / "metrics/train.json").read_text())
     assert all(not isinstance(v, (dict, list)) for v in flat.values())
     assert flat["baseline"] == "majority class" and 0.05 < flat["baseline_accuracy"] < 0.2
-    assert flat["model_architecture"] == "MLP" and flat["parameters_trainable"] == flat["parameters_total"] > 0
-    assert metrics["test_accuracy"] > flat["baseline_accuracy"] and flat["above_baseline_p_value"] < 1e-10
-    assert flat["signal_to_noise"] == pytest.approx(64 / (1.0 * math.sqrt(flat["parameters_trainable"])))
+    assert (
+        flat["model_architecture"] == "MLP"
+        and flat["parameters_trainable"] == flat["parameters_total"] > 0
+    )
+    assert (
+        metrics["test_accuracy"] > flat["baseline_accuracy"]
+        and flat["above_baseline_p_value"] < 1e-10
+    )
+    assert flat["signal_to_noise"] == pytest.approx(
+        64 / (1.0 * math.sqrt(flat["parameters_trainable"]))
+    )
     details = json.loads((tmp_path / "artifacts/train/utility.json").read_text())
-    assert len(details["per_class"]) == 10 and sum(map(sum, details["confusion_matrix"])) == flat["test_examples"]
+    assert (
+        len(details["per_class"]) == 10
+        and sum(map(sum, details["confusion_matrix"])) == flat["test_examples"]
+    )
     diagonal = sum(details["confusion_matrix"][c][c] for c in range(10))
     assert diagonal == round(flat["test_accuracy"] * flat["test_examples"])
     assert (tmp_path / "plots/train/confusion_matrix.png").stat().st_size > 0
@@ -116,8 +136,8 @@ def _render(root: Path) -> tuple[list[str], str]:
 
 
 def test_a_run_on_labels_it_cannot_learn_is_reported_as_having_learned_nothing(tmp_path):
-    """A real run at chance (labels independent of the inputs): the report leads with the warning and
-    never says "No warnings", whatever else holds."""
+    """A real run at chance (labels independent of the inputs): the report leads with the warning
+    and never says "No warnings", whatever else holds."""
     fabricate_project(tmp_path)
     params = make_project(tmp_path, epochs=1)
     rng = np.random.default_rng(0)
@@ -133,7 +153,9 @@ def test_a_run_on_labels_it_cannot_learn_is_reported_as_having_learned_nothing(t
     _, markdown = _render(tmp_path)
     assert "No warnings" not in markdown and "The model learned nothing" in markdown
     assert markdown.index("The model learned nothing") < markdown.index("## Headline")
-    assert "learned nothing" in markdown.split("## Headline")[1].split("Privacy spent")[0]  # accuracy row
+    assert (
+        "learned nothing" in markdown.split("## Headline")[1].split("Privacy spent")[0]
+    )  # accuracy row
 
 
 def _utility_kinds(metrics: dict[str, dict]) -> list[str]:
@@ -220,12 +242,15 @@ def test_progress_off_a_terminal_is_a_few_plain_lines_with_loss_and_epsilon():
         progress.update(loss=2.0 - step / 1000, epsilon=step / 500)
     progress.close()
     lines = stream.getvalue().splitlines()
-    assert len(lines) == LINES and lines[-1] == "train: step 1000/1000 (100 %), loss 1.001, ε spent 2"
+    assert (
+        len(lines) == LINES and lines[-1] == "train: step 1000/1000 (100 %), loss 1.001, ε spent 2"
+    )
     assert Progress(5, 5, stream=stream).enabled is False  # a resumed, finished run prints nothing
 
 
 def test_compare_remarks_when_epsilon_moves_and_utility_does_not():
-    """The issue's case: the same chance accuracy at ε = 8 and ε = 2 must not pass without comment."""
+    """The issue's case: the same chance accuracy at ε = 8 and ε = 2 must not pass without
+    comment."""
     from dpledger.report.compare import compare_headlines
 
     train = _train_metrics()["train"]

@@ -21,7 +21,10 @@ def test_correct_trainers_pass_every_test_within_the_step_budget(trainer):
     assert result.passed, result.findings
     assert [test.name for test in result.tests] == list(TEST_NAMES)
     assert result.training_steps <= MAX_TRAINING_STEPS
-    assert result.training_steps == sum(test.steps for test in result.tests) + result.heuristics["steps"]
+    assert (
+        result.training_steps
+        == sum(test.steps for test in result.tests) + result.heuristics["steps"]
+    )
 
 
 @pytest.mark.parametrize("name", ZOO)
@@ -32,7 +35,9 @@ def test_every_zoo_trainer_is_caught_by_the_tests_meant_for_it(name):
 
 
 def test_mini_batch_clipping_gets_the_plain_language_diagnosis():
-    result = run_battery(zoo_trainer("mini_batch_clipping"), trainer_name="mb", seed=2, progress=False)
+    result = run_battery(
+        zoo_trainer("mini_batch_clipping"), trainer_name="mb", seed=2, progress=False
+    )
     t2 = next(test for test in result.tests if test.name == "t2_minibatch_clipping")
     assert "clipping happens after averaging" in t2.diagnosis and "factor of B" in t2.diagnosis
     assert t2.p_value == 1.0
@@ -40,7 +45,9 @@ def test_mini_batch_clipping_gets_the_plain_language_diagnosis():
 
 
 def test_adam_mode_warms_up_skips_sgd_only_tests_and_still_catches_clipping_and_noise_bugs():
-    correct = run_battery(load_trainer("opacus"), trainer_name="opacus", seed=0, optimizer="adam", progress=False)
+    correct = run_battery(
+        load_trainer("opacus"), trainer_name="opacus", seed=0, optimizer="adam", progress=False
+    )
     assert correct.passed, correct.findings
     assert correct.heuristics["warmup_steps"] == 5
     assert {t.name for t in correct.tests if t.skipped} == {
@@ -55,18 +62,24 @@ def test_adam_mode_warms_up_skips_sgd_only_tests_and_still_catches_clipping_and_
         ("mini_batch_clipping", "t2_minibatch_clipping"),
         ("uncalibrated_noise", "t3_noise_calibration"),
     ):
-        result = run_battery(zoo_trainer(name), trainer_name=name, seed=0, optimizer="adam", progress=False)
+        result = run_battery(
+            zoo_trainer(name), trainer_name=name, seed=0, optimizer="adam", progress=False
+        )
         assert test in result.failed_tests, (name, result.findings)
 
 
 @pytest.mark.slow
 def test_self_check_classifies_every_trainer_over_three_seeds():
-    rows = self_check(range(3), trainers=("reference", "opacus") + tuple(f"zoo:{name}" for name in ZOO))
+    rows = self_check(
+        range(3), trainers=("reference", "opacus") + tuple(f"zoo:{name}" for name in ZOO)
+    )
     assert all(row.correct == row.seeds for row in rows), [row.to_json() for row in rows]
 
 
 def test_classification_requires_the_designated_tests_to_fail():
-    result = run_battery(zoo_trainer("per_tensor_clipping"), trainer_name="pt", seed=0, progress=False)
+    result = run_battery(
+        zoo_trainer("per_tensor_clipping"), trainer_name="pt", seed=0, progress=False
+    )
     assert classified_correctly("zoo:per_tensor_clipping", result)
     assert not classified_correctly("reference", result)
 

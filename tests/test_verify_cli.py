@@ -13,13 +13,16 @@ runner = CliRunner()
 
 def test_verify_json_on_a_correct_trainer_exits_zero():
     result = runner.invoke(
-        app, ["verify", "--trainer", "dpledger.verify.opacus_trainer:train", "--json", "--no-progress"]
+        app,
+        ["verify", "--trainer", "dpledger.verify.opacus_trainer:train", "--json", "--no-progress"],
     )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["verdict"]["passed"] is True
     assert len(report["verdict"]["findings"]) == len(report["tests"])
-    assert {"name", "statistic", "p_value", "passed", "diagnosis", "steps"} <= set(report["tests"][0])
+    assert {"name", "statistic", "p_value", "passed", "diagnosis", "steps"} <= set(
+        report["tests"][0]
+    )
 
 
 def test_verify_exits_non_zero_with_a_diagnosis_when_a_bug_is_found(tmp_path):
@@ -49,7 +52,14 @@ def test_verify_exits_non_zero_with_a_diagnosis_when_a_bug_is_found(tmp_path):
 
 def test_verify_refuses_bad_options_in_one_line():
     completed = subprocess.run(
-        [sys.executable, "-c", "from dpledger.cli import main; main()", "verify", "--command", "train.py {init}"],
+        [
+            sys.executable,
+            "-c",
+            "from dpledger.cli import main; main()",
+            "verify",
+            "--command",
+            "train.py {init}",
+        ],
         capture_output=True,
         text=True,
         timeout=300,

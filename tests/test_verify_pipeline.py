@@ -25,7 +25,9 @@ def test_stage_writes_details_flat_metrics_and_a_plot_per_test(repo_root, tmp_pa
     details = json.loads((tmp_path / "artifacts" / "verify" / "verify.json").read_text())
     assert details["verdict"]["passed"] is True
     assert [test["name"] for test in details["tests"]] == list(TEST_NAMES)
-    assert {"name", "statistic", "p_value", "passed", "diagnosis", "steps"} <= set(details["tests"][0])
+    assert {"name", "statistic", "p_value", "passed", "diagnosis", "steps"} <= set(
+        details["tests"][0]
+    )
     assert details["trainer"] == "reference"
     written = json.loads((tmp_path / "metrics" / "verify.json").read_text())
     assert written == metrics
@@ -34,7 +36,9 @@ def test_stage_writes_details_flat_metrics_and_a_plot_per_test(repo_root, tmp_pa
     assert {f"p_value_{name}" for name in TEST_NAMES} <= set(written)
     for name in TEST_NAMES:
         assert (tmp_path / "plots" / "verify" / f"{name}.png").stat().st_size > 1000
-        assert (tmp_path / "plots" / "verify" / f"{name}.csv").read_text().startswith("series,x,y\n")
+        assert (
+            (tmp_path / "plots" / "verify" / f"{name}.csv").read_text().startswith("series,x,y\n")
+        )
 
 
 def test_stage_fails_on_a_bug_after_writing_its_outputs(repo_root, tmp_path):
@@ -47,7 +51,9 @@ def test_stage_fails_on_a_bug_after_writing_its_outputs(repo_root, tmp_path):
 
 
 def test_stage_can_let_the_pipeline_go_on_so_the_report_shows_the_bug(repo_root, tmp_path):
-    metrics = verify_stage.run(_params(repo_root, trainer="zoo:mini_batch_clipping", fail_pipeline=False), tmp_path)
+    metrics = verify_stage.run(
+        _params(repo_root, trainer="zoo:mini_batch_clipping", fail_pipeline=False), tmp_path
+    )
     assert metrics["passed"] is False and metrics["tests_failed"] >= 1
 
 
@@ -85,7 +91,15 @@ def test_stage_entrypoint_exits_non_zero_on_a_bug(repo_root, tmp_path):
     raw["verify"]["trainer"] = "zoo:uncalibrated_noise"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     completed = subprocess.run(
-        [sys.executable, "-m", "stages.verify", "--params", str(tmp_path / "params.yaml"), "--root", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "stages.verify",
+            "--params",
+            str(tmp_path / "params.yaml"),
+            "--root",
+            str(tmp_path),
+        ],
         cwd=repo_root,
         capture_output=True,
         text=True,

@@ -1,4 +1,5 @@
-"""The trainer-under-test protocol: loading callables, command templates, and the command round trip."""
+"""The trainer-under-test protocol: loading callables, command templates, and the command round
+trip."""
 
 import copy
 import sys
@@ -14,8 +15,10 @@ from dpledger.verify.runner import BatteryConfig, Runner
 from dpledger.verify.task import flat_parameters, make_task, weighted_half_mse
 
 COMMAND = (
-    f"{sys.executable} -m dpledger.verify.command_entry --trainer reference --init {{init}} --data {{data}} "
-    "--out {out} --clip-norm {clip_norm} --noise-multiplier {noise_multiplier} --batch-size {batch_size} "
+    f"{sys.executable} -m dpledger.verify.command_entry --trainer reference --init {{init}} --data "
+    f"{{data}} "
+    "--out {out} --clip-norm {clip_norm} --noise-multiplier {noise_multiplier} --batch-size "
+    "{batch_size} "
     "--steps {steps} --lr {lr} --seed {seed}"
 )
 
@@ -64,7 +67,13 @@ def test_command_trainer_gives_the_same_model_as_the_callable():
     task = make_task(0)
     inputs, targets = task.ordinary_rows(0, 8)
     settings = dict(
-        loss_fn=weighted_half_mse, clip_norm=0.5, noise_multiplier=1.3, batch_size=4, steps=2, lr=0.1, seed=7
+        loss_fn=weighted_half_mse,
+        clip_norm=0.5,
+        noise_multiplier=1.3,
+        batch_size=4,
+        steps=2,
+        lr=0.1,
+        seed=7,
     )
     by_command, by_callable = copy.deepcopy(task.model), copy.deepcopy(task.model)
     CommandTrainer(COMMAND)(by_command, inputs, targets, **settings)
@@ -78,7 +87,12 @@ def test_a_failing_command_is_reported_in_one_line():
     runner = Runner(CommandTrainer(failing), make_task(0), "sgd", BatteryConfig())
     with pytest.raises(TrainerError, match="exited with") as caught:
         runner.train(
-            *make_task(0).ordinary_rows(0, 4), clip_norm=1.0, noise_multiplier=0.0, batch_size=4, lr=0.1, seed=0
+            *make_task(0).ordinary_rows(0, 4),
+            clip_norm=1.0,
+            noise_multiplier=0.0,
+            batch_size=4,
+            lr=0.1,
+            seed=0,
         )
     assert "\n" not in str(caught.value)
 
@@ -90,5 +104,10 @@ def test_a_trainer_that_raises_is_reported_as_a_trainer_error():
     runner = Runner(broken, make_task(0), "sgd", BatteryConfig())
     with pytest.raises(TrainerError, match="RuntimeError: shape mismatch$"):
         runner.train(
-            *make_task(0).ordinary_rows(0, 4), clip_norm=1.0, noise_multiplier=0.0, batch_size=4, lr=0.1, seed=0
+            *make_task(0).ordinary_rows(0, 4),
+            clip_norm=1.0,
+            noise_multiplier=0.0,
+            batch_size=4,
+            lr=0.1,
+            seed=0,
         )

@@ -1,4 +1,5 @@
-"""The battery's statistics against independent computations (statsmodels, closed forms, simulation)."""
+"""The battery's statistics against independent computations (statsmodels, closed forms,
+simulation)."""
 
 import numpy as np
 import pytest
@@ -35,9 +36,12 @@ def test_flat_curve_up_to_rounding_has_no_evidence_of_a_slope():
 
 
 def _holm_by_adjusted_p_values(p, alpha):
-    """Holm via adjusted p-values: p̃_(i) = max_{j ≤ i} min(1, (m − j + 1)·p_(j)); reject where p̃ ≤ α."""
+    """Holm via adjusted p-values: p̃_(i) = max_{j ≤ i} min(1, (m − j + 1)·p_(j)); reject where p̃ ≤
+    α."""
     order = np.argsort(p)
-    adjusted = np.maximum.accumulate(np.minimum(1.0, (len(p) - np.arange(len(p))) * np.asarray(p)[order]))
+    adjusted = np.maximum.accumulate(
+        np.minimum(1.0, (len(p) - np.arange(len(p))) * np.asarray(p)[order])
+    )
     rejected = np.empty(len(p), dtype=bool)
     rejected[order] = adjusted <= alpha
     return rejected

@@ -1,4 +1,5 @@
-"""The reference trainer against a naive DP-SGD loop, Opacus against the reference, and the zoo's flaws."""
+"""The reference trainer against a naive DP-SGD loop, Opacus against the reference, and the zoo's
+flaws."""
 
 import copy
 
@@ -8,7 +9,12 @@ from torch.func import functional_call, grad, vmap
 
 from dpledger.verify import opacus_trainer
 from dpledger.verify.functorch_trainer import Flaws, train, train_with_flaws
-from dpledger.verify.task import flat_parameters, make_task, per_example_gradient_norms, weighted_half_mse
+from dpledger.verify.task import (
+    flat_parameters,
+    make_task,
+    per_example_gradient_norms,
+    weighted_half_mse,
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +55,10 @@ def test_reference_step_equals_naive_loop_with_the_same_noise(task):
     inputs, targets = _batch(task)
     clip_norm, sigma, lr, seed = 1.5, 0.7, 0.1, 11
     generator = torch.Generator().manual_seed(seed)
-    noise = [torch.normal(0.0, sigma * clip_norm, size=p.shape, generator=generator) for p in task.model.parameters()]
+    noise = [
+        torch.normal(0.0, sigma * clip_norm, size=p.shape, generator=generator)
+        for p in task.model.parameters()
+    ]
     expected = _naive_step(task, inputs, targets, clip_norm, noise, lr)
     got = _trained(
         train,
@@ -80,21 +89,25 @@ def test_zero_weight_rows_have_zero_gradient_and_the_probe_dominates(task):
     inputs, targets = task.zero_rows(4)
     assert torch.all(per_example_gradient_norms(task.model, inputs, targets) == 0)
     assert task.probe_norm >= 20 * float(task.ordinary_norms.max())
-    assert float(per_example_gradient_norms(task.model, task.probe_input, task.probe_target)[0]) == pytest.approx(
-        task.probe_norm, rel=1e-5
-    )
+    assert float(
+        per_example_gradient_norms(task.model, task.probe_input, task.probe_target)[0]
+    ) == pytest.approx(task.probe_norm, rel=1e-5)
 
 
 def test_per_example_gradient_norms_match_torch_func(task):
     params = {k: v.detach() for k, v in task.model.named_parameters()}
 
     def loss(p, x, y):
-        return weighted_half_mse(functional_call(task.model, p, (x.unsqueeze(0),)), y.unsqueeze(0)).sum()
+        return weighted_half_mse(
+            functional_call(task.model, p, (x.unsqueeze(0),)), y.unsqueeze(0)
+        ).sum()
 
     grads = vmap(grad(loss), in_dims=(None, 0, 0))(params, task.inputs[:5], task.targets[:5])
     norms = torch.sqrt(sum(g.reshape(5, -1).pow(2).sum(1) for g in grads.values()))
     assert torch.allclose(
-        per_example_gradient_norms(task.model, task.inputs[:5], task.targets[:5]).float(), norms, rtol=1e-5
+        per_example_gradient_norms(task.model, task.inputs[:5], task.targets[:5]).float(),
+        norms,
+        rtol=1e-5,
     )
 
 
@@ -128,6 +141,8 @@ def test_mini_batch_flaw_clips_the_mean_gradient(task):
         flaws=Flaws(clipping="mini_batch"),
     )
     start = flat_parameters(task.model)
-    assert float(torch.linalg.vector_norm(clipped - start)) == pytest.approx(lr * clip_norm, rel=1e-5)
+    assert float(torch.linalg.vector_norm(clipped - start)) == pytest.approx(
+        lr * clip_norm, rel=1e-5
+    )
     direction = torch.nn.functional.cosine_similarity(clipped - start, unclipped - start, dim=0)
     assert float(direction) == pytest.approx(1.0, abs=1e-6)

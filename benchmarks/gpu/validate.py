@@ -1,21 +1,24 @@
 """The GPU validation of issue 30, one step per sub-command; ``run.sh`` runs them all in one go.
 
-Each step writes one JSON file into the output folder (``--out``), with the device and torch version beside
-every number. ``--dry-run``: the same steps on the CPU with tiny sizes (a CI test runs it, so it cannot rot).
+Each step writes one JSON file into the output folder (``--out``), with the device and torch version
+beside every number. ``--dry-run``: the same steps on the CPU with tiny sizes (a CI test runs it, so
+it cannot rot).
 
-- ``exactness``: the BK clipped sum against the naive per-example loop in float64 on the device, for every
-  architecture of tests/test_engine_hf_models.py; GPT-2 in float32 with TF32 off and on, and under bf16
-  autocast, against a CPU float64 reference; the largest clipped contribution ‖C_i g_i‖/R under TF32 and bf16
-  (must be ≤ 1 + 1e-5); the device's noise (same step twice equal, moments).
-- ``bench --method M --precision P``: GPT-2 small (12 × 768, T 256, B 16) one training step, non-private,
-  BK or Opacus (ghost clipping), in fp32 or bf16: time per step (synchronized, after warm-up) and peak
-  memory; run.sh starts a fresh process per method so peak memory is the method's own.
-- ``pipeline``: calibrate, schedule, train (train.device cuda) and verify run as ``python -m stages.NAME``;
-  the train stage killed (SIGKILL) after two checkpoints and resumed, its model against an uninterrupted run.
-- ``montecarlo``: δ̂ of the same pair, σ and seed on the CPU and on the device (must agree to float32
-  rounding), and the time of each.
-- ``distributed``: the train stage under torchrun with as many ranks as GPUs, and the one-line refusal of
-  one rank more than there are GPUs.
+- ``exactness``: the BK clipped sum against the naive per-example loop in float64 on the device, for
+  every architecture of tests/test_engine_hf_models.py; GPT-2 in float32 with TF32 off and on, and
+  under bf16 autocast, against a CPU float64 reference; the largest clipped contribution ‖C_i g_i‖/R
+  under TF32 and bf16 (must be ≤ 1 + 1e-5); the device's noise (same step twice equal, moments).
+- ``bench --method M --precision P``: GPT-2 small (12 × 768, T 256, B 16) one training step,
+  non-private, BK or Opacus (ghost clipping), in fp32 or bf16: time per step (synchronized, after
+  warm-up) and peak memory; run.sh starts a fresh process per method so peak memory is the method's
+  own.
+- ``pipeline``: calibrate, schedule, train (train.device cuda) and verify run as ``python -m
+  stages.NAME``; the train stage killed (SIGKILL) after two checkpoints and resumed, its model
+  against an uninterrupted run.
+- ``montecarlo``: δ̂ of the same pair, σ and seed on the CPU and on the device (must agree to
+  float32 rounding), and the time of each.
+- ``distributed``: the train stage under torchrun with as many ranks as GPUs, and the one-line
+  refusal of one rank more than there are GPUs.
 """
 
 from __future__ import annotations
@@ -65,11 +68,13 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-# ---- exactness ---------------------------------------------------------------------------------------------
+# ---- exactness
+# ---------------------------------------------------------------------------------------------
 
 
 def _clipped_norm_ratio(model, loss_fn, inputs, targets, clip_norm, context) -> float:
-    """max_i ‖C_i g_i‖ / R, one example at a time (B = 1: the clipped sum is the example's contribution)."""
+    """max_i ‖C_i g_i‖ / R, one example at a time (B = 1: the clipped sum is the example's
+    contribution)."""
     from dpledger.engine import BKEngine
 
     worst = 0.0
@@ -103,7 +108,10 @@ def exactness(args) -> None:
         inputs, targets = inputs[:examples], targets[:examples]
         started = time.perf_counter()
         error, _ = compare(model.to(device), loss_fn, inputs.to(device), targets.to(device))
-        result["float64_vs_naive"][name] = {"relative_error": error, "seconds": time.perf_counter() - started}
+        result["float64_vs_naive"][name] = {
+            "relative_error": error,
+            "seconds": time.perf_counter() - started,
+        }
     worst = max(v["relative_error"] for v in result["float64_vs_naive"].values())
     result["float64_max_relative_error"] = worst
     result["float64_exact"] = worst < 1e-10
@@ -126,17 +134,24 @@ def exactness(args) -> None:
             leaf.fp32_precision = precision
         try:
             on_device = copy.deepcopy(model).float().to(device)
-            engine = BKEngine(on_device, None, clip_norm=clip_norm, noise_multiplier=0.0, normalizer=1.0)
+            engine = BKEngine(
+                on_device, None, clip_norm=clip_norm, noise_multiplier=0.0, normalizer=1.0
+            )
             with context():
                 logits = on_device(x)
             engine.private_step(loss_fn(logits.float(), y))
             got = {n: p.grad.double().cpu() for n, p in zip(engine.parameter_names, engine.params)}
             engine.detach()
-            ratio = _clipped_norm_ratio(copy.deepcopy(model).float().to(device), loss_fn, x, y, 1e-3, context)
+            ratio = _clipped_norm_ratio(
+                copy.deepcopy(model).float().to(device), loss_fn, x, y, 1e-3, context
+            )
         finally:
             for leaf, value in zip(leaves, saved):
                 leaf.fp32_precision = value
-        result[label] = {"relative_error_vs_cpu_float64": relative_error(got, expected), "max_clipped_over_r": ratio}
+        result[label] = {
+            "relative_error_vs_cpu_float64": relative_error(got, expected),
+            "max_clipped_over_r": ratio,
+        }
     result["clipped_within_r"] = all(result[k]["max_clipped_over_r"] <= 1 + 1e-5 for k in settings)
 
     numel = 1 << (16 if args.dry_run else 25)
@@ -157,7 +172,8 @@ def exactness(args) -> None:
     _write(args.out, "exactness", {**_about(device), **result})
 
 
-# ---- benchmark ----------------------------------------------------------------------------------------------
+# ---- benchmark
+# ----------------------------------------------------------------------------------------------
 
 
 def bench(args) -> None:  # noqa: C901  (one linear benchmark script: set-up, then each method in turn)
@@ -176,12 +192,15 @@ def bench(args) -> None:  # noqa: C901  (one linear benchmark script: set-up, th
         embd_pdrop=0.0,
         attn_pdrop=0.0,
         attn_implementation="eager" if args.method == "opacus" else "sdpa",
-        tie_word_embeddings=args.method != "opacus",  # Opacus's ghost clipping refuses tied parameters
+        tie_word_embeddings=args.method
+        != "opacus",  # Opacus's ghost clipping refuses tied parameters
     )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).to(device).train()
     ids = torch.randint(0, config.vocab_size, (batch, steps), device=device)
-    positions = torch.arange(steps, device=device).repeat(batch, 1)  # per example: Opacus needs batch rows
+    positions = torch.arange(steps, device=device).repeat(
+        batch, 1
+    )  # per example: Opacus needs batch rows
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, foreach=True)
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16)
@@ -192,7 +211,9 @@ def bench(args) -> None:  # noqa: C901  (one linear benchmark script: set-up, th
     def losses(m) -> torch.Tensor:
         with autocast:
             logits = m(input_ids=ids, position_ids=positions).logits
-        return F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none").sum(1)
+        return F.cross_entropy(
+            logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none"
+        ).sum(1)
 
     if args.method == "nonprivate":
 
@@ -204,7 +225,9 @@ def bench(args) -> None:  # noqa: C901  (one linear benchmark script: set-up, th
     elif args.method == "bk":
         from dpledger.engine import BKEngine
 
-        engine = BKEngine(model, optimizer, clip_norm=1.0, noise_multiplier=1.0, normalizer=float(batch))
+        engine = BKEngine(
+            model, optimizer, clip_norm=1.0, noise_multiplier=1.0, normalizer=float(batch)
+        )
 
         def step() -> None:
             engine.private_step(losses(model))
@@ -222,11 +245,15 @@ def bench(args) -> None:  # noqa: C901  (one linear benchmark script: set-up, th
             def __call__(self, per_example, _target):
                 return per_example
 
-        wrapped = GradSampleModuleFastGradientClipping(model, max_grad_norm=1.0, use_ghost_clipping=True)
+        wrapped = GradSampleModuleFastGradientClipping(
+            model, max_grad_norm=1.0, use_ghost_clipping=True
+        )
         dp_optimizer = DPOptimizerFastGradientClipping(
             optimizer, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=batch
         )
-        criterion = DPLossFastGradientClipping(wrapped, dp_optimizer, PerExample(), loss_reduction="mean")
+        criterion = DPLossFastGradientClipping(
+            wrapped, dp_optimizer, PerExample(), loss_reduction="mean"
+        )
 
         def step() -> None:
             per_example = losses(wrapped)
@@ -249,10 +276,15 @@ def bench(args) -> None:  # noqa: C901  (one linear benchmark script: set-up, th
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     key = f"{args.method}_{args.precision}"
     shape = {"layers": layers, "width": width, "T": steps, "B": batch}
-    _write(args.out, "bench", {**_about(device), "shape": shape, key: {"s_per_step": seconds, "peak_gib": peak}})
+    _write(
+        args.out,
+        "bench",
+        {**_about(device), "shape": shape, key: {"s_per_step": seconds, "peak_gib": peak}},
+    )
 
 
-# ---- pipeline -----------------------------------------------------------------------------------------------
+# ---- pipeline
+# -----------------------------------------------------------------------------------------------
 
 
 def _stage(name: str, params: Path, root: Path, env: dict) -> float:
@@ -278,7 +310,8 @@ train.save_checkpoint = save_then_die
 root = Path(sys.argv[1])
 run_stage("train", root / "params.yaml", root)
 """
-"""The train stage, SIGKILLed right after its second checkpoint (deterministic, unlike a timed kill)."""
+"""The train stage, SIGKILLed right after its second checkpoint (deterministic, unlike a timed
+kill)."""
 
 
 def pipeline(args) -> None:
@@ -287,14 +320,19 @@ def pipeline(args) -> None:
     device = _device(args.dry_run)
     work = Path(args.work)
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["batching"] = {"batch_size": 256 if args.dry_run else 64, "epochs": 1 if args.dry_run else 3}
+    params["batching"] = {
+        "batch_size": 256 if args.dry_run else 64,
+        "epochs": 1 if args.dry_run else 3,
+    }
     if args.dry_run:
         params["calibrate"].update(pld_discretization=1e-2, curve_points=3)
     params["train"].update(device=device.type, checkpoint_every=1)
     params["calibrate"].update(group_sizes=[1], table_discretization=0.01)
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO / "lib"), str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(REPO / "lib"), str(REPO), os.environ.get("PYTHONPATH", "")]
+        ),
     }
     result, seconds = {}, {}
     roots = {}
@@ -307,26 +345,37 @@ def pipeline(args) -> None:
         seconds[name] = _stage(name, roots["straight"] / "params.yaml", roots["straight"], env)
     shutil.copytree(roots["straight"] / "artifacts", roots["killed"] / "artifacts")
     seconds["train"] = _stage("train", roots["straight"] / "params.yaml", roots["straight"], env)
-    killed = subprocess.run([sys.executable, "-c", KILL_AFTER_TWO_CHECKPOINTS, str(roots["killed"])], cwd=REPO, env=env)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILL_AFTER_TWO_CHECKPOINTS, str(roots["killed"])], cwd=REPO, env=env
+    )
     result["killed_returncode"] = killed.returncode
-    seconds["resumed_train"] = _stage("train", roots["killed"] / "params.yaml", roots["killed"], env)
+    seconds["resumed_train"] = _stage(
+        "train", roots["killed"] / "params.yaml", roots["killed"], env
+    )
     metrics = {k: json.loads((roots[k] / "metrics/train.json").read_text()) for k in roots}
     models = {k: torch.load(roots[k] / "artifacts/train/model.pt") for k in roots}
     result["resumed_from_step"] = metrics["killed"].get("resumed_from_step")
-    result["killed_mid_run"] = killed.returncode == -signal.SIGKILL and result["resumed_from_step"] == 2
-    result["model_max_abs_difference"] = max(
-        float((models["straight"][n].double() - models["killed"][n].double()).abs().max()) for n in models["straight"]
+    result["killed_mid_run"] = (
+        killed.returncode == -signal.SIGKILL and result["resumed_from_step"] == 2
     )
-    result["model_pt_on_cpu"] = all(t.device.type == "cpu" for m in models.values() for t in m.values())
+    result["model_max_abs_difference"] = max(
+        float((models["straight"][n].double() - models["killed"][n].double()).abs().max())
+        for n in models["straight"]
+    )
+    result["model_pt_on_cpu"] = all(
+        t.device.type == "cpu" for m in models.values() for t in m.values()
+    )
     seconds["verify"] = _stage("verify", roots["straight"] / "params.yaml", roots["straight"], env)
     result["train_metrics"] = {
-        k: metrics["straight"].get(k) for k in ("steps_done", "throughput_examples_per_s", "wall_time_s")
+        k: metrics["straight"].get(k)
+        for k in ("steps_done", "throughput_examples_per_s", "wall_time_s")
     }
     result["seconds"] = seconds
     _write(args.out, "pipeline", {**_about(device), **result})
 
 
-# ---- Monte Carlo ------------------------------------------------------------------------------------------
+# ---- Monte Carlo
+# ------------------------------------------------------------------------------------------
 
 
 def montecarlo(args) -> None:
@@ -343,7 +392,11 @@ def montecarlo(args) -> None:
     for where in ("cpu", device.type):
         started = time.perf_counter()
         estimate = mc.estimate_delta(pair, 1.0, 1.0, samples, seed=4, device=torch.device(where))
-        result[where] = {"delta": estimate.delta, "stderr": estimate.stderr, "seconds": time.perf_counter() - started}
+        result[where] = {
+            "delta": estimate.delta,
+            "stderr": estimate.stderr,
+            "seconds": time.perf_counter() - started,
+        }
     difference = abs(result["cpu"]["delta"] - result[device.type]["delta"])
     result["agree_within_stderr"] = bool(
         difference <= 4 * math.hypot(result["cpu"]["stderr"], result[device.type]["stderr"])
@@ -352,7 +405,8 @@ def montecarlo(args) -> None:
     _write(args.out, "montecarlo", {**_about(device), **result})
 
 
-# ---- distributed ------------------------------------------------------------------------------------------
+# ---- distributed
+# ------------------------------------------------------------------------------------------
 
 
 def distributed(args) -> None:
@@ -360,7 +414,9 @@ def distributed(args) -> None:
     ranks = torch.cuda.device_count() if device.type == "cuda" else 1
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO / "lib"), str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(REPO / "lib"), str(REPO), os.environ.get("PYTHONPATH", "")]
+        ),
     }
     work = Path(args.work)
     straight, root = work / "straight", work / "torchrun"
@@ -372,29 +428,38 @@ def distributed(args) -> None:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     stage = ["-m", "stages.train", "--params", str(root / "params.yaml"), "--root", str(root)]
     result = {"gpus": torch.cuda.device_count()}
-    runs = [("as_many_ranks_as_gpus", ranks)] + ([("one_rank_more", ranks + 1)] if device.type == "cuda" else [])
+    runs = [("as_many_ranks_as_gpus", ranks)] + (
+        [("one_rank_more", ranks + 1)] if device.type == "cuda" else []
+    )
     for label, processes in runs:
         started = time.perf_counter()
         command = [*torchrun, f"--nproc-per-node={processes}", *stage]
-        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+        done = subprocess.run(
+            command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+        )
         result[label] = {
             "processes": processes,
             "returncode": done.returncode,
-            "error_lines": [line for line in done.stderr.splitlines() if line.startswith("error:")][:4],
+            "error_lines": [line for line in done.stderr.splitlines() if line.startswith("error:")][
+                :4
+            ],
             "stderr_tail": done.stderr[-400:],
             "seconds": time.perf_counter() - started,
         }
         if label == "as_many_ranks_as_gpus" and done.returncode == 0:
             models = [torch.load(r / "artifacts/train/model.pt") for r in (straight, root)]
             result[label]["model_max_abs_difference_vs_single_process"] = max(
-                float((models[0][n].double() - models[1][n].double()).abs().max()) for n in models[0]
+                float((models[0][n].double() - models[1][n].double()).abs().max())
+                for n in models[0]
             )
     _write(args.out, "distributed", {**_about(device), **result})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=["exactness", "bench", "pipeline", "montecarlo", "distributed"])
+    parser.add_argument(
+        "step", choices=["exactness", "bench", "pipeline", "montecarlo", "distributed"]
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--work", default="/tmp/dpledger-gpu-work")
     parser.add_argument("--dry-run", action="store_true")

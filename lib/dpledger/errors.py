@@ -10,7 +10,8 @@ class ParamsError(DpledgerError):
 
 
 class UnsupportedMechanismError(DpledgerError):
-    """No sound accountant exists for the described mechanism; the message says what to use instead."""
+    """No sound accountant exists for the described mechanism; the message says what to use
+    instead."""
 
 
 class SamplerMismatchError(DpledgerError):

@@ -73,7 +73,9 @@ def write_npz(path: str | os.PathLike[str], **arrays: np.ndarray) -> None:
             np.savez_compressed(handle, **arrays)
 
 
-def write_csv(path: str | os.PathLike[str], header: list[str], rows: list[list[Any]] | np.ndarray) -> None:
+def write_csv(
+    path: str | os.PathLike[str], header: list[str], rows: list[list[Any]] | np.ndarray
+) -> None:
     """Write a CSV (comma-separated, one header line) atomically; the format ``dvc plots`` reads."""
     lines = [",".join(header)]
     lines += [",".join(_csv_cell(v) for v in row) for row in rows]
@@ -88,11 +90,20 @@ def _csv_cell(value: Any) -> str:
 
 @contextmanager
 def reading_artifact(path: str | os.PathLike[str], stage: str) -> Iterator[None]:
-    """Turn a missing, truncated or hand-edited artifact read in the block into one line naming the file and
-    the stage that rebuilds it (instead of a traceback from json, numpy or a constructor)."""
+    """Turn a missing, truncated or hand-edited artifact read in the block into one line naming the
+    file and the stage that rebuilds it (instead of a traceback from json, numpy or a
+    constructor)."""
     try:
         yield
-    except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile) as error:
+    except (
+        OSError,
+        EOFError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        zipfile.BadZipFile,
+    ) as error:
         raise DpledgerError(
             f"{path} is unreadable or corrupt ({type(error).__name__}: {error}); rebuild it with "
             f"`dvc repro -f {stage}`".splitlines()[0]
@@ -106,7 +117,8 @@ def read_json(path: str | os.PathLike[str]) -> Any:
 
 @contextmanager
 def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a fresh temporary directory; it replaces ``path`` as a whole only if the block succeeds."""
+    """Yield a fresh temporary directory; it replaces ``path`` as a whole only if the block
+    succeeds."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))

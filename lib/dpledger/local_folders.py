@@ -40,5 +40,6 @@ def refuse_remote_code_spec(spec: dict[str, Any], key: str) -> None:
     """The same for a config given inline (``train.model_options.config``)."""
     if "auto_map" in spec:
         raise ParamsError(
-            f"params: {key} is invalid: auto_map would run Python code; use a model_type transformers ships"
+            f"params: {key} is invalid: auto_map would run Python code; use a model_type "
+            "transformers ships"
         )

@@ -1,14 +1,14 @@
 """Fast N(0, 1) noise for CPU float32 parameters: Philox4x32-10 bits and a vectorized Box–Muller.
 
 torch's CPU ``normal_`` draws its uniforms from a serial Mersenne Twister: about 3.4 ns a draw, a
-quarter of a non-private step of a 4M-parameter MLP. Here the bits come from Philox4x32-10 (Salmon et
-al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011; the generator of JAX and of torch's CUDA
-RNG), a counter-based generator whose ten rounds run in registers, and each pair of words (u, v)
-becomes two normals by the Box–Muller transform ρ·(cos θ, sin θ), ρ = √(-2 ln U), θ = 2πV. The
-transform runs in float32 with integer argument reduction (exact) and short polynomials, so a draw is
-within 4·2⁻²⁴·ρ of the exact value of its words (about 2 units in the last place of a float32). One
-fused loop per block draws the words and transforms them, 16 lanes at a time; numba compiles it, and
-it runs without the GIL on disjoint block ranges, in numba's thread pool or the caller's threads
+quarter of a non-private step of a 4M-parameter MLP. Here the bits come from Philox4x32-10 (Salmon
+et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011; the generator of JAX and of torch's
+CUDA RNG), a counter-based generator whose ten rounds run in registers, and each pair of words (u,
+v) becomes two normals by the Box–Muller transform ρ·(cos θ, sin θ), ρ = √(-2 ln U), θ = 2πV. The
+transform runs in float32 with integer argument reduction (exact) and short polynomials, so a draw
+is within 4·2⁻²⁴·ρ of the exact value of its words (about 2 units in the last place of a float32).
+One fused loop per block draws the words and transforms them, 16 lanes at a time; numba compiles it,
+and it runs without the GIL on disjoint block ranges, in numba's thread pool or the caller's threads
 (about 1.1 ns a draw on one core, a third of torch's).
 
 Layout (a pure function of key, step and position, so the noise does not depend on threads or
@@ -122,12 +122,16 @@ _ALL_ONES = np.uint32(0xFFFFFFFF)
 
 @njit(inline="always", fastmath=True, error_model="numpy")
 def _minus_two_log(word, refined):
-    """-2 ln U in float32, U = (word + ½)/2³² (or (refined + ½)/2⁶⁴ when word is 0), to 2⁻²² relative.
+    """-2 ln U in float32, U = (word + ½)/2³² (or (refined + ½)/2⁶⁴ when word is 0), to 2⁻²²
+    relative.
 
     ln U = e·ln 2 + ln(1 + f) with ln(1 + f) = 2 atanh(f/(2 + f)). For U ≥ ½, e = 0 and
-    f = -(2³² - word - ½)/2³² straight from the integer, so small radii keep their relative precision;
-    below, U = 2^e·(1 + f), |f| ≤ √2 - 1, from the float32 bits of U, and e ≤ -1 leaves no cancellation."""
-    far = (_F32(word if word != 0 else refined) + _F32(0.5)) * (_F32(2.0**-32) if word != 0 else _F32(2.0**-64))
+    f = -(2³² - word - ½)/2³² straight from the integer, so small radii keep their relative
+    precision; below, U = 2^e·(1 + f), |f| ≤ √2 - 1, from the float32 bits of U, and e ≤ -1 leaves
+    no cancellation."""
+    far = (_F32(word if word != 0 else refined) + _F32(0.5)) * (
+        _F32(2.0**-32) if word != 0 else _F32(2.0**-64)
+    )
     bits = _as_int32(far)
     exponent = (bits >> 23) - 127
     mantissa = _as_float32((bits & 0x7FFFFF) | 0x3F800000)
@@ -141,15 +145,20 @@ def _minus_two_log(word, refined):
     z = s * s
     series = _ATANH[0] + z * (
         _ATANH[1]
-        + z * (_ATANH[2] + z * (_ATANH[3] + z * (_ATANH[4] + z * (_ATANH[5] + z * (_ATANH[6] + z * _ATANH[7])))))
+        + z
+        * (
+            _ATANH[2]
+            + z * (_ATANH[3] + z * (_ATANH[4] + z * (_ATANH[5] + z * (_ATANH[6] + z * _ATANH[7]))))
+        )
     )
     return _F32(-2.0) * (_F32(exponent) * _LN2 + _F32(2.0) * s * series)
 
 
 @njit(inline="always", fastmath=True, error_model="numpy")
 def _sin_cos_turn(word):
-    """(sin 2πV, cos 2πV) in float32 for V = (word + ½)/2³²: the nearest quarter turn q and the offset
-    from it come exactly from the integer, then Taylor series on |r| ≤ π/4 (truncation below 2⁻²⁸)."""
+    """(sin 2πV, cos 2πV) in float32 for V = (word + ½)/2³²: the nearest quarter turn q and the
+    offset from it come exactly from the integer, then Taylor series on |r| ≤ π/4 (truncation below
+    2⁻²⁸)."""
     q = ((word + _EIGHTH) >> 30) & np.uint32(3)
     offset = np.int32(word - q * _QUARTER)  # in [-2²⁹, 2²⁹)
     r = (_F32(offset) + _F32(0.5)) * _F32(math.pi / 2 * 2.0**-30)
@@ -158,13 +167,16 @@ def _sin_cos_turn(word):
     cos_r = _COS[0] + z * (_COS[1] + z * (_COS[2] + z * (_COS[3] + z * (_COS[4] + z * _COS[5]))))
     odd = (q & np.uint32(1)) == np.uint32(1)
     sin_v = (cos_r if odd else sin_r) * (_F32(-1.0) if q >= np.uint32(2) else _F32(1.0))
-    cos_v = (sin_r if odd else cos_r) * (_F32(-1.0) if (q == np.uint32(1)) | (q == np.uint32(2)) else _F32(1.0))
+    cos_v = (sin_r if odd else cos_r) * (
+        _F32(-1.0) if (q == np.uint32(1)) | (q == np.uint32(2)) else _F32(1.0)
+    )
     return sin_v, cos_v
 
 
 @njit(inline="always", fastmath=True, error_model="numpy")
 def _normal_pair(radius_word, refined, angle_word, scale):
-    """scale·ρ·(cos θ, sin θ) of one word pair (``refined`` is used only where ``radius_word`` is 0)."""
+    """scale·ρ·(cos θ, sin θ) of one word pair (``refined`` is used only where ``radius_word`` is
+    0)."""
     radius = math.sqrt(_minus_two_log(radius_word, refined)) * scale
     sin_v, cos_v = _sin_cos_turn(angle_word)
     return radius * cos_v, radius * sin_v
@@ -172,7 +184,8 @@ def _normal_pair(radius_word, refined, angle_word, scale):
 
 @njit(inline="always", fastmath=True, error_model="numpy")
 def _draw_block(target, counter, lanes, step_lo, step_hi, keys0, keys1, scale):
-    """One block's draws into target[:4·lanes], assuming no radius word is 0; returns how many were."""
+    """One block's draws into target[:4·lanes], assuming no radius word is 0; returns how many
+    were."""
     zeros = 0
     for lane in range(lanes):
         w0, w1, w2, w3 = _philox10(np.uint32(counter + lane), _ZERO, step_lo, step_hi, keys0, keys1)
@@ -184,18 +197,22 @@ def _draw_block(target, counter, lanes, step_lo, step_hi, keys0, keys1, scale):
 
 @njit(inline="always", fastmath=True, error_model="numpy")
 def _refine_block(target, counter, lanes, step_lo, step_hi, keys0, keys1, scale):
-    """Redraw the pairs of a block whose radius word is 0, with U refined from the second counter."""
+    """Redraw the pairs of a block whose radius word is 0, with U refined from the second
+    counter."""
     for lane in range(lanes):
         w0, w1, w2, w3 = _philox10(np.uint32(counter + lane), _ZERO, step_lo, step_hi, keys0, keys1)
         if w0 == 0 or w2 == 0:
-            r0, _, r2, _ = _philox10(np.uint32(counter + lane), np.uint32(1), step_lo, step_hi, keys0, keys1)
+            r0, _, r2, _ = _philox10(
+                np.uint32(counter + lane), np.uint32(1), step_lo, step_hi, keys0, keys1
+            )
             target[lane], target[lanes + lane] = _normal_pair(w0, r0, w1, scale)
             target[2 * lanes + lane], target[3 * lanes + lane] = _normal_pair(w2, r2, w3, scale)
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
 def _fill_blocks(out, first_block, last_block, step_lo, step_hi, scale, k0, k1):
-    """Blocks [first_block, last_block) of the layout in the module docstring, scaled, into ``out``."""
+    """Blocks [first_block, last_block) of the layout in the module docstring, scaled, into
+    ``out``."""
     n = out.shape[0]
     keys0, keys1 = _key_schedule(k0, k1)
     scale32 = np.float32(scale)
@@ -206,7 +223,9 @@ def _fill_blocks(out, first_block, last_block, step_lo, step_hi, scale, k0, k1):
         whole = n - start >= 4 * lanes
         target = out[start : start + 4 * lanes] if whole else spare
         if _draw_block(target, block * LANES, lanes, step_lo, step_hi, keys0, keys1, scale32):
-            _refine_block(target, block * LANES, lanes, step_lo, step_hi, keys0, keys1, scale32)  # p ≈ 2⁻²¹
+            _refine_block(
+                target, block * LANES, lanes, step_lo, step_hi, keys0, keys1, scale32
+            )  # p ≈ 2⁻²¹
         if not whole:
             out[start:n] = spare[: n - start]
 
@@ -255,7 +274,13 @@ def fill_standard_normal(
     if threads < 1:
         raise ValueError(f"threads = {threads} is invalid: it must be >= 1")
     first, last = block_range if block_range is not None else (0, blocks(out.shape[0]))
-    args = (np.uint32(step & 0xFFFFFFFF), np.uint32(step >> 32), float(scale), np.uint32(key[0]), np.uint32(key[1]))
+    args = (
+        np.uint32(step & 0xFFFFFFFF),
+        np.uint32(step >> 32),
+        float(scale),
+        np.uint32(key[0]),
+        np.uint32(key[1]),
+    )
     if threads == 1:
         _fill_blocks(out, first, last, *args)
     else:
@@ -269,16 +294,24 @@ _layer: str | None = None
 
 
 def pool_is_usable() -> bool:
-    """Whether ``threads`` > 1 may use numba's pool here: only on its OpenMP or TBB layer (thread-safe;
-    on Python threads or on numba's workqueue layer a 2-thread draw right after a torch op costs as
-    much as one thread: benchmarks/RESULTS.md), and not in a forked child
-    (GNU OpenMP aborts there). Otherwise the caller splits the blocks over its own threads."""
+    """Whether ``threads`` > 1 may use numba's pool here: only on its OpenMP or TBB layer
+    (thread-safe; on Python threads or on numba's workqueue layer a 2-thread draw right after a
+    torch op costs as much as one thread: benchmarks/RESULTS.md), and not in a forked child (GNU
+    OpenMP aborts there). Otherwise the caller splits the blocks over its own threads."""
     global _layer
     if _forked:
         return False
     if _layer is None:
         _fill_parts(
-            np.empty(8 * LANES, np.float32), 0, 2, 2, np.uint32(0), np.uint32(0), 1.0, np.uint32(0), np.uint32(0)
+            np.empty(8 * LANES, np.float32),
+            0,
+            2,
+            2,
+            np.uint32(0),
+            np.uint32(0),
+            1.0,
+            np.uint32(0),
+            np.uint32(0),
         )
         _layer = numba.threading_layer()
     return _layer in ("omp", "tbb")

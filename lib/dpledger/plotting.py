@@ -1,9 +1,11 @@
-"""Every PNG figure dpledger writes, in one style and one size, drawn without pyplot and saved atomically.
+"""Every PNG figure dpledger writes, in one style and one size, drawn without pyplot and saved
+atomically.
 
-Each stage writes a figure's data as a CSV (what ``dvc plots`` reads) and the figure as a PNG (what the
-report embeds). Drawing goes through matplotlib's object API (``Figure``), not pyplot: no global backend
-switch, no figure registry to close, nothing shared between calls but the style below, which every figure
-is drawn under so that the calibrate, schedule, train, verify and audit plots read alike in one report.
+Each stage writes a figure's data as a CSV (what ``dvc plots`` reads) and the figure as a PNG (what
+the report embeds). Drawing goes through matplotlib's object API (``Figure``), not pyplot: no global
+backend switch, no figure registry to close, nothing shared between calls but the style below, which
+every figure is drawn under so that the calibrate, schedule, train, verify and audit plots read
+alike in one report.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ STYLE = {
 
 @contextmanager
 def png(path: str | Path) -> Iterator[Axes]:
-    """Axes to draw one figure on; when the block ends the figure is laid out and written to ``path`` as a
-    PNG (atomically: a block that raises writes nothing)."""
+    """Axes to draw one figure on; when the block ends the figure is laid out and written to
+    ``path`` as a PNG (atomically: a block that raises writes nothing)."""
     with matplotlib.rc_context(STYLE):
         figure = Figure(figsize=SIZE)
         axes = figure.add_subplot()

@@ -1,12 +1,14 @@
-"""Full precision for the numbers that carry the privacy guarantee: per-example norms and clipped sums.
+"""Full precision for the numbers that carry the privacy guarantee: per-example norms and clipped
+sums.
 
-Two settings of the caller would otherwise leak into them. ``torch.autocast`` state follows autograd into
-the backward pass, so the engine's Grams and clipped sums, computed in tensor hooks, would run in bf16/fp16
-(norms off by 1e-3, clipped contributions above R, squared norms overflowing to inf in fp16). TF32
-(``torch.backends.cuda.matmul.allow_tf32``, ``torch.backends.cudnn.allow_tf32``,
-``torch.set_float32_matmul_precision('high'|'medium')``) rounds float32 matrix products to 10 mantissa
-bits, so a norm and the clipped sum it scales round differently (an example can exceed R by about 1e-3),
-and Monte Carlo's float32 screen, whose rounding margin assumes 2⁻²⁴, could rule out samples it must not.
+Two settings of the caller would otherwise leak into them. ``torch.autocast`` state follows autograd
+into the backward pass, so the engine's Grams and clipped sums, computed in tensor hooks, would run
+in bf16/fp16 (norms off by 1e-3, clipped contributions above R, squared norms overflowing to inf in
+fp16). TF32 (``torch.backends.cuda.matmul.allow_tf32``, ``torch.backends.cudnn.allow_tf32``,
+``torch.set_float32_matmul_precision('high'|'medium')``) rounds float32 matrix products to 10
+mantissa bits, so a norm and the clipped sum it scales round differently (an example can exceed R by
+about 1e-3), and Monte Carlo's float32 screen, whose rounding margin assumes 2⁻²⁴, could rule out
+samples it must not.
 
 :func:`exact` switches both off for the code it wraps and restores the caller's settings afterwards;
 the model's own forward and backward keep whatever the caller chose, except float16
@@ -63,8 +65,9 @@ def refuse_float16(where: str, output: torch.Tensor) -> None:
 
 
 def _leaves() -> list[object]:
-    """The per-backend float32 precision settings of torch's API (torch >= 2.9: ``fp32_precision`` of cuBLAS,
-    cuDNN convolutions and RNNs, oneDNN), each 'ieee', 'tf32', 'bf16' or 'none' (inherit)."""
+    """The per-backend float32 precision settings of torch's API (torch >= 2.9: ``fp32_precision``
+    of cuBLAS, cuDNN convolutions and RNNs, oneDNN), each 'ieee', 'tf32', 'bf16' or 'none'
+    (inherit)."""
     backends = torch.backends
     owners = ((backends.cuda, "matmul"), (backends.cudnn, "conv"), (backends.cudnn, "rnn"))
     owners += ((backends.mkldnn, "matmul"), (backends.mkldnn, "conv"), (backends.mkldnn, "rnn"))
@@ -76,13 +79,16 @@ REDUCED = ("tf32", "bf16")
 
 
 def tf32_enabled() -> bool:
-    """Whether any float32 product may currently be rounded to TF32 (or bf16) instead of computed in float32
-    (a leaf set to 'none' inherits its backend's or the global setting; any of those counts)."""
+    """Whether any float32 product may currently be rounded to TF32 (or bf16) instead of computed in
+    float32 (a leaf set to 'none' inherits its backend's or the global setting; any of those
+    counts)."""
     leaves = _leaves()
     if not leaves:  # torch < 2.9: the legacy switches only
         return torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
     parents = (torch.backends, torch.backends.cudnn, torch.backends.mkldnn)
-    settings = [leaf.fp32_precision for leaf in leaves] + [getattr(p, "fp32_precision", "none") for p in parents]
+    settings = [leaf.fp32_precision for leaf in leaves] + [
+        getattr(p, "fp32_precision", "none") for p in parents
+    ]
     return any(setting in REDUCED for setting in settings)
 
 
@@ -108,9 +114,9 @@ def _set_full_precision() -> list[tuple[object, str]]:
 
 @contextlib.contextmanager
 def autocast_off() -> Iterator[None]:
-    """Autocast off on every device type inside the block. Around the whole backward pass: PyTorch's advice
-    (backward ops then run in the dtypes autocast chose for their forward ops, not cast again), and the
-    engine's hooks inherit it."""
+    """Autocast off on every device type inside the block. Around the whole backward pass: PyTorch's
+    advice (backward ops then run in the dtypes autocast chose for their forward ops, not cast
+    again), and the engine's hooks inherit it."""
     with contextlib.ExitStack() as stack:
         for device in AUTOCAST_DEVICES:
             if torch.is_autocast_enabled(device):
@@ -120,12 +126,13 @@ def autocast_off() -> Iterator[None]:
 
 @contextlib.contextmanager
 def exact() -> Iterator[None]:
-    """Autocast off on every device type and float32 products in full precision, inside the block only.
+    """Autocast off on every device type and float32 products in full precision, inside the block
+    only.
 
     The precision switches are process-wide, so overlapping blocks in several threads (Monte Carlo's
-    workers) share one save and restore: the first to enter switches TF32 off, the last to leave restores
-    it. Each backend's own setting is saved and restored (never the legacy global getter, which raises
-    once the legacy and per-backend settings disagree)."""
+    workers) share one save and restore: the first to enter switches TF32 off, the last to leave
+    restores it. Each backend's own setting is saved and restored (never the legacy global getter,
+    which raises once the legacy and per-backend settings disagree)."""
     global _holders, _saved
     with _lock:
         if _holders == 0:

@@ -1,10 +1,11 @@
 """Third-party chatter that says nothing about the claim, kept out of a stage's stderr.
 
-- dp_accounting's RDP accountant logs (absl) "_compute_log_a_frac failed to converge ... Excluding this
-  order" for each Rényi order whose series it cannot sum; dropping an order can only make ε larger, so
-  the claim stays an upper bound. The lines are dropped and counted; one note says how many.
-- transformers logs at warning level (newly initialised heads, deprecations, paths of local folders) and
-  draws progress bars when it saves a model: errors only, no bars, unless the user sets
+- dp_accounting's RDP accountant logs (absl) "_compute_log_a_frac failed to converge ... Excluding
+  this order" for each Rényi order whose series it cannot sum; dropping an order can only make ε
+  larger, so the claim stays an upper bound. The lines are dropped and counted; one note says how
+  many.
+- transformers logs at warning level (newly initialised heads, deprecations, paths of local folders)
+  and draws progress bars when it saves a model: errors only, no bars, unless the user sets
   ``TRANSFORMERS_VERBOSITY`` or ``HF_HUB_DISABLE_PROGRESS_BARS`` themselves.
 """
 
@@ -53,7 +54,8 @@ def quiet_third_party(stage: str) -> Iterator[None]:
         absl.removeFilter(drop)
         if drop.dropped:
             print(
-                f"note: {stage}: the RDP accountant skipped {drop.dropped} Rényi order(s) whose series did not "
+                f"note: {stage}: the RDP accountant skipped {drop.dropped} Rényi order(s) whose "
+                "series did not "
                 "converge; skipping an order can only raise its ε, so the bounds stand",
                 file=sys.stderr,
             )

@@ -1,4 +1,5 @@
-"""The privacy ledger: accountants (PLD, RDP, random allocation, Monte Carlo), group-level ε, σ calibration and the record.
+"""The privacy ledger: accountants (PLD, RDP, random allocation, Monte Carlo), group-level ε, σ
+calibration and the record.
 
 The names below are loaded on first use (PEP 562): params validation imports only the description
 vocabulary, and should not pay for torch and dp-accounting, which the accountants load.

@@ -1,4 +1,5 @@
-"""What an accountant is asked about: one DP-SGD / DP-FTRL run, described without computing anything.
+"""What an accountant is asked about: one DP-SGD / DP-FTRL run, described without computing
+anything.
 
 Conventions (shared by calibrate, schedule and the CLI):
 - noise std = noise_multiplier × clip norm, added once per step to the SUM of clipped gradients;
@@ -7,10 +8,11 @@ Conventions (shared by calibrate, schedule and the CLI):
   balls-in-bins these are the b bins of 004 §3.1;
 - adjacency: add or remove up to ``group_size`` examples (k = 1 is example-level DP).
 
-The accounted samplers (:data:`ACCOUNTED_SAMPLINGS`) are this module's vocabulary, as dp-accounting's
-``DpEvent`` classes are its own: each names one sampling law and says it in the ledger's words. A sampler
-in :mod:`dpledger.sampling` refers to one by name (``accounted_as``); accountants say which they cover in
-their ``unsupported()``. The meaning of a name never changes: a new law gets a new name.
+The accounted samplers (:data:`ACCOUNTED_SAMPLINGS`) are this module's vocabulary, as
+dp-accounting's ``DpEvent`` classes are its own: each names one sampling law and says it in the
+ledger's words. A sampler in :mod:`dpledger.sampling` refers to one by name (``accounted_as``);
+accountants say which they cover in their ``unsupported()``. The meaning of a name never changes: a
+new law gets a new name.
 """
 
 from __future__ import annotations
@@ -37,7 +39,11 @@ class AccountedSampling:
     def sentence(self, description: "MechanismDescription") -> str:
         d = description
         return self.law.format(
-            q=f"{d.sample_rate:.6g}", B=d.batch_size, N=d.dataset_size, b=d.batches_per_epoch, E=d.epochs
+            q=f"{d.sample_rate:.6g}",
+            B=d.batch_size,
+            N=d.dataset_size,
+            b=d.batches_per_epoch,
+            E=d.epochs,
         )
 
 
@@ -45,7 +51,8 @@ ACCOUNTED_SAMPLINGS = {
     law.name: law
     for law in (
         AccountedSampling(
-            "poisson", "Poisson sampling: each example joins each step independently with probability q = {q}"
+            "poisson",
+            "Poisson sampling: each example joins each step independently with probability q = {q}",
         ),
         AccountedSampling(
             "fixed",
@@ -67,8 +74,19 @@ ACCOUNTED_SAMPLINGS = {
     )
 }
 SAMPLERS = tuple(ACCOUNTED_SAMPLINGS)
-SAMPLING_FIELDS = ("sampler", "dataset_size", "batch_size", "sample_rate", "batches_per_epoch", "epochs", "steps")
-AT_MOST_ACCOUNTED = ("epochs", "steps")  # fewer is a prefix of the accounted run, which the claim covers
+SAMPLING_FIELDS = (
+    "sampler",
+    "dataset_size",
+    "batch_size",
+    "sample_rate",
+    "batches_per_epoch",
+    "epochs",
+    "steps",
+)
+AT_MOST_ACCOUNTED = (
+    "epochs",
+    "steps",
+)  # fewer is a prefix of the accounted run, which the claim covers
 
 
 @dataclass(frozen=True)
@@ -95,7 +113,8 @@ class MechanismDescription:
         return replace(self, noise_multiplier=noise_multiplier)
 
     def with_steps(self, steps: int) -> "MechanismDescription":
-        """The same mechanism stopped after ``steps`` steps (epochs rounded up for balls-in-bins)."""
+        """The same mechanism stopped after ``steps`` steps (epochs rounded up for
+        balls-in-bins)."""
         return replace(self, steps=steps, epochs=max(1, math.ceil(steps / self.batches_per_epoch)))
 
     def sampling_sentence(self) -> str:
@@ -103,10 +122,10 @@ class MechanismDescription:
         return ACCOUNTED_SAMPLINGS[self.sampler].sentence(self)
 
     def sampling_differences(self, used: "MechanismDescription") -> list[str]:
-        """Every sampling field in which the run ``used`` describes leaves the run this one accounts for:
-        another sampler or size, or more epochs or steps. Where the samplers differ only n, B and the
-        epochs are compared (the laws' own fields, q, b and steps, then differ by nature); b only for laws
-        drawn per epoch (a per-step law's accountant reads q and the steps, not b)."""
+        """Every sampling field in which the run ``used`` describes leaves the run this one accounts
+        for: another sampler or size, or more epochs or steps. Where the samplers differ only n, B
+        and the epochs are compared (the laws' own fields, q, b and steps, then differ by nature); b
+        only for laws drawn per epoch (a per-step law's accountant reads q and the steps, not b)."""
         if used.sampler != self.sampler:
             compared: tuple[str, ...] = ("sampler", "dataset_size", "batch_size", "epochs")
         elif ACCOUNTED_SAMPLINGS[self.sampler].whole_epochs:
@@ -141,9 +160,12 @@ def describe(  # noqa: C901  (one consistency check per pair of given sizes)
     mechanism: str = "identity",
     mechanism_params: dict[str, Any] | None = None,
 ) -> MechanismDescription:
-    """Build a description from whichever sizes are given; inconsistent or missing sizes raise ParamsError."""
+    """Build a description from whichever sizes are given; inconsistent or missing sizes raise
+    ParamsError."""
     if sampler not in SAMPLERS:
-        raise ParamsError(f"sampler = {sampler!r} is invalid: allowed values are {', '.join(SAMPLERS)}")
+        raise ParamsError(
+            f"sampler = {sampler!r} is invalid: allowed values are {', '.join(SAMPLERS)}"
+        )
     _positive("noise_multiplier", noise_multiplier, allow_zero=True)
     for name, value in (
         ("dataset_size", dataset_size),
@@ -157,22 +179,32 @@ def describe(  # noqa: C901  (one consistency check per pair of given sizes)
             _positive_int(name, value)
     if dataset_size is not None and batch_size is not None:
         if batch_size > dataset_size:
-            raise ParamsError(f"batch_size = {batch_size} is invalid: it must be at most dataset_size = {dataset_size}")
+            raise ParamsError(
+                f"batch_size = {batch_size} is invalid: it must be at most dataset_size = "
+                f"{dataset_size}"
+            )
         rate = batch_size / dataset_size
         if sample_rate is not None and not math.isclose(sample_rate, rate, rel_tol=1e-9):
-            raise ParamsError(f"sample_rate = {sample_rate} contradicts batch_size / dataset_size = {rate}")
+            raise ParamsError(
+                f"sample_rate = {sample_rate} contradicts batch_size / dataset_size = {rate}"
+            )
         sample_rate = rate
-        if batches_per_epoch is not None and batches_per_epoch != math.ceil(dataset_size / batch_size):
+        if batches_per_epoch is not None and batches_per_epoch != math.ceil(
+            dataset_size / batch_size
+        ):
             raise ParamsError(
                 f"batches_per_epoch = {batches_per_epoch} contradicts dataset_size / batch_size: "
-                f"{dataset_size} examples in batches of {batch_size} take {math.ceil(dataset_size / batch_size)} "
+                f"{dataset_size} examples in batches of {batch_size} take "
+                f"{math.ceil(dataset_size / batch_size)} "
                 "per epoch (give one of the two)"
             )
         batches_per_epoch = math.ceil(dataset_size / batch_size)
     if sample_rate is None and batches_per_epoch is not None:
         sample_rate = 1.0 / batches_per_epoch
     if sample_rate is None:
-        raise ParamsError("sample_rate is missing: give it, or dataset_size and batch_size, or batches_per_epoch")
+        raise ParamsError(
+            "sample_rate is missing: give it, or dataset_size and batch_size, or batches_per_epoch"
+        )
     if not 0.0 < sample_rate <= 1.0:
         raise ParamsError(f"sample_rate = {sample_rate} is invalid: it must lie in (0, 1]")
     batches_per_epoch = batches_per_epoch or max(1, math.ceil(1.0 / sample_rate - 1e-9))
@@ -180,8 +212,10 @@ def describe(  # noqa: C901  (one consistency check per pair of given sizes)
         steps = (epochs or 1) * batches_per_epoch
     elif epochs is not None and epochs != math.ceil(steps / batches_per_epoch):
         raise ParamsError(
-            f"steps = {steps} contradicts epochs = {epochs} of {batches_per_epoch} batches: {epochs} epochs take "
-            f"{(epochs - 1) * batches_per_epoch + 1} to {epochs * batches_per_epoch} steps (give one of the two)"
+            f"steps = {steps} contradicts epochs = {epochs} of {batches_per_epoch} batches: "
+            f"{epochs} epochs take "
+            f"{(epochs - 1) * batches_per_epoch + 1} to {epochs * batches_per_epoch} steps (give "
+            "one of the two)"
         )
     epochs = epochs or max(1, math.ceil(steps / batches_per_epoch))
     if ACCOUNTED_SAMPLINGS[sampler].whole_epochs and steps != epochs * batches_per_epoch:
@@ -215,10 +249,13 @@ def _positive_int(name: str, value: int) -> None:
 
 
 def vacuous_delta_warning(delta: float, dataset_size: int | None) -> str | None:
-    """δ >= 1/n admits mechanisms that publish an example outright: the (ε, δ) claim then says little."""
+    """δ >= 1/n admits mechanisms that publish an example outright: the (ε, δ) claim then says
+    little."""
     if dataset_size is None or delta < 1.0 / dataset_size:
         return None
     return (
-        f"WARNING: delta = {delta:g} >= 1/n = {1.0 / dataset_size:.3g} (n = {dataset_size} examples): a mechanism "
-        f"that publishes one random example outright meets this delta, so the claim says little; use delta < 1/n"
+        f"WARNING: delta = {delta:g} >= 1/n = {1.0 / dataset_size:.3g} (n = {dataset_size} "
+        "examples): a mechanism "
+        "that publishes one random example outright meets this delta, so the claim says little; "
+        "use delta < 1/n"
     )

@@ -2,10 +2,10 @@
 
 - ``mog``: tight, by composing the scalar MoG PLD (001 Thm 3.1 Poisson, Thm 3.3 fixed batch).
 - ``conversion``: the group-privacy lemma (Vadhan 2017, Lemma 2.2) in its telescoped form
-  δ_k = δ₁ (e^{kε₁} − 1)/(e^{ε₁} − 1), ε_k = k ε₁(δ₁), minimised over δ₁ on a log grid (001 §3.4). It
-  returns ∞ where the PLD cannot resolve the tiny δ₁ it needs (tail truncation), which is reported.
-  For fixed-size sampling ε₁ is taken at N − k + 1 examples (q = B/(N − k + 1)): removing the group one
-  example at a time leaves datasets down to that size, and each hop must be covered.
+  δ_k = δ₁ (e^{kε₁} − 1)/(e^{ε₁} − 1), ε_k = k ε₁(δ₁), minimised over δ₁ on a log grid (001 §3.4).
+  It returns ∞ where the PLD cannot resolve the tiny δ₁ it needs (tail truncation), which is
+  reported. For fixed-size sampling ε₁ is taken at N − k + 1 examples (q = B/(N − k + 1)): removing
+  the group one example at a time leaves datasets down to that size, and each hop must be covered.
 - ``linear``: the reference line k·ε₁(δ) at the same δ (001 §3.5); not a guarantee for the group.
 """
 
@@ -47,9 +47,10 @@ def group_conversion_epsilon(
         return _pld_epsilon(description, delta, discretization)
     dataset_size, sample_rate = description.dataset_size, description.sample_rate
     if description.sampler == "fixed":
-        # Removing the group one example at a time, the i-th removal is out of a dataset of N − i + 1
-        # examples, where the removed one is sampled with probability B/(N − i + 1): every hop is
-        # covered only by the example-level ε at the smallest of them, N − k + 1 (adding is covered at N).
+        # Removing the group one example at a time, the i-th removal is out of a dataset of N − i +
+        # 1 examples, where the removed one is sampled with probability B/(N − i + 1): every hop is
+        # covered only by the example-level ε at the smallest of them, N − k + 1 (adding is covered
+        # at N).
         dataset_size = description.dataset_size - group_size + 1
         if dataset_size < description.batch_size:
             return math.inf
@@ -59,7 +60,9 @@ def group_conversion_epsilon(
 
     def bound(log_delta_1: float) -> float:
         eps_1 = float(pld.get_epsilon_for_delta(math.exp(log_delta_1)))
-        feasible = math.isfinite(eps_1) and log_delta_1 + _log_growth(group_size, eps_1) <= math.log(delta)
+        feasible = math.isfinite(eps_1) and log_delta_1 + _log_growth(
+            group_size, eps_1
+        ) <= math.log(delta)
         return group_size * eps_1 if feasible else math.inf
 
     coarse = np.linspace(math.log(delta), math.log(delta) - 120.0, grid_points)
@@ -76,26 +79,40 @@ def _log_growth(group_size: int, eps_1: float) -> float:
     """log((e^{kε} − 1)/(e^ε − 1)), in log space so that large kε does not overflow (k at ε = 0)."""
     if eps_1 == 0:
         return math.log(group_size)
-    return group_size * eps_1 + math.log(-math.expm1(-group_size * eps_1)) - eps_1 - math.log(-math.expm1(-eps_1))
+    return (
+        group_size * eps_1
+        + math.log(-math.expm1(-group_size * eps_1))
+        - eps_1
+        - math.log(-math.expm1(-eps_1))
+    )
 
 
-def _pld_epsilon(description: MechanismDescription, delta: float, discretization: float, group_size: int = 1) -> float:
+def _pld_epsilon(
+    description: MechanismDescription, delta: float, discretization: float, group_size: int = 1
+) -> float:
     """PLD ε at δ of the described run for groups of ``group_size`` (1: example level)."""
     return pld_epsilon(PldRun.of(description, group_size), delta, discretization)
 
 
 def group_table(
-    description: MechanismDescription, delta: float, group_sizes: list[int], discretization: float = DISCRETIZATION
+    description: MechanismDescription,
+    delta: float,
+    group_sizes: list[int],
+    discretization: float = DISCRETIZATION,
 ) -> list[GroupEpsilon]:
-    """Group-level ε for each k by MoG, by the conversion and the linear line (Poisson and fixed samplers).
+    """Group-level ε for each k by MoG, by the conversion and the linear line (Poisson and fixed
+    samplers).
 
-    ``discretization`` is the (pessimistic) PLD interval of the MoG accountant, whose cost grows with k;
-    the example-level PLD (k = 1, the conversion and the linear line) always uses the fine default.
+    ``discretization`` is the (pessimistic) PLD interval of the MoG accountant, whose cost grows
+    with k; the example-level PLD (k = 1, the conversion and the linear line) always uses the fine
+    default.
     """
     if description.sampler not in ("poisson", "fixed"):
         note = (
-            f"no group-level accountant for {description.sampler}: the mixture-of-Gaussians reduction covers "
-            f"Poisson and fixed-size sampling (001), and the conversion needs the example-level ε at a δ far "
+            f"no group-level accountant for {description.sampler}: the mixture-of-Gaussians "
+            "reduction covers "
+            "Poisson and fixed-size sampling (001), and the conversion needs the example-level ε "
+            "at a δ far "
             f"below what Monte Carlo can estimate"
         )
         return [GroupEpsilon(k, None, None, None, note) for k in group_sizes]
@@ -104,14 +121,19 @@ def group_table(
     for k in group_sizes:
         mog = example if k == 1 else _pld_epsilon(description, delta, discretization, k)
         conversion = group_conversion_epsilon(description, delta, k)
-        too_small = description.sampler == "fixed" and description.dataset_size - k + 1 < description.batch_size
+        too_small = (
+            description.sampler == "fixed"
+            and description.dataset_size - k + 1 < description.batch_size
+        )
         note = (
             ""
             if math.isfinite(conversion)
             else (
-                f"conversion returned ∞: removing {k} examples leaves fewer than B = {description.batch_size}"
+                f"conversion returned ∞: removing {k} examples leaves fewer than B = "
+                f"{description.batch_size}"
                 if too_small
-                else "conversion returned ∞: the example-level δ₁ it needs is below the PLD's tail truncation"
+                else "conversion returned ∞: the example-level δ₁ it needs is below the PLD's tail "
+                "truncation"
             )
         )
         rows.append(GroupEpsilon(k, mog, conversion, k * example, note))

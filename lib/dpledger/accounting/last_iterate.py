@@ -36,7 +36,9 @@ TAIL_WIDTH = 40.0  # counts beyond mean + 40 sd + 40 have binomial mass far belo
 EPSILON_CAP = 200.0
 
 
-def participation(steps: int, step_probability: float | None, epochs: int) -> tuple[np.ndarray, np.ndarray]:
+def participation(
+    steps: int, step_probability: float | None, epochs: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(counts K, their probabilities): Binomial(T, q) for per-step laws, else K = E surely."""
     if step_probability is None:
         return np.array([float(epochs)]), np.array([1.0])
@@ -108,4 +110,6 @@ def last_iterate_epsilon(
         high *= 2.0
         if high > EPSILON_CAP:
             return math.inf
-    return float(brentq(lambda eps: hockey_stick(eps, counts, weights, scale) - delta, 0.0, high, xtol=1e-6))
+    return float(
+        brentq(lambda eps: hockey_stick(eps, counts, weights, scale) - delta, 0.0, high, xtol=1e-6)
+    )

@@ -1,8 +1,9 @@
 """Choosing C for the amplified prefix-sum RMSE under balls-in-bins batching (004 §4.2).
 
-The objective is RMSE(C) = σ(C)·‖A C⁻¹‖_F/√n, with σ(C) the noise the Monte Carlo accountant calibrates
-for C on fixed common random numbers. σ(C) comes from bisection; its gradient is implicit:
-∂σ/∂θ = −(∂δ̂/∂θ)/(∂δ̂/∂σ) at δ̂(σ(C), C) = δ, both partials by autodiff of the explicit δ̂.
+The objective is RMSE(C) = σ(C)·‖A C⁻¹‖_F/√n, with σ(C) the noise the Monte Carlo accountant
+calibrates for C on fixed common random numbers. σ(C) comes from bisection; its gradient is
+implicit: ∂σ/∂θ = −(∂δ̂/∂θ)/(∂δ̂/∂σ) at δ̂(σ(C), C) = δ, both partials by autodiff of the explicit
+δ̂.
 
 Parameterizations keep C >= 0 (004 Lemma 3.2) and c_0 = 1 (RMSE is scale-invariant):
 - BLT with d buffers: θ_r = sigmoid(a_r) ∈ (0, 1), ω_r = softplus(b_r) > 0, initialised by a
@@ -10,15 +11,15 @@ Parameterizations keep C >= 0 (004 Lemma 3.2) and c_0 = 1 (RMSE is scale-invaria
 - Toeplitz: c_k = softplus(t_k) for k >= 1, initialised from the ``init_bands``-banded square root.
 
 :func:`optimize_banded` is the banded baseline of 004 §5.1 (following Choquette-Choo et al. 2024a):
-a w-banded Toeplitz C optimized for the *unamplified* RMSE, a deterministic objective (no Monte Carlo);
-:func:`optimize_blt_unamplified` optimizes a BLT for the same objective (a reference point).
+a w-banded Toeplitz C optimized for the *unamplified* RMSE, a deterministic objective (no Monte
+Carlo); :func:`optimize_blt_unamplified` optimizes a BLT for the same objective (a reference point).
 
-Optimization uses Adam on log RMSE (the paper uses plain gradient descent) with fresh Monte Carlo samples
-at every step (reusing one small sample set overfits C to it: σ looks smaller on those samples than on
-fresh ones) and returns the last iterate; intermediate σ values need not be accurate (the final C is
-recalibrated by the accountant, with EVR).
-It lives in ``accounting`` because σ(C) is calibration: the correlation matrices and their RMSE stay
-in ``dpledger.mechanisms``, which imports nothing of the accounting.
+Optimization uses Adam on log RMSE (the paper uses plain gradient descent) with fresh Monte Carlo
+samples at every step (reusing one small sample set overfits C to it: σ looks smaller on those
+samples than on fresh ones) and returns the last iterate; intermediate σ values need not be accurate
+(the final C is recalibrated by the accountant, with EVR). It lives in ``accounting`` because σ(C)
+is calibration: the correlation matrices and their RMSE stay in ``dpledger.mechanisms``, which
+imports nothing of the accounting.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from dpledger.mechanisms.rmse import prefix_error_norm_torch, prefix_rmse
 
 @dataclass(frozen=True)
 class MechanismRmse:
-    """A correlation matrix C (as mechanism_params), the σ it needs and the prefix-sum RMSE at that σ."""
+    """A correlation matrix C (as mechanism_params), the σ it needs and the prefix-sum RMSE at that
+    σ."""
 
     mechanism: str
     mechanism_params: dict[str, Any]
@@ -59,8 +61,8 @@ class AmplifiedRmse(MechanismRmse):
 
 @dataclass(frozen=True)
 class RmseSetting:
-    """Where RMSEs are compared: the target (ε, δ), the balls-in-bins schedule (``bins`` batches per epoch
-    for ``epochs`` epochs) and the Monte Carlo estimate's sample count and seed."""
+    """Where RMSEs are compared: the target (ε, δ), the balls-in-bins schedule (``bins`` batches per
+    epoch for ``epochs`` epochs) and the Monte Carlo estimate's sample count and seed."""
 
     epsilon: float
     delta: float
@@ -75,17 +77,23 @@ class RmseSetting:
 
 
 @mc.single_threaded
-def amplified_rmse(mechanism: str, mechanism_params: dict[str, Any], setting: RmseSetting) -> AmplifiedRmse:
-    """σ and RMSE of C under balls-in-bins (Monte Carlo estimate, no EVR: a utility figure) and unamplified.
+def amplified_rmse(
+    mechanism: str, mechanism_params: dict[str, Any], setting: RmseSetting
+) -> AmplifiedRmse:
+    """σ and RMSE of C under balls-in-bins (Monte Carlo estimate, no EVR: a utility figure) and
+    unamplified.
 
-    Unamplified: every example sits in a fixed slot of every epoch in arbitrary order, so the Gaussian
-    mechanism with sensitivity max_i ‖m_i‖ (the same columns Lemma 3.2 sums) is calibrated exactly.
+    Unamplified: every example sits in a fixed slot of every epoch in arbitrary order, so the
+    Gaussian mechanism with sensitivity max_i ‖m_i‖ (the same columns Lemma 3.2 sums) is calibrated
+    exactly.
     """
     epsilon, delta = setting.epsilon, setting.delta
     values = coefficients(mechanism, mechanism_params, setting.steps)
     pair = mc.fixed_bins_pair(values, setting.bins, setting.steps)
     upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, delta)
-    sigma = mc.calibrate_sigma(pair, epsilon, delta, setting.samples, setting.seed, upper).noise_multiplier
+    sigma = mc.calibrate_sigma(
+        pair, epsilon, delta, setting.samples, setting.seed, upper
+    ).noise_multiplier
     return AmplifiedRmse(
         mechanism,
         mechanism_params,
@@ -98,7 +106,12 @@ def amplified_rmse(mechanism: str, mechanism_params: dict[str, Any], setting: Rm
 
 
 def unamplified_rmse(
-    mechanism: str, mechanism_params: dict[str, Any], epsilon: float, delta: float, bins: int, epochs: int
+    mechanism: str,
+    mechanism_params: dict[str, Any],
+    epsilon: float,
+    delta: float,
+    bins: int,
+    epochs: int,
 ) -> float:
     """The RMSE of C without amplification, as in :func:`amplified_rmse` (no Monte Carlo)."""
     steps = bins * epochs
@@ -111,7 +124,8 @@ def best_bands(setting: RmseSetting, candidates: list[int] | None = None) -> Amp
     """The w-banded C (w a power of two up to n) with the smallest amplified RMSE, over both banded
     families: the square root of the prefix-sum matrix and :func:`optimize_banded`'s C (004 §5.1's
     banded matrices, optimized without amplification). Neither family wins everywhere: at n = 2048,
-    b = 128 the square root is better at ε <= 8, the optimized C at ε = 16 (``benchmarks/RESULTS.md``)."""
+    b = 128 the square root is better at ε <= 8, the optimized C at ε = 16
+    (``benchmarks/RESULTS.md``)."""
     widths = candidates or [2**i for i in range(int(math.log2(setting.steps)) + 1)]
     results = [
         amplified_rmse("banded", params, setting)
@@ -122,12 +136,13 @@ def best_bands(setting: RmseSetting, candidates: list[int] | None = None) -> Amp
 
 
 def optimize_banded(bands: int, bins: int, epochs: int, iterations: int = 100) -> dict[str, Any]:
-    """mechanism_params of the ``bands``-banded Toeplitz C (c_0 = 1, c_k = softplus(t_k) >= 0) minimizing
-    the unamplified RMSE factor max_i ‖m_i‖ · ‖A C⁻¹‖_F/√n, m_i = Σ_e C[:, e·b + i] (every example in one
-    fixed slot per epoch; for w <= b this is √E·‖c‖, the sensitivity under cyclic Poisson too).
+    """mechanism_params of the ``bands``-banded Toeplitz C (c_0 = 1, c_k = softplus(t_k) >= 0)
+    minimizing the unamplified RMSE factor max_i ‖m_i‖ · ‖A C⁻¹‖_F/√n, m_i = Σ_e C[:, e·b + i]
+    (every example in one fixed slot per epoch; for w <= b this is √E·‖c‖, the sensitivity under
+    cyclic Poisson too).
 
-    L-BFGS from the banded square root; 004 §5.1 optimizes its banded baselines this way, for each w,
-    without accounting for amplification."""
+    L-BFGS from the banded square root; 004 §5.1 optimizes its banded baselines this way, for each
+    w, without accounting for amplification."""
     if bands < 1:
         raise ParamsError(f"bands = {bands} is invalid: it must be an integer >= 1")
     n = bins * epochs
@@ -154,8 +169,9 @@ def optimize_blt_unamplified(
     buffers: int, bins: int, epochs: int, init_bands: int, iterations: int = 500
 ) -> dict[str, Any]:
     """mechanism_params of the ``buffers``-buffer BLT minimizing the same unamplified objective as
-    :func:`optimize_banded`, by L-BFGS from a fit to the ``init_bands``-banded square root: the best a
-    BLT does without amplification, against which a banded C shows what a BLT's geometric tail costs."""
+    :func:`optimize_banded`, by L-BFGS from a fit to the ``init_bands``-banded square root: the best
+    a BLT does without amplification, against which a banded C shows what a BLT's geometric tail
+    costs."""
     if buffers < 1:
         raise ParamsError(f"buffers = {buffers} is invalid: it must be an integer >= 1")
     n = bins * epochs
@@ -168,8 +184,11 @@ def optimize_blt_unamplified(
 def _minimize_unamplified(
     raw: torch.Tensor, values: Callable[[], torch.Tensor], bins: int, n: int, iterations: int
 ) -> None:
-    """L-BFGS on log(max_i ‖m_i‖ · ‖A C⁻¹‖_F) over ``raw``, in place (``values()``: raw -> c_0..c_{n-1})."""
-    optimizer = torch.optim.LBFGS([raw], max_iter=iterations, line_search_fn="strong_wolfe", tolerance_grad=1e-10)
+    """L-BFGS on log(max_i ‖m_i‖ · ‖A C⁻¹‖_F) over ``raw``, in place (``values()``: raw ->
+    c_0..c_{n-1})."""
+    optimizer = torch.optim.LBFGS(
+        [raw], max_iter=iterations, line_search_fn="strong_wolfe", tolerance_grad=1e-10
+    )
 
     def objective() -> torch.Tensor:
         optimizer.zero_grad()
@@ -190,8 +209,9 @@ class OptimizedMatrix(MechanismRmse):
 
 
 def blt_fit(target: np.ndarray, buffers: int) -> tuple[np.ndarray, np.ndarray]:
-    """A BLT close to the Toeplitz coefficients ``target`` (c_0 = 1): decays 1 − 1/τ with τ log-spaced over
-    the target's support, output scales by non-negative least squares on c_1.. (an initial point)."""
+    """A BLT close to the Toeplitz coefficients ``target`` (c_0 = 1): decays 1 − 1/τ with τ
+    log-spaced over the target's support, output scales by non-negative least squares on c_1.. (an
+    initial point)."""
     from scipy.optimize import nnls
 
     support = max(2, int(np.flatnonzero(target)[-1]) + 1 if np.any(target[1:]) else 2)
@@ -208,7 +228,10 @@ def _blt(buffers: int, steps: int, init_bands: int) -> tuple[torch.Tensor, Calla
     decays, scales = blt_fit(target, buffers)
     scales = np.maximum(scales, 1e-2)
     start = torch.cat(
-        [torch.logit(torch.as_tensor(np.clip(decays, 1e-4, 1 - 1e-4))), torch.as_tensor(np.log(np.expm1(scales)))]
+        [
+            torch.logit(torch.as_tensor(np.clip(decays, 1e-4, 1 - 1e-4))),
+            torch.as_tensor(np.log(np.expm1(scales))),
+        ]
     )
 
     def to_coefficients(raw: torch.Tensor, steps: int) -> torch.Tensor:
@@ -226,7 +249,9 @@ def _blt(buffers: int, steps: int, init_bands: int) -> tuple[torch.Tensor, Calla
 
 
 def _toeplitz(steps: int, init_bands: int) -> tuple[torch.Tensor, Callable, Callable]:
-    init = np.maximum(np.concatenate([banded_sqrt_coefficients(init_bands), np.zeros(steps)])[1:steps], 1e-6)
+    init = np.maximum(
+        np.concatenate([banded_sqrt_coefficients(init_bands), np.zeros(steps)])[1:steps], 1e-6
+    )
     start = torch.as_tensor(np.log(np.expm1(init)), dtype=torch.float64)
 
     def to_coefficients(raw: torch.Tensor, _: int) -> torch.Tensor:
@@ -254,7 +279,8 @@ def optimize_matrix(
     init_bands: int = 4,
     progress: bool = False,
 ) -> OptimizedMatrix:
-    """Optimize a BLT (``buffers`` buffers) or Toeplitz C for the balls-in-bins RMSE at (ε, δ) (004 §4.2)."""
+    """Optimize a BLT (``buffers`` buffers) or Toeplitz C for the balls-in-bins RMSE at (ε, δ) (004
+    §4.2)."""
     n = bins * epochs
     if mechanism == "blt":
         start, to_coefficients, to_params = _blt(buffers, n, init_bands)
@@ -272,7 +298,9 @@ def optimize_matrix(
         gram = mc.toeplitz_gram(values, bins, n)
         pair = mc.DominatingPair((gram.detach().numpy(),))
         upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, delta)
-        search = mc.calibrate_sigma(pair, epsilon, delta, samples, seed + step, upper, guess=guess, tolerance=1e-6)
+        search = mc.calibrate_sigma(
+            pair, epsilon, delta, samples, seed + step, upper, guess=guess, tolerance=1e-6
+        )
         sigma, guess = search.noise_multiplier, search.noise_multiplier
         norm = prefix_error_norm_torch(values)
         rmse = sigma * float(norm.detach())
@@ -288,7 +316,12 @@ def optimize_matrix(
 
 
 def _implicit_gradient(
-    raw: torch.Tensor, gram: torch.Tensor, norm: torch.Tensor, search: mc.SigmaSearch, epsilon: float, sigma: float
+    raw: torch.Tensor,
+    gram: torch.Tensor,
+    norm: torch.Tensor,
+    search: mc.SigmaSearch,
+    epsilon: float,
+    sigma: float,
 ) -> torch.Tensor:
     """∇ log RMSE = ∇σ/σ + ∇‖·‖/‖·‖, with ∇σ = −(∂δ̂/∂raw)/(∂δ̂/∂σ) (implicit function theorem)."""
     grad_norm = torch.autograd.grad(norm, raw, retain_graph=True)[0]

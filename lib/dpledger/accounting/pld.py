@@ -2,8 +2,8 @@
 
 PLDs are built from ``dp_accounting.pld.privacy_loss_distribution`` primitives with
 ``pessimistic_estimate=True`` and ``use_connect_dots=True`` (the connect-the-dots discretization, an
-upper bound on the true hockey-stick curve), exactly as ``PLDAccountant`` does for the same events, so
-``epsilon`` equals ``PLDAccountant(value_discretization_interval=...)`` on them. Both adjacency
+upper bound on the true hockey-stick curve), exactly as ``PLDAccountant`` does for the same events,
+so ``epsilon`` equals ``PLDAccountant(value_discretization_interval=...)`` on them. Both adjacency
 directions (add and remove) are included and the worse one is reported.
 
 - Poisson, one example: the Poisson-subsampled Gaussian (``PoissonSampledDpEvent``).
@@ -34,7 +34,8 @@ DISCRETIZATION = 1e-4
 
 @dataclass(frozen=True)
 class PldRun:
-    """A run as the PLD accountant sees it: one step's subsampled Gaussian, composed ``steps`` times.
+    """A run as the PLD accountant sees it: one step's subsampled Gaussian, composed ``steps``
+    times.
 
     σ is the noise std over the clip norm; ``group_size`` k adjacent examples; ``dataset_size`` and
     ``batch_size`` matter only for fixed-size sampling (the hypergeometric weights). Frozen, hence a
@@ -51,17 +52,23 @@ class PldRun:
 
     @classmethod
     def of(cls, description: MechanismDescription, group_size: int | None = None) -> PldRun:
-        """The run of a ``MechanismDescription``, for groups of ``group_size`` (default: the description's)."""
+        """The run of a ``MechanismDescription``, for groups of ``group_size`` (default: the
+        description's)."""
         d = description
         k = d.group_size if group_size is None else group_size
-        return cls(d.noise_multiplier, d.sampler, k, d.sample_rate, d.dataset_size, d.batch_size, d.steps)
+        return cls(
+            d.noise_multiplier, d.sampler, k, d.sample_rate, d.dataset_size, d.batch_size, d.steps
+        )
 
 
 def mog_sensitivities(run: PldRun) -> tuple[list[float], list[float]]:
-    """The scalar mixture-of-Gaussians (sensitivities, probabilities) dominating one step (001 §3.2–3.3)."""
+    """The scalar mixture-of-Gaussians (sensitivities, probabilities) dominating one step (001
+    §3.2–3.3)."""
     counts = np.arange(run.group_size + 1)
     if run.sampler == "poisson":
-        return counts.astype(float).tolist(), stats.binom.pmf(counts, run.group_size, run.sample_rate).tolist()
+        return counts.astype(float).tolist(), stats.binom.pmf(
+            counts, run.group_size, run.sample_rate
+        ).tolist()
     if run.sampler == "fixed":
         probs = stats.hypergeom(M=run.dataset_size, n=run.group_size, N=run.batch_size).pmf(counts)
         return (2.0 * counts).tolist(), probs.tolist()
@@ -69,26 +76,33 @@ def mog_sensitivities(run: PldRun) -> tuple[list[float], list[float]]:
 
 
 def mog_event(run: PldRun) -> dp_event.MixtureOfGaussiansDpEvent:
-    """The dp-accounting event of one step: std σ (clip norm 1), random sensitivity (001 Def. 2.8)."""
+    """The dp-accounting event of one step: std σ (clip norm 1), random sensitivity (001 Def.
+    2.8)."""
     sens, probs = mog_sensitivities(run)
     keep = [i for i, p in enumerate(probs) if p > 0.0]
-    return dp_event.MixtureOfGaussiansDpEvent(run.noise_multiplier, [sens[i] for i in keep], [probs[i] for i in keep])
+    return dp_event.MixtureOfGaussiansDpEvent(
+        run.noise_multiplier, [sens[i] for i in keep], [probs[i] for i in keep]
+    )
 
 
 @lru_cache(maxsize=8)
 def composed_pld(run: PldRun, discretization: float):
-    """The PLD of ``run.steps`` self-compositions of one step (cached: calibration re-asks the same σ)."""
+    """The PLD of ``run.steps`` self-compositions of one step (cached: calibration re-asks the same
+    σ)."""
     upper_bound = {
         "pessimistic_estimate": True,
         "use_connect_dots": True,
         "value_discretization_interval": discretization,
     }
     if run.group_size == 1 and run.sampler in ("poisson", "fixed"):
-        # Fixed batch, k = 1: the MoG {0: 1 − B/N, 2: B/N} with std σ is the subsampled Gaussian with
-        # std σ/2 (sensitivity 2 at σ is sensitivity 1 at σ/2); the Gaussian PLD builds much faster.
+        # Fixed batch, k = 1: the MoG {0: 1 − B/N, 2: B/N} with std σ is the subsampled Gaussian
+        # with std σ/2 (sensitivity 2 at σ is sensitivity 1 at σ/2); the Gaussian PLD builds much
+        # faster.
         scale = 1.0 if run.sampler == "poisson" else 2.0
         single = pld_lib.from_gaussian_mechanism(
-            standard_deviation=run.noise_multiplier / scale, sampling_prob=run.sample_rate, **upper_bound
+            standard_deviation=run.noise_multiplier / scale,
+            sampling_prob=run.sample_rate,
+            **upper_bound,
         )
     else:
         event = mog_event(run)
@@ -149,11 +163,14 @@ def gaussian_delta(sensitivity_over_sigma: float, epsilon: float) -> float:
 
 
 def gaussian_noise_for(sensitivity: float, epsilon: float, delta: float) -> float:
-    """Smallest σ with the Gaussian mechanism of this sensitivity (ε, δ)-DP, by bisection on the exact δ."""
+    """Smallest σ with the Gaussian mechanism of this sensitivity (ε, δ)-DP, by bisection on the
+    exact δ."""
     low, high = 1e-3, 1.0
     while gaussian_delta(sensitivity / high, epsilon) > delta:
         low, high = high, 2 * high
     for _ in range(100):
         mid = 0.5 * (low + high)
-        low, high = (mid, high) if gaussian_delta(sensitivity / mid, epsilon) > delta else (low, mid)
+        low, high = (
+            (mid, high) if gaussian_delta(sensitivity / mid, epsilon) > delta else (low, mid)
+        )
     return high

@@ -25,9 +25,9 @@ class AccountantResult:
 class CalibrationRecord:
     """Noise multiplier and privacy claim handed from calibrate to train, audit and report.
 
-    ``epsilon`` is the claim: the value proven by ``accountant`` at ``delta`` for ``description``, the
-    one description of the run (sampler, sizes, steps, σ = its noise_multiplier, mechanism) that the
-    accountant consumed; the sampler, sizes and σ read below are its fields, never copies.
+    ``epsilon`` is the claim: the value proven by ``accountant`` at ``delta`` for ``description``,
+    the one description of the run (sampler, sizes, steps, σ = its noise_multiplier, mechanism) that
+    the accountant consumed; the sampler, sizes and σ read below are its fields, never copies.
     ``epsilon_curve`` lists (steps taken, epsilon proven after that many steps) so training can log
     the epsilon spent.
     """
@@ -80,11 +80,14 @@ class CalibrationRecord:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "CalibrationRecord":
-        """The record :meth:`to_dict` wrote. One written before records carried their description is refused
-        (a TypeError, which :func:`dpledger.io.reading_artifact` turns into one line: re-run calibrate)."""
+        """The record :meth:`to_dict` wrote. One written before records carried their description is
+        refused (a TypeError, which :func:`dpledger.io.reading_artifact` turns into one line: re-run
+        calibrate)."""
         raw = dict(raw)
         if "description" not in raw:
-            raise TypeError("the record carries no mechanism description (written by an older dpledger?)")
+            raise TypeError(
+                "the record carries no mechanism description (written by an older dpledger?)"
+            )
         raw["description"] = MechanismDescription(**raw["description"])
         raw["accountants"] = [AccountantResult(**a) for a in raw.get("accountants", [])]
         return cls(**raw)

@@ -4,7 +4,8 @@
   paper's uncorrected maximum (max);
 - :mod:`models`, :mod:`samplers`, :mod:`simulate`, :mod:`bgm`: the batched Gaussian mechanism per
   sampler with exact likelihood ratios, chunked and vectorized (numpy threads, torch on a GPU);
-- :mod:`dpsgd`: DP-SGD (Audit) with gradient canaries under the Natural / Partially-Informed threat models;
+- :mod:`dpsgd`: DP-SGD (Audit) with gradient canaries under the Natural / Partially-Informed threat
+  models;
 - :mod:`verdict`: contradicted / consistent / inconclusive, and the N that would settle it;
 - :mod:`selfcheck`: the false-alarm rate of a threshold method on mechanisms with known ε.
 """
@@ -14,4 +15,11 @@ from dpledger.audit.estimate import EpsilonEstimate, estimate_epsilon
 from dpledger.audit.result import AuditResult
 from dpledger.audit.selfcheck import run_selfcheck
 
-__all__ = ["AuditResult", "BgmAudit", "EpsilonEstimate", "audit_bgm", "estimate_epsilon", "run_selfcheck"]
+__all__ = [
+    "AuditResult",
+    "BgmAudit",
+    "EpsilonEstimate",
+    "audit_bgm",
+    "estimate_epsilon",
+    "run_selfcheck",
+]

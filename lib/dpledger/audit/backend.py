@@ -1,4 +1,5 @@
-"""Array backends for the batched-Gaussian simulation: numpy on the CPU, torch on a GPU when present.
+"""Array backends for the batched-Gaussian simulation: numpy on the CPU, torch on a GPU when
+present.
 
 The scoring kernels are written once against the common subset of the numpy and torch APIs
 (``xp.exp``, ``xp.amax(x, axis=..., keepdims=...)``, ...); a backend supplies that namespace, its
@@ -24,7 +25,8 @@ class Backend(Protocol):
     device: str
     xp: Any
     parallel_chunks: bool
-    """Whether chunks run on threads (numpy releases the GIL in its kernels; a GPU is already parallel)."""
+    """Whether chunks run on threads (numpy releases the GIL in its kernels; a GPU is already
+    parallel)."""
 
     def generator(self, seed_sequence: np.random.SeedSequence) -> Any:
         """An independent random stream for one chunk, derived from ``seed_sequence``."""
@@ -56,7 +58,9 @@ class NumpyBackend:
     def generator(self, seed_sequence: np.random.SeedSequence) -> np.random.Generator:
         return np.random.default_rng(seed_sequence)
 
-    def normal(self, generator: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
+    def normal(
+        self, generator: np.random.Generator, shape: tuple[int, ...], scale: float
+    ) -> np.ndarray:
         out = generator.standard_normal(shape, dtype=np.float32)
         out *= np.float32(scale)
         return out
@@ -75,7 +79,8 @@ class NumpyBackend:
 
 
 class TorchBackend:
-    """torch on ``device`` (a GPU where present); torch is imported only when this backend is chosen."""
+    """torch on ``device`` (a GPU where present); torch is imported only when this backend is
+    chosen."""
 
     name = "torch"
     parallel_chunks = False
@@ -92,7 +97,10 @@ class TorchBackend:
         return gen
 
     def normal(self, generator: Any, shape: tuple[int, ...], scale: float) -> Any:
-        return self.xp.randn(shape, generator=generator, device=self.device, dtype=self.xp.float32) * scale
+        return (
+            self.xp.randn(shape, generator=generator, device=self.device, dtype=self.xp.float32)
+            * scale
+        )
 
     def uniform(self, generator: Any, shape: tuple[int, ...]) -> Any:
         return self.xp.rand(shape, generator=generator, device=self.device, dtype=self.xp.float64)
@@ -116,9 +124,12 @@ def cuda_available() -> bool:
 
 
 def select_backend(name: str = "auto") -> Backend:
-    """'auto' picks torch on a GPU when one is present, else numpy; 'torch' uses the GPU if present."""
+    """'auto' picks torch on a GPU when one is present, else numpy; 'torch' uses the GPU if
+    present."""
     if name not in BACKENDS:
-        raise ParamsError(f"audit.backend = {name!r} is invalid: allowed values are {', '.join(BACKENDS)}")
+        raise ParamsError(
+            f"audit.backend = {name!r} is invalid: allowed values are {', '.join(BACKENDS)}"
+        )
     if name == "numpy" or (name == "auto" and not cuda_available()):
         return NumpyBackend()
     return TorchBackend("cuda" if cuda_available() else "cpu")

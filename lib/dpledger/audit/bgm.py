@@ -1,4 +1,5 @@
-"""Audit of the batched Gaussian mechanism (002 App. A; the Worst-Case threat model) for a sampler."""
+"""Audit of the batched Gaussian mechanism (002 App. A; the Worst-Case threat model) for a
+sampler."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ CLAIM_ACCOUNTANTS = ("poisson", "fixed")
 def _check_claim_sampler(claim_sampler: str) -> None:
     if claim_sampler not in CLAIM_ACCOUNTANTS:
         raise ParamsError(
-            f"audit: claim sampler = {claim_sampler!r} is invalid: allowed values are {', '.join(CLAIM_ACCOUNTANTS)} "
+            f"audit: claim sampler = {claim_sampler!r} is invalid: allowed values are "
+            f"{', '.join(CLAIM_ACCOUNTANTS)} "
             f"(or give the claimed epsilon explicitly)"
         )
 
@@ -41,35 +43,48 @@ def accounted_epsilon(
     delta: float,
     sample_rate: float | None = None,
 ) -> float:
-    """ε a ledger would claim: the PLD accountant (pessimistic) for ``claim_sampler`` at q = ``sample_rate``
-    (default B/n)."""
+    """ε a ledger would claim: the PLD accountant (pessimistic) for ``claim_sampler`` at q =
+    ``sample_rate`` (default B/n)."""
     _check_claim_sampler(claim_sampler)
     rate = batch_size / dataset_size if sample_rate is None else sample_rate
-    return pld_epsilon(PldRun(noise_multiplier, claim_sampler, 1, rate, dataset_size, batch_size, steps), delta)
+    return pld_epsilon(
+        PldRun(noise_multiplier, claim_sampler, 1, rate, dataset_size, batch_size, steps), delta
+    )
 
 
 def bgm_assumptions(audited: AuditedSampler) -> list[str]:
     """What the BGM audit's ε_emp rests on, in sentences for the report."""
     return [
-        "Worst-Case threat model: the batched Gaussian mechanism, every batch sum released (002 App. A).",
+        "Worst-Case threat model: the batched Gaussian mechanism, every batch sum released (002 "
+        "App. A).",
         f"Zero-out adjacency; audited pair {audited.pair}.",
         f"Where the record lands under '{audited.sampler}': {audited.placement}.",
-        "Scores are exact log likelihood ratios of the pair; ε_emp is a lower bound on the mechanism's ε only.",
+        "Scores are exact log likelihood ratios of the pair; ε_emp is a lower bound on the "
+        "mechanism's ε only.",
     ]
 
 
 def simulate_bgm(
-    audited: AuditedSampler, observations: int, *, seed: int, backend: str = "auto", progress: bool = True
+    audited: AuditedSampler,
+    observations: int,
+    *,
+    seed: int,
+    backend: str = "auto",
+    progress: bool = True,
 ) -> tuple[GameScores, dict[str, float]]:
     """Scores of ``observations`` games (half on D, half on D') and the generation speed."""
     if observations < 4 or observations % 2:
-        raise ParamsError(f"audit.observations = {observations} is invalid: it must be an even number >= 4")
+        raise ParamsError(
+            f"audit.observations = {observations} is invalid: it must be an even number >= 4"
+        )
     if observations > MAX_AUDIT_OBSERVATIONS:
         raise ParamsError(
-            f"audit.observations = {observations} is invalid: it must be at most {MAX_AUDIT_OBSERVATIONS:,}"
+            f"audit.observations = {observations} is invalid: it must be at most "
+            f"{MAX_AUDIT_OBSERVATIONS:,}"
         )
     refuse_beyond(
-        f"audit.observations = {observations} of games drawing {entries_per_game(audited.model)} values each",
+        f"audit.observations = {observations} of games drawing {entries_per_game(audited.model)} "
+        "values each",
         observations * entries_per_game(audited.model),
         MAX_AUDIT_DRAWS,
         "draws",
@@ -77,18 +92,23 @@ def simulate_bgm(
     )
     chosen = select_backend(backend)
     started = time.perf_counter()
-    scores = simulate_scores(audited.model, observations // 2, seed=seed, backend=chosen, progress=progress)
+    scores = simulate_scores(
+        audited.model, observations // 2, seed=seed, backend=chosen, progress=progress
+    )
     seconds = time.perf_counter() - started
-    timing = {"simulate_s": round(seconds, 3), "observations_per_s": round(observations / max(seconds, 1e-9), 1)}
+    timing = {
+        "simulate_s": round(seconds, 3),
+        "observations_per_s": round(observations / max(seconds, 1e-9), 1),
+    }
     return scores, timing
 
 
 @dataclass(frozen=True)
 class BgmAudit:
-    """What one audit of the batched Gaussian mechanism plays: the sampler with its ``options`` (e.g.
-    ``sample_rate``, ``last_batch``, ``buffer_size``), the run's sizes and σ, the number of games, the
-    statistics, and the claim judged at ``delta``: ``claim`` when given (e.g. the ledger's ε), else the
-    PLD ε accounted for ``claim_sampler`` (:meth:`judged_claim`)."""
+    """What one audit of the batched Gaussian mechanism plays: the sampler with its ``options``
+    (e.g. ``sample_rate``, ``last_batch``, ``buffer_size``), the run's sizes and σ, the number of
+    games, the statistics, and the claim judged at ``delta``: ``claim`` when given (e.g. the
+    ledger's ε), else the PLD ε accounted for ``claim_sampler`` (:meth:`judged_claim`)."""
 
     sampler: str
     dataset_size: int
@@ -125,8 +145,8 @@ class BgmAudit:
         )
 
     def run_setting(self, steps: dict[str, int]) -> dict[str, Any]:
-        """The run's sizes and σ as an audit's ``setting`` records them, with its number of ``steps`` (keyed
-        as that audit counts them)."""
+        """The run's sizes and σ as an audit's ``setting`` records them, with its number of
+        ``steps`` (keyed as that audit counts them)."""
         return {
             "dataset_size": self.dataset_size,
             "batch_size": self.batch_size,
@@ -137,8 +157,8 @@ class BgmAudit:
 
     def judged_claim(self, steps: int) -> Claim:
         """The claim given, or the one a ledger would make for ``claim_sampler``: the PLD ε (as
-        :func:`accounted_epsilon`) of a run of ``steps`` steps, at q = a Poisson sampler's own ``sample_rate``
-        when the claim is Poisson too, else B/n."""
+        :func:`accounted_epsilon`) of a run of ``steps`` steps, at q = a Poisson sampler's own
+        ``sample_rate`` when the claim is Poisson too, else B/n."""
         if self.claim is not None:
             return self.claim
         own_rate = self.options.get("sample_rate")
@@ -147,20 +167,37 @@ class BgmAudit:
         else:
             rate = self.batch_size / self.dataset_size
         _check_claim_sampler(self.claim_sampler)
-        run = PldRun(self.noise_multiplier, self.claim_sampler, 1, rate, self.dataset_size, self.batch_size, steps)
+        run = PldRun(
+            self.noise_multiplier,
+            self.claim_sampler,
+            1,
+            rate,
+            self.dataset_size,
+            self.batch_size,
+            steps,
+        )
         epsilon = pld_epsilon(run, self.delta)
-        q = "B/n" if rate == self.batch_size / self.dataset_size else f"{rate:g} (the sampler's sample_rate)"
+        q = (
+            "B/n"
+            if rate == self.batch_size / self.dataset_size
+            else f"{rate:g} (the sampler's sample_rate)"
+        )
         basis = f"PLD accountant assuming '{self.claim_sampler}' sampling, q = {q}, {steps} steps"
         return Claim(epsilon, self.delta, basis)
 
 
 def audit_bgm(config: BgmAudit) -> tuple[AuditResult, GameScores]:
-    """Audit the BGM run ``config`` plays; the claim defaults to the PLD ε accounted for its ``claim_sampler``."""
+    """Audit the BGM run ``config`` plays; the claim defaults to the PLD ε accounted for its
+    ``claim_sampler``."""
     audited = config.audited()
     claim = config.judged_claim(audited.steps_per_epoch * config.epochs)
     started = time.perf_counter()
     scores, timing = simulate_bgm(
-        audited, config.observations, seed=config.seed, backend=config.backend, progress=config.progress
+        audited,
+        config.observations,
+        seed=config.seed,
+        backend=config.backend,
+        progress=config.progress,
     )
     setting = {
         **config.run_setting({"steps_per_epoch": audited.steps_per_epoch}),

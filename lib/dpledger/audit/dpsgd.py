@@ -1,12 +1,12 @@
 """DP-SGD (Audit), 002 Alg. 1: gradient canaries in real training runs, under three threat models.
 
-Each game trains a fresh model with dpledger's engine (``BKEngine``, exact per-example clipping) on a
-:class:`Workload` — by default an MLP on the embedded digits data, or the train stage's own model, task
-loss and training data (:func:`train_workload`: ``hf``, plugin or zoo models, images or text) — with a
-fresh sampler seed, and releases per step o_t = ⟨g̃_t, ĝ⟩/C², where g̃_t
-is the engine's noisy clipped sum and ĝ a random canary of norm C (so the canary counts ±1 and the
-noise is N(0, σ²); 002 digest §3.4 scaling). The audited record is example 0; its gradient is the
-canary (D) or zero (D'), added through the engine's canary hook instead of its own gradient.
+Each game trains a fresh model with dpledger's engine (``BKEngine``, exact per-example clipping) on
+a :class:`Workload` — by default an MLP on the embedded digits data, or the train stage's own model,
+task loss and training data (:func:`train_workload`: ``hf``, plugin or zoo models, images or text) —
+with a fresh sampler seed, and releases per step o_t = ⟨g̃_t, ĝ⟩/C², where g̃_t is the engine's
+noisy clipped sum and ĝ a random canary of norm C (so the canary counts ±1 and the noise is N(0,
+σ²); 002 digest §3.4 scaling). The audited record is example 0; its gradient is the canary (D) or
+zero (D'), added through the engine's canary hook instead of its own gradient.
 
 - ``natural``: only the record's canary (means 0 / +1; Λ^N).
 - ``partially-informed``: also −ĝ in place of the last example of every batch holding neither the
@@ -14,8 +14,8 @@ canary (D) or zero (D'), added through the engine's canary hook instead of its o
 - ``worst-case``: equivalent to the batched Gaussian mechanism (002 §5.3), audited as such.
 
 Scores are the exact likelihood ratios of the canary counts, with the natural gradients' projection
-on ĝ treated as noise-free (002 §6.3.2 bias): the score is then not optimal, but the audit stays valid
-because the games are real training runs.
+on ĝ treated as noise-free (002 §6.3.2 bias): the score is then not optimal, but the audit stays
+valid because the games are real training runs.
 """
 
 from __future__ import annotations
@@ -52,12 +52,12 @@ SHIFTS = {"natural": (1.0, 0.0), "partially-informed": (2.0, 1.0)}
 
 @dataclass(frozen=True)
 class DpsgdAudit:
-    """What one DP-SGD audit plays: the threat model, the clip norm C and learning rate of every training
-    run, and ``mechanism``, the batched Gaussian mechanism the runs release (the sampler with the options
-    the training schedule used, e.g. ``last_batch``, ``pad_truncate``, ``buffer_size``; ``dataset_size``
-    the first n training rows; σ, epochs, games, statistics, seed and the claim judged, by default the
-    PLD ε of ``claim_sampler`` at the same σ, sample rate and number of steps). The worst-case threat
-    model audits ``mechanism`` itself."""
+    """What one DP-SGD audit plays: the threat model, the clip norm C and learning rate of every
+    training run, and ``mechanism``, the batched Gaussian mechanism the runs release (the sampler
+    with the options the training schedule used, e.g. ``last_batch``, ``pad_truncate``,
+    ``buffer_size``; ``dataset_size`` the first n training rows; σ, epochs, games, statistics, seed
+    and the claim judged, by default the PLD ε of ``claim_sampler`` at the same σ, sample rate and
+    number of steps). The worst-case threat model audits ``mechanism`` itself."""
 
     mechanism: BgmAudit
     threat_model: str = "partially-informed"
@@ -67,8 +67,8 @@ class DpsgdAudit:
 
 @dataclass(frozen=True)
 class Workload:
-    """What every game trains: a fresh model from ``build()`` (called after seeding torch), its task's
-    per-example loss, and the training rows ``x``/``y`` (the audited record is row 0)."""
+    """What every game trains: a fresh model from ``build()`` (called after seeding torch), its
+    task's per-example loss, and the training rows ``x``/``y`` (the audited record is row 0)."""
 
     name: str
     x: torch.Tensor
@@ -85,14 +85,18 @@ def digits_workload(seed: int) -> Workload:
     data = load_dataset("digits", None, 0.2, seed)
     x, y = torch.as_tensor(data.x_train), torch.as_tensor(data.y_train)
     return Workload(
-        "digits (MLP)", x, y, Task("classification"), lambda: build_model("mlp", tuple(x.shape[1:]), int(y.max()) + 1)
+        "digits (MLP)",
+        x,
+        y,
+        Task("classification"),
+        lambda: build_model("mlp", tuple(x.shape[1:]), int(y.max()) + 1),
     )
 
 
 def train_workload(data_params: Any, train_params: Any, seed: int) -> Workload:
-    """The train stage's model (``train.model``/``model_options``/``task``) on the ``data`` section's training
-    split, each game's model built as the train stage builds it (hf: its checkpoint or config; dropout as
-    configured)."""
+    """The train stage's model (``train.model``/``model_options``/``task``) on the ``data``
+    section's training split, each game's model built as the train stage builds it (hf: its
+    checkpoint or config; dropout as configured)."""
     from dpledger.data import load_data
     from dpledger.models import build_task_model, task_for
 
@@ -116,8 +120,8 @@ def train_workload(data_params: Any, train_params: Any, seed: int) -> Workload:
 def canary_outputs(
     config: DpsgdAudit, workload: Workload, *, present: bool, canary: torch.Tensor, seed: int
 ) -> np.ndarray:
-    """One game: a DP-SGD run on D (``present``) or D' over ``workload``'s first ``dataset_size`` rows;
-    returns o_t = ⟨g̃_t, ĝ⟩/C² for every step."""
+    """One game: a DP-SGD run on D (``present``) or D' over ``workload``'s first ``dataset_size``
+    rows; returns o_t = ⟨g̃_t, ĝ⟩/C² for every step."""
     mechanism = config.mechanism
     torch.manual_seed(seed)
     model = workload.build().train()
@@ -161,7 +165,8 @@ def canary_outputs(
 
 
 def audit_dpsgd(config: DpsgdAudit, workload: Workload | None = None) -> AuditResult:
-    """Audit DP-SGD under ``config`` on ``workload`` (default: the MLP on digits, :func:`digits_workload`)."""
+    """Audit DP-SGD under ``config`` on ``workload`` (default: the MLP on digits,
+    :func:`digits_workload`)."""
     _refuse_bad(config)
     mechanism = config.mechanism
     workload = workload or digits_workload(mechanism.seed)
@@ -186,12 +191,14 @@ def audit_dpsgd(config: DpsgdAudit, workload: Workload | None = None) -> AuditRe
     }
     assumptions = [
         (
-            f"{config.threat_model} threat model (002 Alg. 1): the adversary inserts gradient canaries and sees "
+            f"{config.threat_model} threat model (002 Alg. 1): the adversary inserts gradient "
+            "canaries and sees "
             "⟨g̃_t, ĝ⟩ every step."
         ),
         "Zero-out adjacency: the audited record's gradient is the canary on D and zero on D'.",
         (
-            "Every game is a real training run with a fresh model (re-initialised, or the same checkpoint), "
+            "Every game is a real training run with a fresh model (re-initialised, or the same "
+            "checkpoint), "
             "sampler seed and noise."
         ),
     ]
@@ -215,7 +222,8 @@ def _refuse_bad(config: DpsgdAudit) -> None:
     """One line for an unknown threat model or a run too large to play."""
     if config.threat_model not in THREAT_MODELS:
         raise ParamsError(
-            f"audit: threat_model = {config.threat_model!r} is invalid: allowed values are {', '.join(THREAT_MODELS)}"
+            f"audit: threat_model = {config.threat_model!r} is invalid: allowed values are "
+            f"{', '.join(THREAT_MODELS)}"
         )
     observations, epochs = config.mechanism.observations, config.mechanism.epochs
     refuse_beyond(
@@ -233,13 +241,17 @@ def _refuse_bad(config: DpsgdAudit) -> None:
         "lower the observations or the epochs",
     )
     if config.threat_model != "worst-case" and (observations < 4 or observations % 2):
-        raise ParamsError(f"audit: observations = {observations} is invalid: it must be an even number >= 4")
+        raise ParamsError(
+            f"audit: observations = {observations} is invalid: it must be an even number >= 4"
+        )
 
 
 def _check_dataset_size(mechanism: BgmAudit, workload: Workload) -> None:
     available, n = workload.x.shape[0], mechanism.dataset_size
     if not mechanism.batch_size <= n <= available:
-        raise ParamsError(f"audit: dataset_size = {n} is invalid: it must be in [batch_size, {available}]")
+        raise ParamsError(
+            f"audit: dataset_size = {n} is invalid: it must be in [batch_size, {available}]"
+        )
 
 
 def _worst_case(config: DpsgdAudit) -> AuditResult:
@@ -249,15 +261,17 @@ def _worst_case(config: DpsgdAudit) -> AuditResult:
 
 
 def _score_model(config: DpsgdAudit) -> BgmModel:
-    """The Λ^N / Λ^PI score: the sampler's placement model with the threat model's canary means (where
-    the placement has no closed form, the record's memberships in pilot runs of the sampler itself)."""
+    """The Λ^N / Λ^PI score: the sampler's placement model with the threat model's canary means
+    (where the placement has no closed form, the record's memberships in pilot runs of the sampler
+    itself)."""
     model = config.mechanism.audited().model
     present, absent = SHIFTS[config.threat_model]
     return replace(model, shift_present=present, shift_absent=absent)
 
 
 def _canary(config: DpsgdAudit, workload: Workload) -> torch.Tensor:
-    """A random direction of norm C over the model's trainable parameters (seeded by the audit's seed)."""
+    """A random direction of norm C over the model's trainable parameters (seeded by the audit's
+    seed)."""
     seed = config.mechanism.seed
     torch.manual_seed(seed)
     numel = sum(p.numel() for p in workload.build().parameters() if p.requires_grad)
@@ -265,8 +279,11 @@ def _canary(config: DpsgdAudit, workload: Workload) -> torch.Tensor:
     return canary * (config.clip_norm / canary.norm())
 
 
-def _play(config: DpsgdAudit, workload: Workload, canary: torch.Tensor) -> dict[bool, list[np.ndarray]]:
-    """The games, alternating D and D', each with its own seed; one intra-op thread (small per-step tensors)."""
+def _play(
+    config: DpsgdAudit, workload: Workload, canary: torch.Tensor
+) -> dict[bool, list[np.ndarray]]:
+    """The games, alternating D and D', each with its own seed; one intra-op thread (small per-step
+    tensors)."""
     games = config.mechanism.observations // 2
     outputs: dict[bool, list[np.ndarray]] = {True: [], False: []}
     seeds = np.random.SeedSequence(config.mechanism.seed).generate_state(2 * games)
@@ -281,19 +298,27 @@ def _play(config: DpsgdAudit, workload: Workload, canary: torch.Tensor) -> dict[
         ):
             present = index % 2 == 0
             outputs[present].append(
-                canary_outputs(config, workload, present=present, canary=canary, seed=int(seeds[index]))
+                canary_outputs(
+                    config, workload, present=present, canary=canary, seed=int(seeds[index])
+                )
             )
     finally:
         torch.set_num_threads(threads)
     return outputs
 
 
-def _scores(config: DpsgdAudit, score_model: BgmModel, outputs: dict[bool, list[np.ndarray]]) -> GameScores:
+def _scores(
+    config: DpsgdAudit, score_model: BgmModel, outputs: dict[bool, list[np.ndarray]]
+) -> GameScores:
     backend = select_backend("numpy")
     background = -1.0 if config.threat_model == "partially-informed" else 0.0
     return GameScores(
         *(
-            backend.to_numpy(score_model.score(backend, _as_rows(np.stack(outputs[side]) - background, score_model)))
+            backend.to_numpy(
+                score_model.score(
+                    backend, _as_rows(np.stack(outputs[side]) - background, score_model)
+                )
+            )
             for side in (True, False)
         )
     )

@@ -57,9 +57,9 @@ class EpsilonEstimate:
 
 @dataclass(frozen=True)
 class AuditStatistics:
-    """How an audit bounds ε_emp from its game scores: the confidence of the lower bound, the threshold
-    method (:data:`THRESHOLD_METHODS`) and the held-out fraction of ``split``. δ comes with the claim
-    judged (:class:`dpledger.audit.result.Claim`)."""
+    """How an audit bounds ε_emp from its game scores: the confidence of the lower bound, the
+    threshold method (:data:`THRESHOLD_METHODS`) and the held-out fraction of ``split``. δ comes
+    with the claim judged (:class:`dpledger.audit.result.Claim`)."""
 
     confidence: float = 0.95
     method: str = "bonferroni"
@@ -77,7 +77,9 @@ class AuditStatistics:
         )
 
 
-def clopper_pearson_upper(count: np.ndarray | float, trials: int | float, alpha: float) -> np.ndarray:
+def clopper_pearson_upper(
+    count: np.ndarray | float, trials: int | float, alpha: float
+) -> np.ndarray:
     """One-sided upper (1 − alpha) Clopper–Pearson bound on a rate from ``count`` of ``trials``.
 
     Non-integer counts are allowed (power planning scales observed counts); count ≥ trials gives 1.
@@ -89,7 +91,8 @@ def clopper_pearson_upper(count: np.ndarray | float, trials: int | float, alpha:
 
 
 def epsilon_from_rates(fpr_upper: np.ndarray, fnr_upper: np.ndarray, delta: float) -> np.ndarray:
-    """002 Eq. 1: ε implied by (FPR, FNR) upper bounds; a term with non-positive numerator is skipped."""
+    """002 Eq. 1: ε implied by (FPR, FNR) upper bounds; a term with non-positive numerator is
+    skipped."""
     fpr_upper = np.asarray(fpr_upper, dtype=np.float64)
     fnr_upper = np.asarray(fnr_upper, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -168,7 +171,12 @@ def _best_threshold(
     absent_sorted = np.sort(absent)
     small_fpr = _small_fpr_side(absent_sorted, present_sorted, counts, alpha_each, delta)
     mirrored = _small_fpr_side(
-        -present_sorted[::-1], -absent_sorted[::-1], counts, alpha_each, delta, floor=small_fpr.epsilon
+        -present_sorted[::-1],
+        -absent_sorted[::-1],
+        counts,
+        alpha_each,
+        delta,
+        floor=small_fpr.epsilon,
     )
     small_fnr = _Candidate(
         mirrored.epsilon,
@@ -184,10 +192,13 @@ def _best_threshold(
 def _check_inputs(present: np.ndarray, absent: np.ndarray, delta: float, confidence: float) -> None:
     if present.ndim != 1 or absent.ndim != 1 or present.shape != absent.shape:
         raise ParamsError(
-            f"audit: scores must be two 1-D arrays of equal length, got {present.shape} and {absent.shape}"
+            f"audit: scores must be two 1-D arrays of equal length, got {present.shape} and "
+            f"{absent.shape}"
         )
     if present.shape[0] < 2:
-        raise ParamsError(f"audit: games per side = {present.shape[0]} is invalid: it must be at least 2")
+        raise ParamsError(
+            f"audit: games per side = {present.shape[0]} is invalid: it must be at least 2"
+        )
     if not 0.0 < delta < 1.0:
         raise ParamsError(f"audit: delta = {delta} is invalid: it must be in (0, 1)")
     if not 0.5 < confidence < 1.0:
@@ -226,11 +237,20 @@ def estimate_epsilon(
         return _estimate(best, delta, confidence, method, True, games, tried)
     if method == "split":
         return _split_estimate(present, absent, delta, confidence, split_fraction)
-    raise ParamsError(f"audit.threshold = {method!r} is invalid: allowed values are {', '.join(THRESHOLD_METHODS)}")
+    raise ParamsError(
+        f"audit.threshold = {method!r} is invalid: allowed values are "
+        f"{', '.join(THRESHOLD_METHODS)}"
+    )
 
 
 def _estimate(
-    best: _Candidate, delta: float, confidence: float, method: str, valid: bool, games: int, tried: int
+    best: _Candidate,
+    delta: float,
+    confidence: float,
+    method: str,
+    valid: bool,
+    games: int,
+    tried: int,
 ) -> EpsilonEstimate:
     return EpsilonEstimate(
         **asdict(best),
@@ -246,24 +266,33 @@ def _estimate(
 def _split_estimate(
     present: np.ndarray, absent: np.ndarray, delta: float, confidence: float, split_fraction: float
 ) -> EpsilonEstimate:
-    """Choose a side and a count level on held-out games, then bound the rates at that one threshold on
-    the remaining games.
+    """Choose a side and a count level on held-out games, then bound the rates at that one threshold
+    on the remaining games.
 
     On the held-out part every grid count k (both sides) is scored by the bound it would give at the
     evaluation size (counts scaled up); the chosen count, scaled to the evaluation games, fixes the
     threshold as an order statistic of the evaluation games, whose bound is then exact.
     """
     if not 0.0 < split_fraction < 1.0:
-        raise ParamsError(f"audit.split_fraction = {split_fraction} is invalid: it must be in (0, 1)")
+        raise ParamsError(
+            f"audit.split_fraction = {split_fraction} is invalid: it must be in (0, 1)"
+        )
     games = present.shape[0]
     held = int(round(games * split_fraction))
     evaluated = games - held
     if held < 2 or evaluated < 2:
-        raise ParamsError(f"audit: {games} games per side are too few to split at fraction {split_fraction}")
+        raise ParamsError(
+            f"audit: {games} games per side are too few to split at fraction {split_fraction}"
+        )
     alpha_each = (1.0 - confidence) / 2.0
     scale = evaluated / held
     sides = {
-        "small_fpr": (np.sort(absent[:held]), np.sort(present[:held]), np.sort(absent[held:]), np.sort(present[held:])),
+        "small_fpr": (
+            np.sort(absent[:held]),
+            np.sort(present[:held]),
+            np.sort(absent[held:]),
+            np.sort(present[held:]),
+        ),
         "small_fnr": (
             -np.sort(present[:held])[::-1],
             -np.sort(absent[:held])[::-1],
@@ -295,5 +324,12 @@ def _split_estimate(
     else:
         best = _Candidate(0.0, -float(threshold), float(other), float(count), bound_p, bound_a)
     eps = float(epsilon_from_rates(best.fpr_upper, best.fnr_upper, delta))
-    best = _Candidate(eps, best.threshold, best.false_positives, best.false_negatives, best.fpr_upper, best.fnr_upper)
+    best = _Candidate(
+        eps,
+        best.threshold,
+        best.false_positives,
+        best.false_negatives,
+        best.fpr_upper,
+        best.fnr_upper,
+    )
     return _estimate(best, delta, confidence, "split", True, games, 1)

@@ -8,8 +8,8 @@ shifts its batch under D (target present, ``shift_present``) and under D' (targe
 ``shift_absent``). The score of an observation is log p_D(x)/p_D'(x), marginalized over where the
 record landed: the most powerful statistic for the pair.
 
-Each model simulates a chunk of games (``simulate``) and scores it (``score``) with operations common
-to numpy and torch, so the same code runs on the CPU and on a GPU.
+Each model simulates a chunk of games (``simulate``) and scores it (``score``) with operations
+common to numpy and torch, so the same code runs on the CPU and on a GPU.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ PatternSource = Callable[[np.random.Generator, int], np.ndarray]
 
 def _check_shifts(noise_multiplier: float, shift_present: float, shift_absent: float) -> None:
     if not noise_multiplier > 0:
-        raise ParamsError(f"audit: noise_multiplier = {noise_multiplier} is invalid: it must be > 0")
+        raise ParamsError(
+            f"audit: noise_multiplier = {noise_multiplier} is invalid: it must be > 0"
+        )
     if not (shift_present > 0 and shift_absent >= 0):
         raise ParamsError(
             f"audit: shifts (present {shift_present}, absent {shift_absent}) are invalid: "
@@ -51,8 +53,8 @@ class SlotModel:
     """The record lands in exactly one of T slots (batches) per epoch, slot t with probability
     ``slot_weights[t]``: drawn afresh every epoch (shuffle, redrawn bins, partial shuffle,
     batch-then-shuffle), or once for all epochs (``same_slot_every_epoch``: balls-in-bins with fixed
-    bins, sequential). Score per epoch: log Σ_t w_t N(x_t; Δ₁)/N(x_t; 0) − log Σ_t w_t N(x_t; Δ₀)/N(x_t; 0)
-    (002 §3.3, log domain), summed over epochs (002 §4.2).
+    bins, sequential). Score per epoch: log Σ_t w_t N(x_t; Δ₁)/N(x_t; 0) − log Σ_t w_t N(x_t;
+    Δ₀)/N(x_t; 0) (002 §3.3, log domain), summed over epochs (002 §4.2).
 
     With a slot shared by all epochs the per-slot sums over epochs are a sufficient statistic
     (y_t ~ N(E·Δ·[t = J], E·σ²)), so the slot is marginalized once and E epochs cost one.
@@ -69,7 +71,9 @@ class SlotModel:
         _check_shifts(self.noise_multiplier, self.shift_present, self.shift_absent)
         weights = np.asarray(self.slot_weights, dtype=np.float64)
         if weights.ndim != 1 or weights.size == 0 or np.any(weights < 0) or not weights.sum() > 0:
-            raise ParamsError("audit: slot_weights must be a non-empty list of non-negative numbers")
+            raise ParamsError(
+                "audit: slot_weights must be a non-empty list of non-negative numbers"
+            )
         if self.epochs < 1:
             raise ParamsError(f"audit: epochs = {self.epochs} is invalid: it must be >= 1")
 
@@ -91,7 +95,8 @@ class SlotModel:
 
     @property
     def _scale(self) -> float:
-        """Shift and noise multiplier of one simulated row (epochs merged when the slot is shared)."""
+        """Shift and noise multiplier of one simulated row (epochs merged when the slot is
+        shared)."""
         return float(self.epochs) if self.same_slot_every_epoch else 1.0
 
     @property
@@ -130,9 +135,12 @@ class SlotModel:
         )
         return xp.sum(xp.reshape(per_row, (-1, self._rows_per_game)), axis=1)
 
-    def _log_sums(self, backend: Backend, x: Any, inv_var: float, present: float, absent: float) -> tuple[Any, Any]:
-        """(log Σ_t w_t e^{Δ₁ x_t/s²}, log Σ_t w_t e^{Δ₀ x_t/s²}); for uniform weights e^{2a} is computed
-        as (e^a)² when Δ₁ = 2Δ₀ (shuffle, Partially-Informed): one exponential per entry."""
+    def _log_sums(
+        self, backend: Backend, x: Any, inv_var: float, present: float, absent: float
+    ) -> tuple[Any, Any]:
+        """(log Σ_t w_t e^{Δ₁ x_t/s²}, log Σ_t w_t e^{Δ₀ x_t/s²}); for uniform weights e^{2a} is
+        computed as (e^a)² when Δ₁ = 2Δ₀ (shuffle, Partially-Informed): one exponential per
+        entry."""
         xp = backend.xp
         weights = self._support_weights
         if self._uniform and absent > 0 and present == 2 * absent:
@@ -141,7 +149,11 @@ class SlotModel:
             log_absent = xp.log(xp.sum(x, axis=-1, dtype=xp.float64))
             x *= x
             return xp.log(xp.sum(x, axis=-1, dtype=xp.float64)), log_absent
-        log_w = -math.log(weights.size) if self._uniform else backend.asarray(np.log(weights).astype(np.float32))
+        log_w = (
+            -math.log(weights.size)
+            if self._uniform
+            else backend.asarray(np.log(weights).astype(np.float32))
+        )
 
         def log_sum(shift: float) -> Any:
             return xp.log(xp.sum(xp.exp(x * (shift * inv_var) + log_w), axis=-1, dtype=xp.float64))
@@ -151,8 +163,8 @@ class SlotModel:
 
 @dataclass(frozen=True)
 class StepMixtureModel:
-    """The record joins each of ``steps`` steps independently with probability q (Poisson, fixed-size
-    subsets drawn fresh each step). Exact ratio: Σ_s log[(1−q) + q·N(x_s;Δ₁)/N(x_s;0)] −
+    """The record joins each of ``steps`` steps independently with probability q (Poisson,
+    fixed-size subsets drawn fresh each step). Exact ratio: Σ_s log[(1−q) + q·N(x_s;Δ₁)/N(x_s;0)] −
     log[(1−q) + q·N(x_s;Δ₀)/N(x_s;0)]."""
 
     noise_multiplier: float
@@ -165,7 +177,8 @@ class StepMixtureModel:
         _check_shifts(self.noise_multiplier, self.shift_present, self.shift_absent)
         if not 0.0 < self.inclusion_probability <= 1.0:
             raise ParamsError(
-                f"audit: inclusion probability = {self.inclusion_probability} is invalid: it must be in (0, 1]"
+                f"audit: inclusion probability = {self.inclusion_probability} is invalid: it must "
+                "be in (0, 1]"
             )
         if self.steps < 1:
             raise ParamsError(f"audit: steps = {self.steps} is invalid: it must be >= 1")
@@ -199,9 +212,9 @@ class StepMixtureModel:
 class PatternModel:
     """The record's step memberships come from running a sampler (plugins and samplers without a
     closed form). ``draw_patterns(rng, n)`` returns n fresh (n × steps) membership counts for the
-    record; ``score_patterns`` (M × steps, drawn independently of the audited games) define the score
-    log mean_m N(x; Δ₁·p_m)/N(x; 0) − log mean_m N(x; Δ₀·p_m)/N(x; 0): the exact ratio with the
-    sampler's law replaced by M draws from it (any fixed score gives a valid audit)."""
+    record; ``score_patterns`` (M × steps, drawn independently of the audited games) define the
+    score log mean_m N(x; Δ₁·p_m)/N(x; 0) − log mean_m N(x; Δ₀·p_m)/N(x; 0): the exact ratio with
+    the sampler's law replaced by M draws from it (any fixed score gives a valid audit)."""
 
     noise_multiplier: float
     score_patterns: np.ndarray

@@ -85,7 +85,9 @@ def score(law: CanaryLaw, observation: np.ndarray, noise_multiplier: float) -> n
     weights = np.asarray(law.slot_weights, dtype=np.float64)
     x = x.reshape(x.shape[0], law.epochs, weights.size)[:, :, weights > 0]
     x = x.sum(axis=1) if law.same_slot_every_epoch else x.reshape(-1, x.shape[2])
-    slot = SlotModel(noise_multiplier, law.epochs, law.slot_weights, 1.0, 0.0, law.same_slot_every_epoch)
+    slot = SlotModel(
+        noise_multiplier, law.epochs, law.slot_weights, 1.0, 0.0, law.same_slot_every_epoch
+    )
     return slot.score(backend, x)
 
 
@@ -130,7 +132,8 @@ class OneRunResult:
 def assumptions(correlated: bool) -> tuple[str, ...]:
     """What the one-run ε_emp rests on, in sentences for the report."""
     lines = [
-        "One run, m gradient canaries C·e_j on distinct coordinates, each in with probability 1/2 (2305.08846).",
+        "One run, m gradient canaries C·e_j on distinct coordinates, each in with probability 1/2 "
+        "(2305.08846).",
         "Side copy: the canary is added to the released noisy sums of its own coordinate, not to "
         "the model; its effect on later iterates is assumed negligible.",
         "Adversary: knows every other record (the standard DP adversary), so it removes the real "
@@ -237,7 +240,9 @@ def _estimate(
     )
 
 
-def heuristic_epsilon(law: CanaryLaw | None, noise_multiplier: float, delta: float, correlated: bool) -> dict[str, Any]:
+def heuristic_epsilon(
+    law: CanaryLaw | None, noise_multiplier: float, delta: float, correlated: bool
+) -> dict[str, Any]:
     """The last-iterate heuristic ε (:mod:`dpledger.accounting.last_iterate`) for the sampler's law,
     or
     None with the reason where it does not apply."""
@@ -277,18 +282,24 @@ def audit_run(
     except ParamsError:
         law = None
     heuristic = heuristic_epsilon(law, noise_multiplier, delta, correlated)
-    metrics: dict[str, Any] = {"epsilon_last_iterate_heuristic": heuristic["epsilon_last_iterate_heuristic"]}
+    metrics: dict[str, Any] = {
+        "epsilon_last_iterate_heuristic": heuristic["epsilon_last_iterate_heuristic"]
+    }
     details: dict[str, Any] = {"last_iterate": heuristic}
     if not settings.enabled:
         return metrics, details
     if law is None:
-        reason = f"sampler {schedule.sampler!r} states no closed-form law of membership for canaries"
+        reason = (
+            f"sampler {schedule.sampler!r} states no closed-form law of membership for canaries"
+        )
         metrics.update({"epsilon_emp_one_run": None, "one_run_verdict": "not run"})
         details["one_run"] = {"verdict": "not run", "note": reason}
         return metrics, details
     path = train_dir / ARTIFACT
     if not path.exists():
-        raise DpledgerError(f"audit.one_run: {path} is missing; re-run the train stage with audit.one_run.enabled")
+        raise DpledgerError(
+            f"audit.one_run: {path} is missing; re-run the train stage with audit.one_run.enabled"
+        )
     result = audit_one_run(
         load_observations(path),
         law,

@@ -41,7 +41,9 @@ EPSILON_TOLERANCE = 1e-4
 EPSILON_CAP = 100.0  # beyond it every test of a finite claim is refuted or numbers underflow
 
 
-def steinke_p_value(canaries: int, guesses: int, correct: int, epsilon: float, delta: float) -> float:
+def steinke_p_value(
+    canaries: int, guesses: int, correct: int, epsilon: float, delta: float
+) -> float:
     """Probability bound of ``correct`` or more right guesses out of ``guesses`` under (ε, δ)-DP
     (2305.08846 Thm 5.2); the claim is refuted at significance s when this is ≤ s."""
     if correct <= 0:
@@ -65,7 +67,9 @@ def _inverse_blow_up(family: str, epsilon: float, delta: float) -> Callable[[flo
     return lambda x: float(norm.cdf(norm.ppf(x) - mu))
 
 
-def fdp_refutes(canaries: int, guesses: int, correct: int, significance: float, inverse: Callable) -> bool:
+def fdp_refutes(
+    canaries: int, guesses: int, correct: int, significance: float, inverse: Callable
+) -> bool:
     """Whether ``correct`` of ``guesses`` right refutes the trade-off whose inverse blow-up is
     ``inverse`` at ``significance`` (2410.22235, the capped recursion): walk down from the observed
     counts, raising the FPR to what f requires for the TPR reached; the claim survives when the pair
@@ -94,7 +98,9 @@ def _refutes(
 ):
     if bound == "steinke":
         return lambda eps: steinke_p_value(canaries, guesses, correct, eps, delta) <= significance
-    return lambda eps: fdp_refutes(canaries, guesses, correct, significance, _inverse_blow_up(family, eps, delta))
+    return lambda eps: fdp_refutes(
+        canaries, guesses, correct, significance, _inverse_blow_up(family, eps, delta)
+    )
 
 
 def epsilon_refuted(
@@ -116,7 +122,9 @@ def epsilon_refuted(
         low, high = high, 2.0 * high
         if high > EPSILON_CAP:
             return EPSILON_CAP
-    return float(brentq(lambda eps: 0.5 if refutes(eps) else -0.5, low, high, xtol=EPSILON_TOLERANCE))
+    return float(
+        brentq(lambda eps: 0.5 if refutes(eps) else -0.5, low, high, xtol=EPSILON_TOLERANCE)
+    )
 
 
 @dataclass(frozen=True)
@@ -168,17 +176,25 @@ def one_run_epsilon(
     if threshold == "bonferroni":
         return _best_of_grid(scores, included, delta, confidence, bound, family, significance)
     if not 0.0 < split_fraction < 1.0:
-        raise ParamsError(f"audit.one_run.split_fraction = {split_fraction} is invalid: it must be in (0, 1)")
+        raise ParamsError(
+            f"audit.one_run.split_fraction = {split_fraction} is invalid: it must be in (0, 1)"
+        )
     held = int(round(scores.size * split_fraction))
     if held < 2 or scores.size - held < 2:
-        raise ParamsError(f"audit.one_run: {scores.size} canaries are too few to split at {split_fraction}")
+        raise ParamsError(
+            f"audit.one_run: {scores.size} canaries are too few to split at {split_fraction}"
+        )
     # The held-out canaries pick a fraction of guesses; the rest are judged at it.
-    chosen = _best_of_grid(scores[:held], included[:held], delta, confidence, bound, family, significance)
+    chosen = _best_of_grid(
+        scores[:held], included[:held], delta, confidence, bound, family, significance
+    )
     rest, rest_in = scores[held:], included[held:]
     guesses = max(1, int(round(chosen.guesses * rest.size / held)))
     correct = int(_correct_at(rest, rest_in, np.array([guesses]))[0])
     eps = epsilon_refuted(bound, rest.size, guesses, correct, significance, delta, family)
-    return OneRunEstimate(eps, bound, family, "split", confidence, delta, rest.size, guesses, correct, 1)
+    return OneRunEstimate(
+        eps, bound, family, "split", confidence, delta, rest.size, guesses, correct, 1
+    )
 
 
 def _best_of_grid(
@@ -226,17 +242,26 @@ def _check(
     threshold: str,
 ) -> None:
     if scores.ndim != 1 or scores.shape != included.shape or scores.size < 2:
-        raise ParamsError(f"audit.one_run: scores {scores.shape} and memberships {included.shape} must match")
+        raise ParamsError(
+            f"audit.one_run: scores {scores.shape} and memberships {included.shape} must match"
+        )
     if not np.all(np.isfinite(scores)):
-        raise ParamsError("audit.one_run: scores contain NaN or infinity (a non-finite noisy sum was released)")
+        raise ParamsError(
+            "audit.one_run: scores contain NaN or infinity (a non-finite noisy sum was released)"
+        )
     if not 0.0 < delta < 1.0:
         raise ParamsError(f"audit.one_run: delta = {delta} is invalid: it must be in (0, 1)")
     if not 0.5 < confidence < 1.0:
-        raise ParamsError(f"audit.one_run.confidence = {confidence} is invalid: it must be in (0.5, 1)")
+        raise ParamsError(
+            f"audit.one_run.confidence = {confidence} is invalid: it must be in (0.5, 1)"
+        )
     for key, value, allowed in (
         ("bound", bound, BOUNDS),
         ("family", family, FDP_FAMILIES),
         ("threshold", threshold, ONE_RUN_THRESHOLDS),
     ):
         if value not in allowed:
-            raise ParamsError(f"audit.one_run.{key} = {value!r} is invalid: allowed values are {', '.join(allowed)}")
+            raise ParamsError(
+                f"audit.one_run.{key} = {value!r} is invalid: allowed values are "
+                f"{', '.join(allowed)}"
+            )

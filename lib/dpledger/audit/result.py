@@ -15,23 +15,33 @@ from dpledger.audit.verdict import Verdict, judge
 
 @dataclass(frozen=True)
 class Claim:
-    """The (ε, δ) claim an audit judges, and where ε comes from (e.g. the ledger, or the PLD accountant)."""
+    """The (ε, δ) claim an audit judges, and where ε comes from (e.g. the ledger, or the PLD
+    accountant)."""
 
     epsilon: float
     delta: float
     basis: str
 
 
-# The facts :meth:`AuditResult.summary` starts with (the CLI's lines, metrics/audit.json's first keys).
-SUMMARY_FACTS = ("epsilon_emp", "epsilon_claimed", "verdict", "observations", "confidence", "delta", "threshold_method")
+# The facts :meth:`AuditResult.summary` starts with (the CLI's lines, metrics/audit.json's first
+# keys).
+SUMMARY_FACTS = (
+    "epsilon_emp",
+    "epsilon_claimed",
+    "verdict",
+    "observations",
+    "confidence",
+    "delta",
+    "threshold_method",
+)
 
 
 @dataclass(frozen=True)
 class AuditResult:
-    """One audit: the claim judged, the ε_emp estimate, the verdict, and what the numbers rest on, each fact
-    held once (ε_emp and the threshold method in ``estimate``, the claimed ε and δ in ``claim``, the verdict
-    in ``judgement``). ``observations`` counts games on D and D' together (2 × games per side; a ``split``
-    estimate evaluates on part of them)."""
+    """One audit: the claim judged, the ε_emp estimate, the verdict, and what the numbers rest on,
+    each fact held once (ε_emp and the threshold method in ``estimate``, the claimed ε and δ in
+    ``claim``, the verdict in ``judgement``). ``observations`` counts games on D and D' together (2
+    × games per side; a ``split`` estimate evaluates on part of them)."""
 
     audit: str
     sampler: str
@@ -73,8 +83,8 @@ class AuditResult:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """The whole record (artifacts/audit/audit.json): the flat facts, then the estimate, the judgement
-        and the setting in full."""
+        """The whole record (artifacts/audit/audit.json): the flat facts, then the estimate, the
+        judgement and the setting in full."""
         return {
             **self.facts(),
             "estimate": asdict(self.estimate),
@@ -100,7 +110,9 @@ def conclude(
     estimate = statistics.estimate(scores.present, scores.absent, claim.delta)
     judgement = judge(estimate, claim.epsilon, scores.present, scores.absent)
     observations = 2 * scores.games_per_side
-    return AuditResult(audit, sampler, claim, estimate, judgement, observations, setting, assumptions, timing)
+    return AuditResult(
+        audit, sampler, claim, estimate, judgement, observations, setting, assumptions, timing
+    )
 
 
 def epsilon_versus_observations(
@@ -110,13 +122,18 @@ def epsilon_versus_observations(
     curve = []
     for size in sorted({max(8, scores.games_per_side >> j) for j in range(points)}):
         prefix = scores.prefix(min(size, scores.games_per_side))
-        curve.append((2 * prefix.games_per_side, statistics.estimate(prefix.present, prefix.absent, delta).epsilon))
+        curve.append(
+            (
+                2 * prefix.games_per_side,
+                statistics.estimate(prefix.present, prefix.absent, delta).epsilon,
+            )
+        )
     return curve
 
 
 def tradeoff_points(scores: GameScores, confidence: float, points: int = 400) -> np.ndarray:
-    """Empirical trade-off curve: rows (FPR, FNR, FPR upper, FNR upper) at thresholds spread over the
-    absent scores' upper tail on a log scale (per-threshold bounds, for display)."""
+    """Empirical trade-off curve: rows (FPR, FNR, FPR upper, FNR upper) at thresholds spread over
+    the absent scores' upper tail on a log scale (per-threshold bounds, for display)."""
     games = scores.games_per_side
     absent_sorted, present_sorted = np.sort(scores.absent), np.sort(scores.present)
     counts = np.unique(np.round(np.geomspace(1, games - 1, points)).astype(np.int64))

@@ -1,15 +1,16 @@
-"""Where the audited record lands under each sampler: the batched-Gaussian model to simulate and score.
+"""Where the audited record lands under each sampler: the batched-Gaussian model to simulate and
+score.
 
 The audited pair of datasets follows the sampler (002 §3.2, §7): with fixed batch sizes (shuffle,
 sequential, partial shuffle, fixed-size subsets) the conjectured worst case D = (+1, −1, …, −1),
-D' = (⊥, −1, …, −1), whose −1 background marks the batch holding ⊥; with random batch sizes (Poisson,
-balls-in-bins) the proven worst case (+1, 0, …, 0), (⊥, 0, …, 0); for batch-then-shuffle the
-paper's adapted worst case (the target's whole batch +1, every other record −1). Each sampler states
-its law of membership itself (:meth:`dpledger.sampling.base.BatchSampler.membership`); the model here
-follows from that law, never from the sampler's name. Samplers without a closed form (plugins that
-state none, pad/truncate, a dropped last batch that can hold the record) are run for real:
-the record's step memberships come from the sampler itself (``PatternModel``), one sampler run per
-game, so those audits are slower.
+D' = (⊥, −1, …, −1), whose −1 background marks the batch holding ⊥; with random batch sizes
+(Poisson, balls-in-bins) the proven worst case (+1, 0, …, 0), (⊥, 0, …, 0); for batch-then-shuffle
+the paper's adapted worst case (the target's whole batch +1, every other record −1). Each sampler
+states its law of membership itself (:meth:`dpledger.sampling.base.BatchSampler.membership`); the
+model here follows from that law, never from the sampler's name. Samplers without a closed form
+(plugins that state none, pad/truncate, a dropped last batch that can hold the record) are run for
+real: the record's step memberships come from the sampler itself (``PatternModel``), one sampler run
+per game, so those audits are slower.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ PAIR_BATCH = "D: the target's batch all +1, every other record -1; D': the targe
 
 @dataclass(frozen=True)
 class AuditedSampler:
-    """A sampler with its sizes, the model of where the audited record lands, and the dataset pair."""
+    """A sampler with its sizes, the model of where the audited record lands, and the dataset
+    pair."""
 
     sampler: str
     dataset_size: int
@@ -65,24 +67,39 @@ def audited_sampler(
     """The batched-Gaussian model of ``sampler`` (a built-in name or ``module:callable``)."""
     options = dict(options or {})
     built = build_sampler(
-        sampler, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, seed=seed, **options
+        sampler,
+        dataset_size=dataset_size,
+        batch_size=batch_size,
+        epochs=epochs,
+        seed=seed,
+        **options,
     )
     analytic = _analytic_model(built, noise_multiplier)
     if analytic is None:
-        model = _pattern_model(sampler, dataset_size, batch_size, epochs, noise_multiplier, options, seed)
-        analytic = (model, PAIR_ZERO, "memberships drawn by running the sampler itself (one run per game)")
-    return AuditedSampler(sampler, dataset_size, batch_size, epochs, _steps_per_epoch(built, analytic[0]), *analytic)
+        model = _pattern_model(
+            sampler, dataset_size, batch_size, epochs, noise_multiplier, options, seed
+        )
+        analytic = (
+            model,
+            PAIR_ZERO,
+            "memberships drawn by running the sampler itself (one run per game)",
+        )
+    return AuditedSampler(
+        sampler, dataset_size, batch_size, epochs, _steps_per_epoch(built, analytic[0]), *analytic
+    )
 
 
 def _steps_per_epoch(built: Any, model: BgmModel) -> int:
-    """The sampler's steps per epoch; a plugin knows its length only once run: its pilot runs' length per epoch."""
+    """The sampler's steps per epoch; a plugin knows its length only once run: its pilot runs'
+    length per epoch."""
     if isinstance(built, PluginSampler):
         return math.ceil(model.score_patterns.shape[1] / built.epochs)
     return built.steps_per_epoch
 
 
 def _analytic_model(built: BatchSampler, sigma: float) -> tuple[BgmModel, str, str] | None:
-    """The closed-form model of the sampler's own law of membership (:meth:`BatchSampler.membership`), or None."""
+    """The closed-form model of the sampler's own law of membership
+    (:meth:`BatchSampler.membership`), or None."""
     law = built.membership()
     if law is None:
         return None
@@ -93,38 +110,76 @@ def _analytic_model(built: BatchSampler, sigma: float) -> tuple[BgmModel, str, s
     else:
         shift, pair = 1.0, PAIR_ZERO
     if law.step_probability is not None:
-        model: BgmModel = StepMixtureModel(sigma, built.num_steps, law.step_probability, shift, shift - 1.0)
+        model: BgmModel = StepMixtureModel(
+            sigma, built.num_steps, law.step_probability, shift, shift - 1.0
+        )
     else:
         model = SlotModel(
-            sigma, built.epochs, law.slot_weights, shift, shift - 1.0, same_slot_every_epoch=law.same_slot_every_epoch
+            sigma,
+            built.epochs,
+            law.slot_weights,
+            shift,
+            shift - 1.0,
+            same_slot_every_epoch=law.same_slot_every_epoch,
         )
     return model, pair, law.placement
 
 
 def record_memberships(
-    sampler: str, *, dataset_size: int, batch_size: int, epochs: int, options: dict[str, Any], seed: int
+    sampler: str,
+    *,
+    dataset_size: int,
+    batch_size: int,
+    epochs: int,
+    options: dict[str, Any],
+    seed: int,
 ) -> np.ndarray:
-    """How many times the audited record (index 0) is in each step's batch, padding rows excluded."""
+    """How many times the audited record (index 0) is in each step's batch, padding rows
+    excluded."""
     built = build_sampler(
-        sampler, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, seed=seed, **options
+        sampler,
+        dataset_size=dataset_size,
+        batch_size=batch_size,
+        epochs=epochs,
+        seed=seed,
+        **options,
     )
     return np.asarray(
-        [np.count_nonzero(batch.indices[~batch.padding] == TARGET_INDEX) for batch in built.batches()],
+        [
+            np.count_nonzero(batch.indices[~batch.padding] == TARGET_INDEX)
+            for batch in built.batches()
+        ],
         dtype=np.float64,
     )
 
 
 def _pattern_model(
-    sampler: str, dataset_size: int, batch_size: int, epochs: int, sigma: float, options: dict[str, Any], seed: int
+    sampler: str,
+    dataset_size: int,
+    batch_size: int,
+    epochs: int,
+    sigma: float,
+    options: dict[str, Any],
+    seed: int,
 ) -> PatternModel:
-    """Score patterns from SCORE_PATTERNS pilot runs (a stream of their own); games draw fresh runs."""
-    sizes = {"dataset_size": dataset_size, "batch_size": batch_size, "epochs": epochs, "options": options}
+    """Score patterns from SCORE_PATTERNS pilot runs (a stream of their own); games draw fresh
+    runs."""
+    sizes = {
+        "dataset_size": dataset_size,
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "options": options,
+    }
 
     def draw(rng: np.random.Generator, games: int) -> np.ndarray:
-        rows = [record_memberships(sampler, seed=int(s), **sizes) for s in rng.integers(0, 2**62, size=games)]
+        rows = [
+            record_memberships(sampler, seed=int(s), **sizes)
+            for s in rng.integers(0, 2**62, size=games)
+        ]
         if len({row.shape[0] for row in rows}) != 1:
             raise ParamsError(
-                f"sampler = {sampler!r} is invalid for the audit: its number of steps varies with the seed"
+                f"sampler = {sampler!r} is invalid for the audit: its number of steps varies with "
+                "the seed"
             )
         return np.stack(rows)
 

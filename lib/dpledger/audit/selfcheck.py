@@ -1,4 +1,5 @@
-"""Self-check of the estimator: audit, many times, a mechanism whose ε is known, and count false alarms.
+"""Self-check of the estimator: audit, many times, a mechanism whose ε is known, and count false
+alarms.
 
 A valid threshold method reports ε_emp > ε (a false alarm) in at most 1 − confidence of the audits.
 
@@ -28,7 +29,8 @@ SELFCHECK_MECHANISMS = ("laplace", "poisson")
 
 @dataclass(frozen=True)
 class SelfCheck:
-    """False alarms of ``method`` over ``repeats`` audits of a mechanism with known ``epsilon_true``."""
+    """False alarms of ``method`` over ``repeats`` audits of a mechanism with known
+    ``epsilon_true``."""
 
     mechanism: str
     method: str
@@ -45,7 +47,9 @@ class SelfCheck:
     @property
     def passed(self) -> bool:
         """No evidence (at 95%) that the false-alarm rate exceeds 1 − confidence."""
-        lower = 1.0 - float(clopper_pearson_upper(self.repeats - self.false_alarms, self.repeats, 0.05))
+        lower = 1.0 - float(
+            clopper_pearson_upper(self.repeats - self.false_alarms, self.repeats, 0.05)
+        )
         return lower <= self.allowed_rate
 
     def to_dict(self) -> dict[str, Any]:
@@ -66,15 +70,17 @@ def run_selfcheck(
     seed: int = 0,
     progress: bool = True,
 ) -> SelfCheck:
-    """Run ``repeats`` audits of ``observations`` games each; ``epsilon`` is the Laplace ε, ``steps`` and
-    ``noise_multiplier`` set the Poisson BGM (q = 1/steps, one epoch)."""
+    """Run ``repeats`` audits of ``observations`` games each; ``epsilon`` is the Laplace ε,
+    ``steps`` and ``noise_multiplier`` set the Poisson BGM (q = 1/steps, one epoch)."""
     if mechanism not in SELFCHECK_MECHANISMS:
         raise ParamsError(
-            f"audit selfcheck: mechanism = {mechanism!r} is invalid: allowed values are {', '.join(SELFCHECK_MECHANISMS)}"
+            f"audit selfcheck: mechanism = {mechanism!r} is invalid: allowed values are "
+            f"{', '.join(SELFCHECK_MECHANISMS)}"
         )
     if repeats < 1 or observations < 4:
         raise ParamsError(
-            f"audit selfcheck: repeats = {repeats}, observations = {observations}: need repeats >= 1 and observations >= 4"
+            f"audit selfcheck: repeats = {repeats}, observations = {observations}: need repeats >= "
+            "1 and observations >= 4"
         )
     refuse_beyond(
         f"audit selfcheck: repeats = {repeats} × observations = {observations}",
@@ -96,18 +102,31 @@ def run_selfcheck(
             "poisson", dataset_size=steps, batch_size=1, epochs=1, noise_multiplier=noise_multiplier
         )
         epsilon_true = accounted_epsilon(
-            "poisson", noise_multiplier=noise_multiplier, dataset_size=steps, batch_size=1, steps=steps, delta=delta
+            "poisson",
+            noise_multiplier=noise_multiplier,
+            dataset_size=steps,
+            batch_size=1,
+            steps=steps,
+            delta=delta,
         )
 
         def scores(index: int) -> tuple[np.ndarray, np.ndarray]:
             seed_index = int(streams[index].generate_state(1)[0])
-            game_scores, _ = simulate_bgm(audited, 2 * games, seed=seed_index, backend="numpy", progress=False)
+            game_scores, _ = simulate_bgm(
+                audited, 2 * games, seed=seed_index, backend="numpy", progress=False
+            )
             return game_scores.present, game_scores.absent
 
     estimates = []
-    for index in tqdm(range(repeats), desc=f"selfcheck ({mechanism}, {method})", disable=not progress, leave=False):
+    for index in tqdm(
+        range(repeats), desc=f"selfcheck ({mechanism}, {method})", disable=not progress, leave=False
+    ):
         present, absent = scores(index)
-        estimates.append(estimate_epsilon(present, absent, delta=delta, confidence=confidence, method=method).epsilon)
+        estimates.append(
+            estimate_epsilon(
+                present, absent, delta=delta, confidence=confidence, method=method
+            ).epsilon
+        )
     alarms = int(np.sum(np.asarray(estimates) > epsilon_true))
     return SelfCheck(
         mechanism=mechanism,

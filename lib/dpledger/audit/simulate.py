@@ -65,7 +65,8 @@ def simulate_scores(
     chunk_games: int | None = None,
     progress: bool = True,
 ) -> GameScores:
-    """Scores of ``games_per_side`` games on D and as many on D' (observations = 2 × games_per_side)."""
+    """Scores of ``games_per_side`` games on D and as many on D' (observations = 2 ×
+    games_per_side)."""
     if games_per_side < 1:
         raise ParamsError(f"audit: games per side = {games_per_side} is invalid: it must be >= 1")
     budget = CPU_CHUNK_ENTRIES if backend.device == "cpu" else GPU_CHUNK_ENTRIES

@@ -45,7 +45,8 @@ _register_commands()
 
 
 def main() -> None:
-    """Console-script entry: run the app, turning a :class:`DpledgerError` into one line and exit code 2."""
+    """Console-script entry: run the app, turning a :class:`DpledgerError` into one line and exit
+    code 2."""
     try:
         app()  # standalone mode: usage errors, --help and typer.Exit end the process themselves
     except DpledgerError as error:

@@ -19,7 +19,8 @@ MIN_NOISE = 1e-2
 
 
 def _default(key: str) -> Any:
-    """The params.yaml default of ``calibrate.<key>``: the CLI and the pipeline share one set of defaults."""
+    """The params.yaml default of ``calibrate.<key>``: the CLI and the pipeline share one set of
+    defaults."""
     return CalibrateParams.model_fields[key].default
 
 
@@ -28,9 +29,13 @@ def _matrix(mechanism: str, bands: int, mechanism_params: Optional[str]) -> dict
     from dpledger.mechanisms import MECHANISMS, banded_params
 
     if mechanism not in MECHANISMS:
-        raise ParamsError(f"--mechanism = {mechanism!r} is invalid: allowed values are {', '.join(MECHANISMS)}")
+        raise ParamsError(
+            f"--mechanism = {mechanism!r} is invalid: allowed values are {', '.join(MECHANISMS)}"
+        )
     if not 1 <= bands <= MAX_BANDS:
-        raise ParamsError(f"--bands = {bands} is invalid: it must be an integer in [1, {MAX_BANDS}]")
+        raise ParamsError(
+            f"--bands = {bands} is invalid: it must be an integer in [1, {MAX_BANDS}]"
+        )
     if mechanism_params is not None:
         try:
             matrix = json.loads(mechanism_params)
@@ -74,42 +79,63 @@ def _failure_text(details: dict[str, Any]) -> str:
 SAMPLER_HELP = "poisson | fixed | balls-in-bins (bins fixed across epochs) | balls-in-bins-redrawn"
 
 Delta = Annotated[float, typer.Option("--delta", help="target δ")]
-SampleRate = Annotated[Optional[float], typer.Option("--sample-rate", help="q (or give dataset and batch size)")]
-Steps = Annotated[Optional[int], typer.Option("--steps", help="steps (default epochs × batches per epoch)")]
-AccountantName = Annotated[str, typer.Option("--accountant", help="auto | pld | rdp | allocation | montecarlo")]
+SampleRate = Annotated[
+    Optional[float], typer.Option("--sample-rate", help="q (or give dataset and batch size)")
+]
+Steps = Annotated[
+    Optional[int], typer.Option("--steps", help="steps (default epochs × batches per epoch)")
+]
+AccountantName = Annotated[
+    str, typer.Option("--accountant", help="auto | pld | rdp | allocation | montecarlo")
+]
 Sampler = Annotated[str, typer.Option("--sampler", help=SAMPLER_HELP)]
 GroupSize = Annotated[int, typer.Option("--group-size", help="k: add/remove up to k examples")]
 DatasetSize = Annotated[Optional[int], typer.Option("--dataset-size", help="N training examples")]
-BatchSize = Annotated[Optional[int], typer.Option("--batch-size", help="B (expected size for poisson)")]
-BatchesPerEpoch = Annotated[Optional[int], typer.Option("--batches-per-epoch", help="b bins per epoch")]
+BatchSize = Annotated[
+    Optional[int], typer.Option("--batch-size", help="B (expected size for poisson)")
+]
+BatchesPerEpoch = Annotated[
+    Optional[int], typer.Option("--batches-per-epoch", help="b bins per epoch")
+]
 Epochs = Annotated[Optional[int], typer.Option("--epochs", help="E")]
 Mechanism = Annotated[str, typer.Option("--mechanism", help="identity | banded | toeplitz | blt")]
 Bands = Annotated[int, typer.Option("--bands", help="w for --mechanism banded")]
-MechanismParams = Annotated[Optional[str], typer.Option("--mechanism-params", help="JSON coefficients of C")]
+MechanismParams = Annotated[
+    Optional[str], typer.Option("--mechanism-params", help="JSON coefficients of C")
+]
 FailureProbability = Annotated[
     Optional[float],
     typer.Option(
-        "--failure-probability", help="Monte Carlo failure probability (default min(δ/10, 1e-6)); sets the EVR samples"
+        "--failure-probability",
+        help="Monte Carlo failure probability (default min(δ/10, 1e-6)); sets the EVR samples",
     ),
 ]
-EvrDeltaRatio = Annotated[float, typer.Option("--evr-delta-ratio", help="Monte Carlo: estimate at δ' = ratio·δ")]
+EvrDeltaRatio = Annotated[
+    float, typer.Option("--evr-delta-ratio", help="Monte Carlo: estimate at δ' = ratio·δ")
+]
 Device = Annotated[str, typer.Option("--device", help="Monte Carlo: auto | cpu | cuda")]
 Verification = Annotated[
     str,
     typer.Option(
         "--verification",
-        help="Monte Carlo EVR sampling: auto (importance where it needs fewer draws) | plain | importance",
+        help="Monte Carlo EVR sampling: auto (importance where it needs fewer draws) | plain | "
+        "importance",
     ),
 ]
-MonteCarloSamples = Annotated[int, typer.Option("--samples", help="Monte Carlo samples (estimate / calibrate σ)")]
+MonteCarloSamples = Annotated[
+    int, typer.Option("--samples", help="Monte Carlo samples (estimate / calibrate σ)")
+]
 Seed = Annotated[int, typer.Option("--seed", help="Monte Carlo seed")]
-Discretization = Annotated[float, typer.Option("--discretization", help="PLD value discretization interval")]
+Discretization = Annotated[
+    float, typer.Option("--discretization", help="PLD value discretization interval")
+]
 AsJson = Annotated[bool, typer.Option("--json", help="print a JSON object")]
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    """The options ``epsilon`` and ``noise`` share: how the run is described and which accountant reads it.
+    """The options ``epsilon`` and ``noise`` share: how the run is described and which accountant
+    reads it.
 
     Declared once: each field is one command-line option of both commands (:func:`_shared_command`).
     """
@@ -137,11 +163,13 @@ class RunOptions:
     as_json: AsJson = False
 
     def warnings(self) -> list[str]:
-        """Refuse a δ outside (0, 1) (NaN included) or a dataset size below 1; warn (returned lines) when δ >= 1/n."""
+        """Refuse a δ outside (0, 1) (NaN included) or a dataset size below 1; warn (returned lines)
+        when δ >= 1/n."""
         return _check_delta(self.delta, self.dataset_size)
 
     def description(self, noise_multiplier: float):
-        """The run these options describe, at ``noise_multiplier``; an unaccounted sampler is refused with its reason."""
+        """The run these options describe, at ``noise_multiplier``; an unaccounted sampler is
+        refused with its reason."""
         from dpledger.accounting.description import SAMPLERS, describe
         from dpledger.sampling import SAMPLERS as BUILT_SAMPLERS
 
@@ -149,11 +177,13 @@ class RunOptions:
             known = BUILT_SAMPLERS.get(self.sampler)
             reason = f" ({known.unaccounted_reason})" if known else ""
             raise ParamsError(
-                f"--sampler = {self.sampler!r} is invalid: allowed values are {', '.join(SAMPLERS)}{reason}"
+                f"--sampler = {self.sampler!r} is invalid: allowed values are "
+                f"{', '.join(SAMPLERS)}{reason}"
             )
         if self.steps is None and self.epochs is None:
             raise ParamsError(
-                "--epochs (or --steps) is missing: say how long the run is; nothing defaults to one epoch"
+                "--epochs (or --steps) is missing: say how long the run is; nothing defaults to "
+                "one epoch"
             )
         return describe(
             sampler=self.sampler,
@@ -170,11 +200,14 @@ class RunOptions:
         )
 
     def chosen_accountant(self, description):
-        """The accountant named by --accountant (``auto`` resolved for the description) with these settings."""
+        """The accountant named by --accountant (``auto`` resolved for the description) with these
+        settings."""
         from dpledger.accounting import get_accountant, resolve_accountant
 
         if not 1e-6 <= self.discretization <= 1e-1:
-            raise ParamsError(f"--discretization = {self.discretization} is invalid: it must lie in [1e-6, 0.1]")
+            raise ParamsError(
+                f"--discretization = {self.discretization} is invalid: it must lie in [1e-6, 0.1]"
+            )
         for option, key, value in (
             ("--samples", "mc_samples", self.samples),
             ("--failure-probability", "mc_failure_probability", self.failure_probability),
@@ -206,8 +239,8 @@ class RunOptions:
 
 
 def _within_params_bounds(option: str, key: str, value: Any) -> None:
-    """The bounds ``calibrate.<key>`` has in params.yaml, applied to its command-line option (``--samples 1e9``
-    would otherwise draw for hours): one line naming the option."""
+    """The bounds ``calibrate.<key>`` has in params.yaml, applied to its command-line option
+    (``--samples 1e9`` would otherwise draw for hours): one line naming the option."""
     from pydantic import TypeAdapter, ValidationError
 
     field = CalibrateParams.model_fields[key]
@@ -215,14 +248,16 @@ def _within_params_bounds(option: str, key: str, value: Any) -> None:
         TypeAdapter(Annotated[field.annotation, field]).validate_python(value)
     except ValidationError as error:
         reason = error.errors()[0]["msg"]
-        raise ParamsError(f"{option} = {value} is invalid: {reason} (the bound of calibrate.{key})") from None
+        raise ParamsError(
+            f"{option} = {value} is invalid: {reason} (the bound of calibrate.{key})"
+        ) from None
 
 
 def _shared_command(
     app: typer.Typer, name: str, first: inspect.Parameter, body: Callable[[Any, RunOptions], None]
 ) -> None:
-    """Register command ``name``: its own option ``first``, then every :class:`RunOptions` field as an option;
-    ``body(first_value, options)`` runs it."""
+    """Register command ``name``: its own option ``first``, then every :class:`RunOptions` field as
+    an option; ``body(first_value, options)`` runs it."""
     hints = get_type_hints(RunOptions, include_extras=True)
     shared = [
         inspect.Parameter(
@@ -237,13 +272,18 @@ def _shared_command(
     def command(**values: Any) -> None:
         body(values.pop(first.name), RunOptions(**values))
 
-    command.__signature__ = inspect.Signature([first.replace(kind=inspect.Parameter.KEYWORD_ONLY), *shared])
+    command.__signature__ = inspect.Signature(
+        [first.replace(kind=inspect.Parameter.KEYWORD_ONLY), *shared]
+    )
     command.__doc__ = body.__doc__
     app.command(name)(command)
 
 
-def _run_fields(description: Any, options: RunOptions, warnings: list[str], result: Any) -> dict[str, Any]:
-    """The payload fields ``epsilon`` and ``noise`` share: the run's size, the warnings and the proof's terms."""
+def _run_fields(
+    description: Any, options: RunOptions, warnings: list[str], result: Any
+) -> dict[str, Any]:
+    """The payload fields ``epsilon`` and ``noise`` share: the run's size, the warnings and the
+    proof's terms."""
     return {
         "steps": description.steps,
         "sample_rate": description.sample_rate,
@@ -256,12 +296,16 @@ def _run_fields(description: Any, options: RunOptions, warnings: list[str], resu
 
 BOUNDS = {
     "noise": (
-        "the claim: ε is the allocation upper bound on calibrate's fixed loss grid, as the pipeline records it; "
-        "dpledger epsilon at this σ refines its grid adaptively and may print a slightly different valid upper bound"
+        "the claim: ε is the allocation upper bound on calibrate's fixed loss grid, as the "
+        "pipeline records it; "
+        "dpledger epsilon at this σ refines its grid adaptively and may print a slightly different "
+        "valid upper bound"
     ),
     "epsilon": (
-        "a valid upper bound from an adaptively refined grid; the claim calibrate records (and dpledger noise "
-        "prints) for a σ is the upper bound on its fixed calibration grid, which may differ slightly"
+        "a valid upper bound from an adaptively refined grid; the claim calibrate records (and "
+        "dpledger noise "
+        "prints) for a σ is the upper bound on its fixed calibration grid, which may differ "
+        "slightly"
     ),
 }
 """Which of the allocation accountant's two valid upper bounds each command prints (issue 27)."""
@@ -327,10 +371,15 @@ def _noise(epsilon: float, options: RunOptions) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add ``epsilon`` and ``noise`` to the ``dpledger`` app."""
-    noise_multiplier = Annotated[float, typer.Option("--noise-multiplier", help="σ: noise std / clip norm")]
+    noise_multiplier = Annotated[
+        float, typer.Option("--noise-multiplier", help="σ: noise std / clip norm")
+    ]
     target = Annotated[float, typer.Option("--epsilon", help="target ε")]
     keyword = inspect.Parameter.KEYWORD_ONLY
     _shared_command(
-        app, "epsilon", inspect.Parameter("noise_multiplier", keyword, annotation=noise_multiplier), _epsilon
+        app,
+        "epsilon",
+        inspect.Parameter("noise_multiplier", keyword, annotation=noise_multiplier),
+        _epsilon,
     )
     _shared_command(app, "noise", inspect.Parameter("epsilon", keyword, annotation=target), _noise)

@@ -1,4 +1,5 @@
-"""``dpledger audit ...``: canary audits from the command line (batched Gaussian mechanism, DP-SGD, self-check)."""
+"""``dpledger audit ...``: canary audits from the command line (batched Gaussian mechanism, DP-SGD,
+self-check)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from dpledger.audit.estimate import THRESHOLD_METHODS, AuditStatistics
 from dpledger.cli import strict_json
 from dpledger.errors import ParamsError
 
-audit_app = typer.Typer(no_args_is_help=True, help="Canary audits: an empirical lower bound on ε beside the claim.")
+audit_app = typer.Typer(
+    no_args_is_help=True, help="Canary audits: an empirical lower bound on ε beside the claim."
+)
 
 
 def _print(summary: dict[str, Any], as_json: bool) -> None:
@@ -24,7 +27,10 @@ def _print(summary: dict[str, Any], as_json: bool) -> None:
 
 def _check_threshold(threshold: str) -> None:
     if threshold not in THRESHOLD_METHODS:
-        raise ParamsError(f"--threshold = {threshold!r} is invalid: allowed values are {', '.join(THRESHOLD_METHODS)}")
+        raise ParamsError(
+            f"--threshold = {threshold!r} is invalid: allowed values are "
+            f"{', '.join(THRESHOLD_METHODS)}"
+        )
 
 
 def _statistics(threshold: str, confidence: float, split_fraction: float = 0.2) -> AuditStatistics:
@@ -37,13 +43,15 @@ def _statistics(threshold: str, confidence: float, split_fraction: float = 0.2) 
 def _sampler_options(sampler: str, buffer_size: Optional[int]) -> dict[str, Any]:
     if sampler == "partial-shuffle" and buffer_size is None:
         raise ParamsError(
-            "--buffer-size is missing: --sampler partial-shuffle needs the shuffle buffer K (an integer >= 1)"
+            "--buffer-size is missing: --sampler partial-shuffle needs the shuffle buffer K (an "
+            "integer >= 1)"
         )
     return {} if buffer_size is None else {"buffer_size": buffer_size}
 
 
 def _check_numbers(positive: dict[str, float], probabilities: dict[str, float]) -> None:
-    """One line for a non-finite or non-positive size (σ, ε, clip norm, lr) or a probability outside (0, 1)."""
+    """One line for a non-finite or non-positive size (σ, ε, clip norm, lr) or a probability outside
+    (0, 1)."""
     for flag, value in positive.items():
         if not (math.isfinite(value) and value > 0):
             raise ParamsError(f"{flag} = {value} is invalid: it must be a finite number > 0")
@@ -52,17 +60,21 @@ def _check_numbers(positive: dict[str, float], probabilities: dict[str, float]) 
             raise ParamsError(f"{flag} = {value} is invalid: it must lie in (0, 1)")
 
 
-# torch.manual_seed takes at most 64 bits and numpy refuses negative seeds: one range for every audit command.
+# torch.manual_seed takes at most 64 bits and numpy refuses negative seeds: one range for every
+# audit command.
 SEED_RANGE = {"min": 0, "max": 2**32 - 1}
 
 # The options every audit command shares, declared once.
 Threshold = Annotated[
-    str, typer.Option("--threshold", help="bonferroni | split (valid) | max (uncorrected, not valid)")
+    str,
+    typer.Option("--threshold", help="bonferroni | split (valid) | max (uncorrected, not valid)"),
 ]
 Delta = Annotated[float, typer.Option("--delta", help="δ of the claim and of ε_emp")]
 Confidence = Annotated[float, typer.Option("--confidence", help="confidence of the lower bound")]
 Seed = Annotated[int, typer.Option("--seed", **SEED_RANGE, help="random seed")]
-BufferSize = Annotated[Optional[int], typer.Option("--buffer-size", help="K for --sampler partial-shuffle")]
+BufferSize = Annotated[
+    Optional[int], typer.Option("--buffer-size", help="K for --sampler partial-shuffle")
+]
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
 
 
@@ -82,14 +94,17 @@ def bgm(
         None, help="the claim to test (default: PLD ε for --claim-sampler)"
     ),
     claim_sampler: Optional[str] = typer.Option(
-        None, help="accountant's sampler for the claim: poisson | fixed (default: the sampler's own, else poisson)"
+        None,
+        help="accountant's sampler for the claim: poisson | fixed (default: the sampler's own, "
+        "else poisson)",
     ),
     buffer_size: BufferSize = None,
     split_fraction: float = typer.Option(0.2, help="held-out fraction for --threshold split"),
     backend: str = typer.Option("auto", help="auto (GPU if present) | numpy | torch"),
     as_json: AsJson = False,
 ) -> None:
-    """Audit the batched Gaussian mechanism (Worst-Case threat model) with a sampler; print ε_emp and the verdict."""
+    """Audit the batched Gaussian mechanism (Worst-Case threat model) with a sampler; print ε_emp
+    and the verdict."""
     from dpledger.audit.bgm import CLAIM_ACCOUNTANTS, BgmAudit, audit_bgm
     from dpledger.audit.result import Claim
     from dpledger.sampling.registry import sampler_class
@@ -98,7 +113,9 @@ def bgm(
     if steps < 1 or batch_size < 1:
         raise ParamsError(f"--steps = {steps}, --batch-size = {batch_size}: both must be >= 1")
     if epsilon_claimed is not None and not (math.isfinite(epsilon_claimed) and epsilon_claimed > 0):
-        raise ParamsError(f"--epsilon-claimed = {epsilon_claimed} is invalid: it must be a finite number > 0")
+        raise ParamsError(
+            f"--epsilon-claimed = {epsilon_claimed} is invalid: it must be a finite number > 0"
+        )
     own = sampler_class(sampler).accounted_as
     claim = claim_sampler or (own if own in CLAIM_ACCOUNTANTS else "poisson")
     config = BgmAudit(
@@ -118,12 +135,17 @@ def bgm(
         progress=not as_json,
     )
     result, _ = audit_bgm(config)
-    _print({**result.summary(), "claim_basis": result.claim.basis, "pair": result.setting["pair"]}, as_json)
+    _print(
+        {**result.summary(), "claim_basis": result.claim.basis, "pair": result.setting["pair"]},
+        as_json,
+    )
 
 
 @audit_app.command("selfcheck")
 def selfcheck(
-    mechanism: str = typer.Option("laplace", help="laplace (tight at every threshold) | poisson (BGM vs its PLD ε)"),
+    mechanism: str = typer.Option(
+        "laplace", help="laplace (tight at every threshold) | poisson (BGM vs its PLD ε)"
+    ),
     threshold: Threshold = "bonferroni",
     repeats: int = typer.Option(100, help="audits to run"),
     observations: int = typer.Option(20_000, help="games per audit"),
@@ -135,11 +157,14 @@ def selfcheck(
     seed: Seed = 0,
     as_json: AsJson = False,
 ) -> None:
-    """Audit a mechanism with known ε many times; report how often ε_emp exceeded it (the false-alarm rate)."""
+    """Audit a mechanism with known ε many times; report how often ε_emp exceeded it (the
+    false-alarm rate)."""
     from dpledger.audit.selfcheck import run_selfcheck
 
     statistics = _statistics(threshold, confidence)
-    _check_numbers({"--epsilon": epsilon, "--noise-multiplier": noise_multiplier}, {"--delta": delta})
+    _check_numbers(
+        {"--epsilon": epsilon, "--noise-multiplier": noise_multiplier}, {"--delta": delta}
+    )
     check = run_selfcheck(
         mechanism,
         method=statistics.method,
@@ -160,15 +185,21 @@ def selfcheck(
 
 @audit_app.command("dpsgd")
 def dpsgd(
-    threat_model: str = typer.Option("partially-informed", help="natural | partially-informed | worst-case"),
+    threat_model: str = typer.Option(
+        "partially-informed", help="natural | partially-informed | worst-case"
+    ),
     sampler: str = typer.Option("shuffle", help="sampler of the audited training runs"),
-    observations: int = typer.Option(1000, help="training runs, half with the target and half with it zeroed out"),
+    observations: int = typer.Option(
+        1000, help="training runs, half with the target and half with it zeroed out"
+    ),
     epochs: int = typer.Option(1, help="epochs per run"),
     batch_size: int = typer.Option(64, help="batch size"),
     noise_multiplier: float = typer.Option(1.0, help="σ"),
     clip_norm: float = typer.Option(1.0, help="clip norm C"),
     lr: float = typer.Option(0.5, help="learning rate"),
-    dataset_size: Optional[int] = typer.Option(None, help="use the first n training examples of the embedded data"),
+    dataset_size: Optional[int] = typer.Option(
+        None, help="use the first n training examples of the embedded data"
+    ),
     threshold: Threshold = "bonferroni",
     delta: Delta = 1e-5,
     confidence: Confidence = 0.95,
@@ -180,7 +211,10 @@ def dpsgd(
     from dpledger.audit.bgm import BgmAudit
     from dpledger.audit.dpsgd import DpsgdAudit, audit_dpsgd, digits_workload
 
-    _check_numbers({"--noise-multiplier": noise_multiplier, "--clip-norm": clip_norm, "--lr": lr}, {"--delta": delta})
+    _check_numbers(
+        {"--noise-multiplier": noise_multiplier, "--clip-norm": clip_norm, "--lr": lr},
+        {"--delta": delta},
+    )
     workload = digits_workload(seed)
     mechanism = BgmAudit(
         sampler,
@@ -195,7 +229,9 @@ def dpsgd(
         seed=seed,
         progress=not as_json,
     )
-    result = audit_dpsgd(DpsgdAudit(mechanism, threat_model=threat_model, clip_norm=clip_norm, lr=lr), workload)
+    result = audit_dpsgd(
+        DpsgdAudit(mechanism, threat_model=threat_model, clip_norm=clip_norm, lr=lr), workload
+    )
     _print({**result.summary(), "claim_basis": result.claim.basis}, as_json)
 
 

@@ -1,4 +1,5 @@
-"""Sampling commands: which samplers exist and what accounts for each; statistics of a saved schedule."""
+"""Sampling commands: which samplers exist and what accounts for each; statistics of a saved
+schedule."""
 
 from __future__ import annotations
 
@@ -24,12 +25,20 @@ def samplers(as_json: bool = typer.Option(False, "--json", help="print a JSON li
         options = ", ".join(row["options"]) or "-"
         typer.echo(f"{row['name']:<{width}}  accounted as: {accounted:<26}  options: {options}")
         typer.echo(f"{'':<{width}}  {row['description']}")
-    typer.echo("plugins: module:callable(dataset_size, batch_size, epochs, seed) -> iterable of index arrays;")
-    typer.echo("         an accounted_as attribute names the accounted sampler it declares itself equivalent to")
+    typer.echo(
+        "plugins: module:callable(dataset_size, batch_size, epochs, seed) -> iterable of index "
+        "arrays;"
+    )
+    typer.echo(
+        "         an accounted_as attribute names the accounted sampler it declares itself "
+        "equivalent to"
+    )
 
 
 def schedule_stats(
-    folder: Path = typer.Argument(Path("artifacts/schedule"), help="folder holding schedule.npz and schedule.json"),
+    folder: Path = typer.Argument(
+        Path("artifacts/schedule"), help="folder holding schedule.npz and schedule.json"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print a JSON object"),
 ) -> None:
     """Batch-size statistics, padding and coverage of a saved schedule."""
@@ -37,7 +46,9 @@ def schedule_stats(
     from dpledger.sampling.stats import schedule_stats as stats_of
 
     if not (folder / "schedule.npz").exists() or not (folder / "schedule.json").exists():
-        raise ParamsError(f"folder = {str(folder)!r} is invalid: it holds no schedule.npz and schedule.json")
+        raise ParamsError(
+            f"folder = {str(folder)!r} is invalid: it holds no schedule.npz and schedule.json"
+        )
     from dpledger.io import reading_artifact
 
     with reading_artifact(folder, "schedule"):
@@ -48,7 +59,11 @@ def schedule_stats(
         return
     width = max(len(key) for key in stats)
     for key, value in stats.items():
-        typer.echo(f"{key:<{width}}  {value:.3f}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+        typer.echo(
+            f"{key:<{width}}  {value:.3f}"
+            if isinstance(value, float)
+            else f"{key:<{width}}  {value}"
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,5 @@
-"""JSON that any parser reads: JSON has no Infinity or NaN, so ``--json`` output spells them as strings."""
+"""JSON that any parser reads: JSON has no Infinity or NaN, so ``--json`` output spells them as
+strings."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by the string "inf", "-inf" or "nan", containers
-    recursively (numpy scalars become floats first)."""
+    """``value`` with every non-finite float replaced by the string "inf", "-inf" or "nan",
+    containers recursively (numpy scalars become floats first)."""
     if isinstance(value, dict):
         return {key: jsonable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -20,5 +21,8 @@ def jsonable(value: Any) -> Any:
 
 
 def dumps(value: Any) -> str:
-    """Indented strict JSON of ``value``; values json cannot encode (numpy scalars) go through float."""
-    return json.dumps(jsonable(json.loads(json.dumps(value, default=float))), indent=2, allow_nan=False)
+    """Indented strict JSON of ``value``; values json cannot encode (numpy scalars) go through
+    float."""
+    return json.dumps(
+        jsonable(json.loads(json.dumps(value, default=float))), indent=2, allow_nan=False
+    )

@@ -1,11 +1,11 @@
-"""A generated image set for trying image classification offline (README "Does it learn?"): an npz of
-``(N, H, W, C)`` uint8 images (channels last, as most image files and libraries store them) with a label
-each, for the built-in ``cnn`` and a small ViT. Deterministic for a given seed.
+"""A generated image set for trying image classification offline (README "Does it learn?"): an npz
+of ``(N, H, W, C)`` uint8 images (channels last, as most image files and libraries store them) with
+a label each, for the built-in ``cnn`` and a small ViT. Deterministic for a given seed.
 
 Each image is a stripe pattern on a noisy background; its label is the stripes' orientation
-(0 horizontal, 1 vertical, 2 and 3 the two diagonals). Colour, phase, contrast and the noise are drawn
-independently of the label, so only the orientation decides, and it is local: a 3×3 convolution or a
-4×4 patch sees it.
+(0 horizontal, 1 vertical, 2 and 3 the two diagonals). Colour, phase, contrast and the noise are
+drawn independently of the label, so only the orientation decides, and it is local: a 3×3
+convolution or a 4×4 patch sees it.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ ORIENTATIONS = ("horizontal", "vertical", "diagonal", "anti-diagonal")
 
 
 def stripes(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-    """``(len(labels), size, size, 3)`` uint8 images: period-4 stripes of the labels' orientations, each
-    with a random colour, phase and contrast, plus Gaussian pixel noise."""
+    """``(len(labels), size, size, 3)`` uint8 images: period-4 stripes of the labels' orientations,
+    each with a random colour, phase and contrast, plus Gaussian pixel noise."""
     rows, cols = np.mgrid[0:size, 0:size]
     coordinate = np.stack([rows, cols, rows + cols, rows - cols])[labels]  # (N, H, W)
     phase = rng.uniform(0, 2 * np.pi, (len(labels), 1, 1))
@@ -33,7 +33,8 @@ def stripes(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarr
 
 
 def write_example(path: str | Path, *, examples: int = 2000, size: int = 16, seed: int = 0) -> None:
-    """Write ``path`` (an npz with ``x``: (N, size, size, 3) uint8, ``y``: int64 labels 0..3, balanced)."""
+    """Write ``path`` (an npz with ``x``: (N, size, size, 3) uint8, ``y``: int64 labels 0..3,
+    balanced)."""
     rng = np.random.default_rng(seed)
     labels = rng.permutation(np.arange(examples) % len(ORIENTATIONS))
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
-"""The language-model example's data, built on any machine with nothing downloaded: a text corpus cut
-from CPython's own ``pydoc_data.topics`` (the help texts that ship with Python), a byte-level BPE
-tokenizer trained on it with the ``tokenizers`` library and saved as a transformers tokenizer, and a
-tiny random-init causal LM saved with ``save_pretrained`` beside it. Deterministic for a given Python.
+"""The language-model example's data, built on any machine with nothing downloaded: a text corpus
+cut from CPython's own ``pydoc_data.topics`` (the help texts that ship with Python), a byte-level
+BPE tokenizer trained on it with the ``tokenizers`` library and saved as a transformers tokenizer,
+and a tiny random-init causal LM saved with ``save_pretrained`` beside it. Deterministic for a given
+Python.
 """
 
 from __future__ import annotations
@@ -29,24 +30,25 @@ ARCHITECTURES = {  # a tiny causal LM of each architecture: 2 layers, width 64, 
         "intermediate_size": 256,
     },
 }
-"""GPT-2 (the example's default) ties its LM head to the token embedding, which the engine clips as one
-weight with the ghost norm's cross terms; GPT-NeoX has an untied head. Dropout is off in both: it would
-make the verify battery's σ = 0 tests on this model (``verify.model: train``) random."""
+"""GPT-2 (the example's default) ties its LM head to the token embedding, which the engine clips as
+one weight with the ghost norm's cross terms; GPT-NeoX has an untied head. Dropout is off in both:
+it would make the verify battery's σ = 0 tests on this model (``verify.model: train``) random."""
 
 
 WIDTH_KEYS = {"gpt2": "n_embd", "gpt-neox": "hidden_size"}
 
 EXAMPLE = {"max_chars": 500_000, "vocab_size": 300, "width": 32}
-"""The bundled example's sizes (``stages.prepare``, examples/lm): all of pydoc's topics (about 465 000
-characters, 3 089 texts), a 300-token byte-level vocabulary (the 256 bytes and 43 merges) and width 32.
-Measured with examples/lm/params.yaml at ε = 8 (benchmarks/RESULTS.md, issue 29): test perplexity 54.9
-against a unigram 71.1 after 8 epochs; 4 epochs stayed near the unigram perplexity with 300 tokens (69.6
-against 71.1) and with 512 (202 against 199). A narrower model means less noise in total (σ·R·√d/B)."""
+"""The bundled example's sizes (``stages.prepare``, examples/lm): all of pydoc's topics (about 465
+000 characters, 3 089 texts), a 300-token byte-level vocabulary (the 256 bytes and 43 merges) and
+width 32. Measured with examples/lm/params.yaml at ε = 8 (benchmarks/RESULTS.md, issue 29): test
+perplexity 54.9 against a unigram 71.1 after 8 epochs; 4 epochs stayed near the unigram perplexity
+with 300 tokens (69.6 against 71.1) and with 512 (202 against 199). A narrower model means less
+noise in total (σ·R·√d/B)."""
 
 
 def corpus_texts(max_chars: int = 120_000, chunk_chars: int = 240) -> list[str]:
-    """Paragraphs of the pydoc topics (sorted by topic), whitespace-normalised, cut into pieces of at most
-    ``chunk_chars`` characters at word boundaries, until ``max_chars`` characters."""
+    """Paragraphs of the pydoc topics (sorted by topic), whitespace-normalised, cut into pieces of
+    at most ``chunk_chars`` characters at word boundaries, until ``max_chars`` characters."""
     from pydoc_data.topics import topics
 
     texts: list[str] = []
@@ -84,7 +86,10 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     )
     tokenizer.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>", unk_token="<|endoftext|>"
+        tokenizer_object=tokenizer,
+        eos_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
     )
 
 
@@ -98,11 +103,11 @@ def write_example(
     seed: int = 0,
     width: int | None = None,
 ) -> None:
-    """Write ``folder/corpus.jsonl`` (one ``{"text": ...}`` a line) and ``folder/model/`` (tokenizer, config
-    and random-init weights, all with ``save_pretrained``). ``width`` (default: the architecture's) sets the
-    hidden size and ``initializer_range`` = 1/√width: transformers' default 0.02 is sized for width 768, and
-    at width 32–64 it shrinks the gradient at every layer, so under DP noise the model learns nothing
-    (README "Does it learn?")."""
+    """Write ``folder/corpus.jsonl`` (one ``{"text": ...}`` a line) and ``folder/model/``
+    (tokenizer, config and random-init weights, all with ``save_pretrained``). ``width`` (default:
+    the architecture's) sets the hidden size and ``initializer_range`` = 1/√width: transformers'
+    default 0.02 is sized for width 768, and at width 32–64 it shrinks the gradient at every layer,
+    so under DP noise the model learns nothing (README "Does it learn?")."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -123,6 +128,8 @@ def write_example(
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**spec), trust_remote_code=False)
     with io.atomic_dir(folder) as tmp:
-        (tmp / "corpus.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+        (tmp / "corpus.jsonl").write_text(
+            "".join(json.dumps({"text": text}) + "\n" for text in texts)
+        )
         tokenizer.save_pretrained(tmp / "model")
         model.save_pretrained(tmp / "model")

@@ -4,7 +4,8 @@ saved as a transformers tokenizer. Deterministic for a given seed.
 
 Each sentence says one opinion about one subject ("the soup was truly wonderful", "i found the film
 dull"); its label is 1 when the opinion word is positive and 0 when negative. Words that carry no
-label (subjects, templates, intensifiers) are shared by both classes, so only the opinion word decides.
+label (subjects, templates, intensifiers) are shared by both classes, so only the opinion word
+decides.
 """
 
 from __future__ import annotations
@@ -75,13 +76,16 @@ def sentences(count: int, seed: int = 0) -> list[tuple[str, int]]:
         label = index % 2
         opinion = rng.choice(POSITIVE if label else NEGATIVE)
         template = TEMPLATES[rng.integers(len(TEMPLATES))]
-        filled = template.format(subject=rng.choice(SUBJECTS), intensifier=rng.choice(INTENSIFIERS), opinion=opinion)
+        filled = template.format(
+            subject=rng.choice(SUBJECTS), intensifier=rng.choice(INTENSIFIERS), opinion=opinion
+        )
         rows.append((" ".join(filled.split()), label))
     return [rows[i] for i in rng.permutation(count)]
 
 
 def train_wordpiece(texts: list[str], vocab_size: int = 200):
-    """A lower-casing WordPiece tokenizer trained on ``texts`` that adds [CLS] ... [SEP] like BERT's."""
+    """A lower-casing WordPiece tokenizer trained on ``texts`` that adds [CLS] ... [SEP] like
+    BERT's."""
     from tokenizers import (
         Tokenizer,
         decoders,
@@ -97,7 +101,9 @@ def train_wordpiece(texts: list[str], vocab_size: int = 200):
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+    )
     tokenizer.train_from_iterator(texts, trainer)
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(

@@ -1,4 +1,5 @@
-"""Readers for the embedded digits and for standard on-disk formats (npz, CIFAR-10 python, MNIST idx).
+"""Readers for the embedded digits and for standard on-disk formats (npz, CIFAR-10 python, MNIST
+idx).
 
 Inputs are scaled to [0, 1] and returned as float32; images keep a channel axis (N, C, H, W).
 Nothing in a data file is executed: npz arrays are read with ``allow_pickle=False`` and CIFAR-10's
@@ -21,7 +22,8 @@ from dpledger.errors import DpledgerError
 
 
 def load_digits() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's 1797 8x8 handwritten digits (shipped with the package), as (N, 1, 8, 8) in [0, 1]."""
+    """scikit-learn's 1797 8x8 handwritten digits (shipped with the package), as (N, 1, 8, 8) in [0,
+    1]."""
     from sklearn.datasets import load_digits as sklearn_digits
 
     bunch = sklearn_digits()
@@ -30,35 +32,43 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 def require_finite(x: np.ndarray, what: str) -> np.ndarray:
-    """``x`` unchanged, or a one-line error naming ``what`` and the first example holding a NaN or inf."""
+    """``x`` unchanged, or a one-line error naming ``what`` and the first example holding a NaN or
+    inf."""
     if np.issubdtype(x.dtype, np.inexact):
         bad = ~np.isfinite(x.reshape(x.shape[0], -1)).all(axis=1) if x.ndim > 1 else ~np.isfinite(x)
         if bad.any():
             raise DpledgerError(
-                f"{what}: example {int(np.flatnonzero(bad)[0])} holds a non-finite value (NaN or inf); every input "
+                f"{what}: example {int(np.flatnonzero(bad)[0])} holds a non-finite value (NaN or "
+                "inf); every input "
                 "must be finite (clipping cannot bound such a record's gradient), so fix or drop it"
             )
     return x
 
 
 def load_npz(path: Path) -> dict[str, np.ndarray]:
-    """An ``.npz`` with either ``x``/``y`` or ``x_train``/``y_train``/``x_test``/``y_test`` of numeric dtype."""
+    """An ``.npz`` with either ``x``/``y`` or ``x_train``/``y_train``/``x_test``/``y_test`` of
+    numeric dtype."""
     if path.is_dir():
         raise DpledgerError(f"{path}: is a folder; data.name = npz reads one .npz file")
     try:
         archive = np.load(path, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise DpledgerError(f"{path}: is a single .npy array, not an .npz archive of named arrays")
+            raise DpledgerError(
+                f"{path}: is a single .npy array, not an .npz archive of named arrays"
+            )
         with archive:
             arrays = {key: _npz_array(path, archive, key) for key in archive.files}
     except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
         raise DpledgerError(
-            f"{path}: is not a readable .npz archive (truncated or corrupt: {error})".splitlines()[0]
+            f"{path}: is not a readable .npz archive (truncated or corrupt: {error})".splitlines()[
+                0
+            ]
         ) from None
     if {"x", "y"} <= arrays.keys() or {"x_train", "y_train", "x_test", "y_test"} <= arrays.keys():
         return arrays
     raise DpledgerError(
-        f"{path}: an npz dataset needs arrays x and y, or x_train, y_train, x_test and y_test; found {sorted(arrays)}"
+        f"{path}: an npz dataset needs arrays x and y, or x_train, y_train, x_test and y_test; "
+        f"found {sorted(arrays)}"
     )
 
 
@@ -69,27 +79,37 @@ def _npz_array(path: Path, archive: np.lib.npyio.NpzFile, key: str) -> np.ndarra
         if "allow_pickle" not in str(error):
             raise
         raise DpledgerError(
-            f"{path}: array {key!r} holds Python objects (dtype=object); dpledger reads numeric arrays only "
+            f"{path}: array {key!r} holds Python objects (dtype=object); dpledger reads numeric "
+            "arrays only "
             "and never unpickles a data file (save the array with a numeric dtype)"
         ) from None
 
 
 class _ArraysOnlyUnpickler(pickle.Unpickler):
-    """Builds dicts, lists, bytes, numbers and numpy arrays; any other global (the way a pickle runs code) is refused."""
+    """Builds dicts, lists, bytes, numbers and numpy arrays; any other global (the way a pickle runs
+    code) is refused."""
 
     ALLOWED = frozenset(
         {
-            ("numpy.core.multiarray", "_reconstruct"),  # pickles written by numpy 1.x (CIFAR-10's own files)
+            (
+                "numpy.core.multiarray",
+                "_reconstruct",
+            ),  # pickles written by numpy 1.x (CIFAR-10's own files)
             ("numpy._core.multiarray", "_reconstruct"),  # and by numpy 2.x
             ("numpy", "ndarray"),
             ("numpy", "dtype"),
-            ("_codecs", "encode"),  # protocol-2 pickles spell bytes as _codecs.encode(str, "latin1")
+            (
+                "_codecs",
+                "encode",
+            ),  # protocol-2 pickles spell bytes as _codecs.encode(str, "latin1")
         }
     )
 
     def find_class(self, module: str, name: str) -> type:
         if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"it references {module}.{name}, which a CIFAR-10 batch never needs")
+            raise pickle.UnpicklingError(
+                f"it references {module}.{name}, which a CIFAR-10 batch never needs"
+            )
         return super().find_class(module, name)
 
 
@@ -97,10 +117,22 @@ def _unpickle(path: Path) -> dict:
     try:
         with open(path, "rb") as handle:
             batch = _ArraysOnlyUnpickler(handle, encoding="bytes").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, OSError) as error:
-        raise DpledgerError(f"{path}: not a CIFAR-10 python batch ({error})".splitlines()[0]) from None
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        IndexError,
+        OSError,
+    ) as error:
+        raise DpledgerError(
+            f"{path}: not a CIFAR-10 python batch ({error})".splitlines()[0]
+        ) from None
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
-        raise DpledgerError(f"{path}: not a CIFAR-10 python batch (a dict with b'data' and b'labels')")
+        raise DpledgerError(
+            f"{path}: not a CIFAR-10 python batch (a dict with b'data' and b'labels')"
+        )
     return batch
 
 
@@ -110,7 +142,8 @@ def _cifar_arrays(path: Path, batch: dict) -> tuple[np.ndarray, np.ndarray]:
         labels = np.asarray(batch[b"labels"], dtype=np.int64)
     except (ValueError, TypeError) as error:
         raise DpledgerError(
-            f"{path}: b'data' is not N rows of 3072 uint8 pixels, or b'labels' not integers ({error})"
+            f"{path}: b'data' is not N rows of 3072 uint8 pixels, or b'labels' not integers "
+            f"({error})"
         ) from None
     if labels.shape != (data.shape[0],):
         raise DpledgerError(f"{path}: {data.shape[0]} images but labels of shape {labels.shape}")
@@ -121,11 +154,15 @@ def load_cifar10_batches(folder: Path) -> tuple[np.ndarray, np.ndarray, np.ndarr
     """CIFAR-10's python version: ``data_batch_*`` for training and ``test_batch`` for test."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise DpledgerError(f"{folder}: is not a folder; data.name = cifar10 reads the folder of python batches")
+        raise DpledgerError(
+            f"{folder}: is not a folder; data.name = cifar10 reads the folder of python batches"
+        )
     train_files = sorted(folder.glob("data_batch_*"))
     test_file = folder / "test_batch"
     if not train_files or not test_file.exists():
-        raise DpledgerError(f"{folder}: expected CIFAR-10 python batches data_batch_1..5 and test_batch")
+        raise DpledgerError(
+            f"{folder}: expected CIFAR-10 python batches data_batch_1..5 and test_batch"
+        )
     parts = [_cifar_arrays(path, _unpickle(path)) for path in train_files]
     x_train = np.concatenate([p[0] for p in parts])
     y_train = np.concatenate([p[1] for p in parts])
@@ -138,7 +175,8 @@ def _open_maybe_gzip(path: Path):
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """Read one idx file (the MNIST family's format): magic, dims as big-endian uint32, then data."""
+    """Read one idx file (the MNIST family's format): magic, dims as big-endian uint32, then
+    data."""
     dtypes = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
     try:
         with _open_maybe_gzip(Path(path)) as handle:
@@ -148,9 +186,13 @@ def read_idx(path: Path) -> np.ndarray:
             shape = struct.unpack(">" + "I" * ndim, handle.read(4 * ndim))
             data = np.frombuffer(handle.read(), dtype=dtypes[dtype_code])
     except (struct.error, OSError, EOFError, ValueError) as error:
-        raise DpledgerError(f"{path}: not a readable idx file (truncated or corrupt: {error})") from None
+        raise DpledgerError(
+            f"{path}: not a readable idx file (truncated or corrupt: {error})"
+        ) from None
     if data.size != int(np.prod(shape)):
-        raise DpledgerError(f"{path}: idx header says {shape} but the file holds {data.size} values")
+        raise DpledgerError(
+            f"{path}: idx header says {shape} but the file holds {data.size} values"
+        )
     return data.reshape(shape)
 
 
@@ -161,7 +203,9 @@ def load_idx_pair(images: Path, labels: Path) -> tuple[np.ndarray, np.ndarray]:
     if x.shape[0] != y.shape[0]:
         raise DpledgerError(f"{images}: {x.shape[0]} images but {labels} has {y.shape[0]} labels")
     if x.ndim != 3 or y.ndim != 1:
-        raise DpledgerError(f"{images}: expected (N, H, W) images and N labels; found {x.shape} and {y.shape}")
+        raise DpledgerError(
+            f"{images}: expected (N, H, W) images and N labels; found {x.shape} and {y.shape}"
+        )
     return require_finite((x.astype(np.float32) / 255.0)[:, None, :, :], str(images)), y
 
 
@@ -175,6 +219,10 @@ def _find(folder: Path, stem: str) -> Path:
 def load_mnist_folder(folder: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """MNIST or Fashion-MNIST idx files under their standard names, optionally gzipped."""
     folder = Path(folder)
-    x_train, y_train = load_idx_pair(_find(folder, "train-images-idx3-ubyte"), _find(folder, "train-labels-idx1-ubyte"))
-    x_test, y_test = load_idx_pair(_find(folder, "t10k-images-idx3-ubyte"), _find(folder, "t10k-labels-idx1-ubyte"))
+    x_train, y_train = load_idx_pair(
+        _find(folder, "train-images-idx3-ubyte"), _find(folder, "train-labels-idx1-ubyte")
+    )
+    x_test, y_test = load_idx_pair(
+        _find(folder, "t10k-images-idx3-ubyte"), _find(folder, "t10k-labels-idx1-ubyte")
+    )
     return x_train, y_train, x_test, y_test

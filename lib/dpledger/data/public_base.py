@@ -120,15 +120,16 @@ def write_public_base(
     folder: Path | str, *, example: dict | None = None, **pretraining
 ) -> list[float]:
     """Write ``folder/corpus.jsonl`` (the public corpus) and ``folder/model/`` (tokenizer and the
-    tiny GPT-2 pretrained on that corpus, ``save_pretrained``), atomically. ``example`` overrides the
-    LM example's sizes (``EXAMPLE``), ``pretraining`` the keys of ``PRETRAIN``. Returns the
+    tiny GPT-2 pretrained on that corpus, ``save_pretrained``), atomically. ``example`` overrides
+    the LM example's sizes (``EXAMPLE``), ``pretraining`` the keys of ``PRETRAIN``. Returns the
     pretraining losses."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     unknown = set(pretraining) - set(PRETRAIN)
     if unknown:
         raise TypeError(
-            f"write_public_base: unknown pretraining keys {sorted(unknown)}; allowed: {list(PRETRAIN)}"
+            f"write_public_base: unknown pretraining keys {sorted(unknown)}; allowed: "
+            f"{list(PRETRAIN)}"
         )
     folder = Path(folder)
     with io.atomic_dir(folder) as tmp:

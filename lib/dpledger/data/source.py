@@ -11,11 +11,14 @@ from dpledger.params.core import DataParams
 
 
 def load_data(data: DataParams, seed: int) -> Dataset:
-    """Images (digits, npz, cifar10, mnist) or tokenized text, split into train and test with ``seed``."""
+    """Images (digits, npz, cifar10, mnist) or tokenized text, split into train and test with
+    ``seed``."""
     if data.name != "text":
         return load_dataset(data.name, data.path, data.test_fraction, seed)
     if data.path is None:
-        raise ParamsError("params: data.path is missing: data.name = 'text' reads a .jsonl or .csv file")
+        raise ParamsError(
+            "params: data.path is missing: data.name = 'text' reads a .jsonl or .csv file"
+        )
     if not Path(data.path).is_file():
         raise ParamsError(f"params: data.path = {data.path!r} is invalid: no such file")
     return load_text(data, seed)

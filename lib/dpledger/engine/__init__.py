@@ -28,7 +28,8 @@ from dpledger.engine.self_check import run_self_check as _run_self_check
 from dpledger.engine.validators import replace_batchnorm
 
 run_self_check = functools.partial(_run_self_check, engine_type=BKEngine)
-"""``engine/self_check.py``'s check with this package's :class:`BKEngine` (see ``BKEngine.self_check``)."""
+"""``engine/self_check.py``'s check with this package's :class:`BKEngine` (see
+``BKEngine.self_check``)."""
 
 __all__ = [
     "BKEngine",

@@ -1,16 +1,19 @@
-"""The Book-Keeping (BK) DP engine (003 §3.1 and §3.3): exact DP-SGD gradients at about non-private cost.
+"""The Book-Keeping (BK) DP engine (003 §3.1 and §3.3): exact DP-SGD gradients at about non-private
+cost.
 
 One forward pass with hooks that keep each layer's input ``a``; ONE backward pass of Σ_i w_i·L_i
-in which no parameter needs ``.grad`` (ghost differentiation, 003 §3.2), during which each layer's output
-gradient ``b`` gives its per-example norms at once (ghost norm or instantiated gradients); after the pass:
-clipping factors, and the clipped sum aᵀ·diag(C)·b formed directly (book-keeping), without a second
-backward pass, accumulated in place into one flat buffer that already holds the step's noise σ·R·z_t.
+in which no parameter needs ``.grad`` (ghost differentiation, 003 §3.2), during which each layer's
+output gradient ``b`` gives its per-example norms at once (ghost norm or instantiated gradients);
+after the pass: clipping factors, and the clipped sum aᵀ·diag(C)·b formed directly (book-keeping),
+without a second backward pass, accumulated in place into one flat buffer that already holds the
+step's noise σ·R·z_t.
 
 :class:`BKEngine` is a facade over parts with one job each:
 
-- ``owners.py``: configuration — which layer owns each trainable parameter, its rule, its clipping group;
-- ``recorder.py``: capture — forward hooks that keep activations, ``capture.tap`` for output gradients,
-  generic-rule calls;
+- ``owners.py``: configuration — which layer owns each trainable parameter, its rule, its clipping
+  group;
+- ``recorder.py``: capture — forward hooks that keep activations, ``capture.tap`` for output
+  gradients, generic-rule calls;
 - ``norms.py``: per-layer norms — ghost or instantiate, tied weights, generic-rule gradients;
 - ``noisy_sum.py``: the noisy sum and step — buffer, noise, clipping factors, accumulation, canary,
   all-reduce, optimizer step, the step count;
@@ -48,15 +51,17 @@ class BKEngine:
     Use: ``engine.backward(per_example_losses[, weights])`` after each forward pass of a (physical)
     batch — it adds Σ_i C_i·w_i·g_i to the step's sum, which starts as the noise σ·R·z_t — then
     ``engine.step()`` once per logical batch: it adds the canary (if any), keeps the noisy sum in
-    ``last_noisy_sum``, sets each ``p.grad`` to noisy sum / ``normalizer`` (views of one reused buffer) and steps the optimizer.
-    ``steps_taken`` counts logical steps (the privacy ledger); ``nonfinite_examples`` counts the real examples
-    whose per-example norm was NaN or inf: they get clip factor 0 and contribute exactly zero.
+    ``last_noisy_sum``, sets each ``p.grad`` to noisy sum / ``normalizer`` (views of one reused
+    buffer) and steps the optimizer. ``steps_taken`` counts logical steps (the privacy ledger);
+    ``nonfinite_examples`` counts the real examples whose per-example norm was NaN or inf: they get
+    clip factor 0 and contribute exactly zero.
 
     Constructing the engine sets ``requires_grad=False`` on the trainable parameters (ghost
-    differentiation; :meth:`detach` restores them); build the optimizer before. A trainable parameter
-    the engine cannot train exactly (a BatchNorm, a layer that mixes examples or draws random numbers in a
-    generic-rule forward) raises :class:`UnsupportedLayerError` naming it — never trained without
-    clipping, never silently frozen. ``layer_methods`` names each layer's method: ghost, instantiate, generic.
+    differentiation; :meth:`detach` restores them); build the optimizer before. A trainable
+    parameter the engine cannot train exactly (a BatchNorm, a layer that mixes examples or draws
+    random numbers in a generic-rule forward) raises :class:`UnsupportedLayerError` naming it —
+    never trained without clipping, never silently frozen. ``layer_methods`` names each layer's
+    method: ghost, instantiate, generic.
 
     Audit hooks: ``step(canary=[tensors])`` or ``canary_hook(step) -> [tensors] | None`` adds a
     caller-supplied vector (one tensor per trainable parameter, in ``parameter_names`` order) to
@@ -67,8 +72,8 @@ class BKEngine:
     force one branch. ``clipping``: "flat" (default), "per-layer" or "automatic" (see clipping.py).
     ``mechanism``/``mechanism_params``/``num_steps``: correlated noise through
     ``dpledger.mechanisms.noise_stream``. ``secure_noise``: draw noise from the OS CSPRNG.
-    ``process_group``: data-parallel training (see ``engine/distributed.py``): each rank's clipped sum is
-    all-reduced once per ``step``; only the group's rank 0 adds the noise and the canary.
+    ``process_group``: data-parallel training (see ``engine/distributed.py``): each rank's clipped
+    sum is all-reduced once per ``step``; only the group's rank 0 adds the noise and the canary.
     """
 
     def __init__(
@@ -90,7 +95,9 @@ class BKEngine:
         canary_hook: CanaryHook | None = None,
         process_group: torch.distributed.ProcessGroup | GroupSum | None = None,
     ) -> None:
-        validators.check_options(clipping, clip_norm, automatic_gamma, noise_multiplier, normalizer, ghost)
+        validators.check_options(
+            clipping, clip_norm, automatic_gamma, noise_multiplier, normalizer, ghost
+        )
         self.model, self.optimizer = model, optimizer
         self.clipping, self.automatic_gamma = clipping, automatic_gamma
         self.canary_hook = canary_hook
@@ -133,7 +140,8 @@ class BKEngine:
 
     @property
     def parameter_names(self) -> list[str]:
-        """Full names of the trainable parameters, in the order of canaries and ``last_noisy_sum``."""
+        """Full names of the trainable parameters, in the order of canaries and
+        ``last_noisy_sum``."""
         return [self._owners[id(p)].name for p in self.params]
 
     @property
@@ -159,7 +167,8 @@ class BKEngine:
 
     @property
     def last_workspace_elements(self) -> int:
-        """Per-example workspace (elements) the last backward pass chose: Grams or gradients (003 §3.3)."""
+        """Per-example workspace (elements) the last backward pass chose: Grams or gradients (003
+        §3.3)."""
         return self._norms.last_workspace_elements
 
     @property
@@ -173,12 +182,15 @@ class BKEngine:
 
     @property
     def nonfinite_examples(self) -> int:
-        """Real examples dropped so far for a non-finite norm (kept on the device: reading it syncs)."""
+        """Real examples dropped so far for a non-finite norm (kept on the device: reading it
+        syncs)."""
         return int(self._sum.nonfinite)
 
     @nonfinite_examples.setter
     def nonfinite_examples(self, value: int) -> None:
-        self._sum.nonfinite = torch.tensor(int(value), dtype=torch.int64, device=self._sum.buffer.device)
+        self._sum.nonfinite = torch.tensor(
+            int(value), dtype=torch.int64, device=self._sum.buffer.device
+        )
 
     @property
     def _handles(self) -> list[Any]:
@@ -195,11 +207,13 @@ class BKEngine:
         """Back-propagate Σ_i w_i·L_i once and add Σ_i C_i·w_i·g_i to this step's clipped sum.
 
         ``losses``: per-example losses (B,) of the last forward pass (NOT a mean). ``weights``: (B,)
-        example weights, 0 for padding rows (they then contribute exactly zero). Returns the per-example
-        norms ‖w_i·g_i‖ (flat over all layers) before clipping.
+        example weights, 0 for padding rows (they then contribute exactly zero). Returns the
+        per-example norms ‖w_i·g_i‖ (flat over all layers) before clipping.
         """
         validators.check_losses(losses)
-        if problem := placement_problem(self.params, self._sum.buffer.device, self._sum.buffer.dtype):
+        if problem := placement_problem(
+            self.params, self._sum.buffer.device, self._sum.buffer.dtype
+        ):
             raise ParamsError(problem)
         weights = None if weights is None else weights.to(losses.device)
         calls = self._recorder.take()
@@ -220,9 +234,12 @@ class BKEngine:
         self.last_norms = flat.sqrt()
         return self.last_norms
 
-    def _factors(self, norm_sq: dict[int, Tensor], flat: Tensor, dropped: Tensor) -> dict[int, Tensor]:
-        """Clipping factor / ``normalizer`` of every parameter's group, per example (``noisy_sum.factors``);
-        a subclass may override it (``verify/distributed_trainer.py`` leaves clipping to the all-reduce)."""
+    def _factors(
+        self, norm_sq: dict[int, Tensor], flat: Tensor, dropped: Tensor
+    ) -> dict[int, Tensor]:
+        """Clipping factor / ``normalizer`` of every parameter's group, per example
+        (``noisy_sum.factors``); a subclass may override it (``verify/distributed_trainer.py``
+        leaves clipping to the all-reduce)."""
         return noisy_sum.factors(
             self._owners,
             norm_sq,
@@ -254,8 +271,8 @@ class BKEngine:
         return self._sum.last_watched
 
     def step(self, canary: Sequence[Tensor] | None = None) -> None:
-        """Finish one logical step: (σ·R·z_t + clipped sum (+ canary)) / ``normalizer`` to the optimizer
-        (with a process group: summed over the ranks first, by one all-reduce)."""
+        """Finish one logical step: (σ·R·z_t + clipped sum (+ canary)) / ``normalizer`` to the
+        optimizer (with a process group: summed over the ranks first, by one all-reduce)."""
         if canary is None and self.canary_hook is not None:
             canary = self.canary_hook(self.steps_taken)
         self._sum.release(canary, self.optimizer)
@@ -263,17 +280,20 @@ class BKEngine:
     def private_step(
         self, losses: Tensor, weights: Tensor | None = None, canary: Sequence[Tensor] | None = None
     ) -> Tensor:
-        """``backward`` then ``step``: one logical step from one physical batch; returns the norms."""
+        """``backward`` then ``step``: one logical step from one physical batch; returns the
+        norms."""
         norms = self.backward(losses, weights)
         self.step(canary)
         return norms
 
     def state_dict(self) -> dict[str, Any]:
-        """The ledger part of a checkpoint: logical steps taken (the noise of step t depends only on t)."""
+        """The ledger part of a checkpoint: logical steps taken (the noise of step t depends only on
+        t)."""
         return {"steps_taken": self.steps_taken, "nonfinite_examples": self.nonfinite_examples}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the ledger; a step in progress (its noise drawn for the old position) is dropped."""
+        """Restore the ledger; a step in progress (its noise drawn for the old position) is
+        dropped."""
         self.steps_taken = int(state["steps_taken"])
         self.nonfinite_examples = int(state.get("nonfinite_examples", 0))
         self._sum.pending = False

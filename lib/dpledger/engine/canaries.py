@@ -30,7 +30,9 @@ from dpledger.sampling.schedule import Schedule
 
 ARTIFACT = "canaries.npz"
 PARTS = "canaries.part-*.npz"  # the rows of each checkpoint until the run ends
-SEED_TAG = 0xCA7A  # the canary plan's own stream of the run seed: independent of noise, batches and init
+SEED_TAG = (
+    0xCA7A  # the canary plan's own stream of the run seed: independent of noise, batches and init
+)
 
 
 @dataclass(frozen=True)
@@ -50,12 +52,17 @@ class CanaryLaw:
     def placed(self, seed: int, canaries: int) -> np.ndarray:
         """(canaries × steps) bool: where each canary would be in a batch, from the plan's seed."""
         if self.step_probability is not None:
-            rows = [stream(seed, 1, t).random(canaries) < self.step_probability for t in range(self.num_steps)]
+            rows = [
+                stream(seed, 1, t).random(canaries) < self.step_probability
+                for t in range(self.num_steps)
+            ]
             return np.stack(rows, axis=1) if rows else np.zeros((canaries, 0), dtype=bool)
         weights = np.asarray(self.slot_weights, dtype=np.float64)
         weights = weights / weights.sum()
         epochs = 1 if self.same_slot_every_epoch else self.epochs
-        slots = np.stack([stream(seed, 2, e).choice(weights.size, canaries, p=weights) for e in range(epochs)])
+        slots = np.stack(
+            [stream(seed, 2, e).choice(weights.size, canaries, p=weights) for e in range(epochs)]
+        )
         slots = np.repeat(slots, self.epochs // epochs, axis=0)  # (epochs × canaries)
         placed = slots[:, :, None] == np.arange(weights.size)[None, None, :]
         return placed.transpose(1, 0, 2).reshape(canaries, self.num_steps)
@@ -84,7 +91,9 @@ def canary_law(schedule: Schedule) -> CanaryLaw:
             "places an example"
         )
     if law.step_probability is not None:
-        return CanaryLaw(law.placement, schedule.num_steps, sampler.epochs, step_probability=law.step_probability)
+        return CanaryLaw(
+            law.placement, schedule.num_steps, sampler.epochs, step_probability=law.step_probability
+        )
     if len(law.slot_weights) * sampler.epochs != schedule.num_steps:
         raise ParamsError(
             f"audit.one_run: sampler {schedule.sampler!r} has {schedule.num_steps} steps, not "
@@ -140,7 +149,8 @@ class CanaryRecorder:
         device = engine.params[0].device
         # coordinates are sorted, so gathering parameter by parameter keeps their order
         self._gather = [
-            (int(i), torch.from_numpy(plan.coordinates[owner == i] - starts[i]).to(device)) for i in np.unique(owner)
+            (int(i), torch.from_numpy(plan.coordinates[owner == i] - starts[i]).to(device))
+            for i in np.unique(owner)
         ]
         engine.watch(self.select)
 
@@ -212,7 +222,9 @@ def _write(path: Path, **arrays: np.ndarray) -> None:
         np.savez(handle, **arrays)
 
 
-def recorder_for(enabled: bool, requested: int, run_seed: int, engine: Any, schedule: Schedule, clip_norm: float):
+def recorder_for(
+    enabled: bool, requested: int, run_seed: int, engine: Any, schedule: Schedule, clip_norm: float
+):
     """The recorder of the run's canaries, or None when the one-run audit is off. It records
     whatever the sampler: placements are drawn only by the audit (:class:`CanaryLaw`)."""
     if not enabled:

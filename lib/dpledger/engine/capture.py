@@ -1,12 +1,13 @@
 """Capture of a layer's output gradient, exact even when the output is changed in place afterwards.
 
-A tensor hook on a layer's output is not enough: when the output is a view (``o.view(...)``, transformers'
-Conv1D) and the caller changes it in place (``o += h``), torch rebases the view onto a new graph node and the
-hook never fires, so the layer's gradient would silently be zero. :func:`tap` instead passes the output through
-an identity autograd node of its own whose backward receives dL/d(output as the layer returned it) whatever
-happens to the tensor later: an in-place change adds its node after the tap, so the tap still sees the gradient
-of the value the layer produced. The tap returns an alias (no copy) that is not a view, so in-place changes to
-it are allowed exactly where they were allowed on the layer's own output.
+A tensor hook on a layer's output is not enough: when the output is a view (``o.view(...)``,
+transformers' Conv1D) and the caller changes it in place (``o += h``), torch rebases the view onto a
+new graph node and the hook never fires, so the layer's gradient would silently be zero. :func:`tap`
+instead passes the output through an identity autograd node of its own whose backward receives
+dL/d(output as the layer returned it) whatever happens to the tensor later: an in-place change adds
+its node after the tap, so the tap still sees the gradient of the value the layer produced. The tap
+returns an alias (no copy) that is not a view, so in-place changes to it are allowed exactly where
+they were allowed on the layer's own output.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ class _Tap(torch.autograd.Function):
 
 
 def tap(tensor: Tensor, sink: Sink, origin: Tensor | None = None) -> Tensor:
-    """``tensor``'s value as a fresh graph node; ``sink(dL/d tensor)`` runs when the backward pass reaches it.
+    """``tensor``'s value as a fresh graph node; ``sink(dL/d tensor)`` runs when the backward pass
+    reaches it.
 
-    ``origin``: a zero-dimensional leaf that requires grad, for a tensor that does not (the first layers), so
-    that the backward graph reaches this layer (003 §3.2 origin trick) without adding anything to the tensor."""
+    ``origin``: a zero-dimensional leaf that requires grad, for a tensor that does not (the first
+    layers), so that the backward graph reaches this layer (003 §3.2 origin trick) without adding
+    anything to the tensor."""
     return _Tap.apply(tensor, None if tensor.requires_grad else origin, sink)

@@ -1,18 +1,22 @@
-"""Checkpoints that carry the privacy ledger, so a killed run resumes and never spends privacy twice.
+"""Checkpoints that carry the privacy ledger, so a killed run resumes and never spends privacy
+twice.
 
 A checkpoint is two files: the weights ``checkpoint-step<N>.pt`` (model, optimizer and learning-rate
 schedule state only: tensors,
-numbers and strings, read with ``torch.load(weights_only=True)``, so no code in it can run) and the ledger
-``checkpoint.json`` beside it: logical steps taken = the schedule position reached (the noise of step t is a
-function of (seed, t), so no RNG state beyond it), the per-step history, a fingerprint of every input, and the
-name and SHA-256 of its weights file. Each save writes the new weights file first, then atomically replaces the
-ledger to name it, then deletes the previous weights file; a kill at any moment therefore leaves a ledger that
-names an intact weights file, and the rerun resumes from the last completed checkpoint. Only a ledger whose
-fingerprint matches the current inputs and whose digest matches its weights file leads to that file being read
-at all. The weights file also holds the ledger it was saved with: a ledger that differs from it (e.g.
-``steps_done`` rewound from 230 to 100 while still naming ``checkpoint-step230.pt``, which would run 130 noisy
-steps twice and spend their privacy again) is refused with one line, never resumed. A changed input (config, calibration, schedule, data, code) restarts training from step 0; so does a
-ledger that cannot be read or does not match its weights file (a damaged or edited file), saying why.
+numbers and strings, read with ``torch.load(weights_only=True)``, so no code in it can run) and the
+ledger ``checkpoint.json`` beside it: logical steps taken = the schedule position reached (the noise
+of step t is a function of (seed, t), so no RNG state beyond it), the per-step history, a
+fingerprint of every input, and the name and SHA-256 of its weights file. Each save writes the new
+weights file first, then atomically replaces the ledger to name it, then deletes the previous
+weights file; a kill at any moment therefore leaves a ledger that names an intact weights file, and
+the rerun resumes from the last completed checkpoint. Only a ledger whose fingerprint matches the
+current inputs and whose digest matches its weights file leads to that file being read at all. The
+weights file also holds the ledger it was saved with: a ledger that differs from it (e.g.
+``steps_done`` rewound from 230 to 100 while still naming ``checkpoint-step230.pt``, which would run
+130 noisy steps twice and spend their privacy again) is refused with one line, never resumed. A
+changed input (config, calibration, schedule, data, code) restarts training from step 0; so does a
+ledger that cannot be read or does not match its weights file (a damaged or edited file), saying
+why.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ from dpledger.errors import DpledgerError
 
 @dataclass(frozen=True)
 class Ledger:
-    """Privacy bookkeeping of a run: logical steps taken out of the schedule's, ε spent so far, the σ used,
-    how many examples were dropped for a non-finite gradient norm, and the engine's self-check."""
+    """Privacy bookkeeping of a run: logical steps taken out of the schedule's, ε spent so far, the
+    σ used, how many examples were dropped for a non-finite gradient norm, and the engine's
+    self-check."""
 
     steps_done: int
     total_steps: int
@@ -59,7 +64,8 @@ class Ledger:
 
 
 def fingerprint(*parts: Any) -> str:
-    """SHA-256 of JSON-serialisable parts, the bytes of any files (Path) and the contents of any arrays among them."""
+    """SHA-256 of JSON-serialisable parts, the bytes of any files (Path) and the contents of any
+    arrays among them."""
     digest = hashlib.sha256()
     for part in parts:
         if isinstance(part, Path):
@@ -96,14 +102,22 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: LRScheduler | None = None,
 ) -> None:
-    """Write this step's weights file, then the ledger naming it (each atomically), then delete older weights
-    files: the ledger on disk always names an intact weights file."""
+    """Write this step's weights file, then the ledger naming it (each atomically), then delete
+    older weights files: the ledger on disk always names an intact weights file."""
     weights = ledger_file.with_name(_weights_name(ledger_file, ledger.steps_done))
     with io.atomic_path(weights) as tmp:
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "ledger": _sealed(ledger)}
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "ledger": _sealed(ledger),
+        }
         state["scheduler"] = scheduler.state_dict() if scheduler is not None else None
         torch.save(state, tmp)
-    record = {**asdict(ledger), "weights_file": weights.name, "weights_sha256": _file_digest(weights)}
+    record = {
+        **asdict(ledger),
+        "weights_file": weights.name,
+        "weights_sha256": _file_digest(weights),
+    }
     io.write_json(ledger_file, record)
     for old in ledger_file.parent.iterdir():
         if old != weights and _is_weights_name(ledger_file, old.name):
@@ -112,11 +126,14 @@ def save_checkpoint(
 
 def _sealed(ledger: Ledger) -> str:
     """The ledger as canonical JSON (NaN losses included), as stored in its weights file."""
-    return json.dumps(json.loads(json.dumps(asdict(ledger), default=io.json_default)), sort_keys=True)
+    return json.dumps(
+        json.loads(json.dumps(asdict(ledger), default=io.json_default)), sort_keys=True
+    )
 
 
 def _check_bound(path: Path, ledger_file: Path, ledger: Ledger, state: dict[str, Any]) -> None:
-    """Refuse a ledger that is not the one its weights file was saved with (naming the first differing field)."""
+    """Refuse a ledger that is not the one its weights file was saved with (naming the first
+    differing field)."""
     try:
         saved = json.loads(state["ledger"])
     except (KeyError, TypeError, ValueError):
@@ -124,11 +141,19 @@ def _check_bound(path: Path, ledger_file: Path, ledger: Ledger, state: dict[str,
     if isinstance(saved, dict) and json.dumps(saved, sort_keys=True) == _sealed(ledger):
         return
     ours = asdict(ledger)
-    field_name = next((k for k in ours if not isinstance(saved, dict) or saved.get(k) != ours[k]), "ledger")
-    was = saved.get(field_name) if isinstance(saved, dict) and field_name != "history" else "another value"
+    field_name = next(
+        (k for k in ours if not isinstance(saved, dict) or saved.get(k) != ours[k]), "ledger"
+    )
+    was = (
+        saved.get(field_name)
+        if isinstance(saved, dict) and field_name != "history"
+        else "another value"
+    )
     raise DpledgerError(
-        f"train: {ledger_file} says {field_name} = {str(ours[field_name])[:40]} but {path.name} was saved with "
-        f"{field_name} = {str(was)[:40]} (an edited ledger; resuming would spend privacy twice); delete "
+        f"train: {ledger_file} says {field_name} = {str(ours[field_name])[:40]} but {path.name} "
+        "was saved with "
+        f"{field_name} = {str(was)[:40]} (an edited ledger; resuming would spend privacy twice); "
+        "delete "
         f"{path.parent} to start over from step 0"
     )
 
@@ -138,9 +163,11 @@ def _starting_over(why: str) -> None:
 
 
 def load_checkpoint(ledger_file: Path, expected_fingerprint: str) -> dict[str, Any] | None:
-    """The saved state if a checkpoint exists, was made from the same inputs and is intact, else None (start over).
+    """The saved state if a checkpoint exists, was made from the same inputs and is intact, else
+    None (start over).
 
-    The weights file is read (weights-only) only after the ledger's fingerprint and the file's digest match.
+    The weights file is read (weights-only) only after the ledger's fingerprint and the file's
+    digest match.
     """
     if not ledger_file.exists():
         return None
@@ -151,7 +178,9 @@ def load_checkpoint(ledger_file: Path, expected_fingerprint: str) -> dict[str, A
         if not isinstance(weights_name, str) or not _is_weights_name(ledger_file, weights_name):
             raise ValueError(weights_name)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
-        _starting_over(f"the checkpoint ledger {ledger_file} cannot be read ({type(error).__name__})")
+        _starting_over(
+            f"the checkpoint ledger {ledger_file} cannot be read ({type(error).__name__})"
+        )
         return None
     if ledger.fingerprint != expected_fingerprint:
         return None
@@ -163,22 +192,27 @@ def load_checkpoint(ledger_file: Path, expected_fingerprint: str) -> dict[str, A
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
         raise DpledgerError(
-            f"train: {path} cannot be loaded ({(str(error).splitlines() or [type(error).__name__])[0][:120]}); "
+            f"train: {path} cannot be loaded "
+            f"({(str(error).splitlines() or [type(error).__name__])[0][:120]}); "
             f"delete {path.parent} to start over from step 0"
         ) from None
     if not isinstance(state, dict) or not {"model", "optimizer"} <= state.keys():
-        raise DpledgerError(f"train: {path} is not a checkpoint; delete {path.parent} to start over from step 0")
+        raise DpledgerError(
+            f"train: {path} is not a checkpoint; delete {path.parent} to start over from step 0"
+        )
     _check_bound(path, ledger_file, ledger, state)
     parts = ("model", "optimizer", "scheduler")
     return {"ledger": ledger, **{part: state.get(part) for part in parts}}
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:
-    """Delete what an interrupted atomic write left in ``folder`` (``.name.XXXX.tmp`` files and ``.name.XXXX``
-    folders), so DVC never caches them as outputs; returns what was removed."""
+    """Delete what an interrupted atomic write left in ``folder`` (``.name.XXXX.tmp`` files and
+    ``.name.XXXX`` folders), so DVC never caches them as outputs; returns what was removed."""
     if not folder.is_dir():
         return []
-    stale = [p for p in folder.iterdir() if p.name.startswith(".") and (p.suffix == ".tmp" or p.is_dir())]
+    stale = [
+        p for p in folder.iterdir() if p.name.startswith(".") and (p.suffix == ".tmp" or p.is_dir())
+    ]
     for item in stale:
         shutil.rmtree(item) if item.is_dir() else item.unlink()
     return stale

@@ -1,7 +1,8 @@
 """Device choice and mixed precision: CUDA when present, CPU otherwise; autocast only on CUDA.
 
 Under autocast the engine promotes saved activations and output gradients to float32 before it
-computes norms and clipped sums (norms.py ``norm_precision``), so clipping never happens in half precision.
+computes norms and clipped sums (norms.py ``norm_precision``), so clipping never happens in half
+precision.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dpledger.devices import resolve_device
 from dpledger.errors import ParamsError
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
-"""fp16 is not offered: without loss scaling small gradients underflow (params/train.py refuses it)."""
+"""fp16 is not offered: without loss scaling small gradients underflow (params/train.py refuses
+it)."""
 
 
 def select_device(name: str = "auto") -> torch.device:
@@ -24,10 +26,12 @@ def select_device(name: str = "auto") -> torch.device:
 
 
 def autocast(device: torch.device, precision: str = "fp32") -> ContextManager:
-    """torch.autocast for bf16 on CUDA; a no-op for fp32 or on CPU (where half precision is slower)."""
+    """torch.autocast for bf16 on CUDA; a no-op for fp32 or on CPU (where half precision is
+    slower)."""
     if precision not in PRECISIONS:
         raise ParamsError(
-            f"params: train.precision = {precision!r} is invalid: allowed values are {', '.join(PRECISIONS)}"
+            f"params: train.precision = {precision!r} is invalid: allowed values are "
+            f"{', '.join(PRECISIONS)}"
         )
     dtype = PRECISIONS[precision]
     if dtype is None or device.type != "cuda":
@@ -35,16 +39,19 @@ def autocast(device: torch.device, precision: str = "fp32") -> ContextManager:
     return torch.autocast(device_type="cuda", dtype=dtype)
 
 
-def placement_problem(params: list[torch.nn.Parameter], device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why the engine's buffers (built on ``device`` in ``dtype``) no longer fit the trainable parameters, or
-    None: a model moved or cast after the engine was built (``p.grad`` would be a view of a buffer elsewhere),
-    or split over several devices."""
+def placement_problem(
+    params: list[torch.nn.Parameter], device: torch.device, dtype: torch.dtype
+) -> str | None:
+    """Why the engine's buffers (built on ``device`` in ``dtype``) no longer fit the trainable
+    parameters, or None: a model moved or cast after the engine was built (``p.grad`` would be a
+    view of a buffer elsewhere), or split over several devices."""
     found = {(p.device, p.dtype) for p in params}
     if found == {(device, dtype)}:
         return None
     places = ", ".join(sorted(f"{d} {str(t).removeprefix('torch.')}" for d, t in found))
     return (
         f"engine: the trainable parameters are on {places} but the engine was built for {device} "
-        f"{str(dtype).removeprefix('torch.')}; move or cast the model (all of it, to one device) before "
+        f"{str(dtype).removeprefix('torch.')}; move or cast the model (all of it, to one device) "
+        "before "
         "building the engine"
     )

@@ -1,12 +1,13 @@
-"""The step's noisy sum: one flat buffer holding σ·R·z_t + Σ_i C_i·w_i·g_i (+ canary), divided by the normalizer.
+"""The step's noisy sum: one flat buffer holding σ·R·z_t + Σ_i C_i·w_i·g_i (+ canary), divided by
+the normalizer.
 
-When a step begins the buffer is filled with the noise (zeros without noise, or on a rank that adds none); the
-clipped sums are formed directly into it by book-keeping (aᵀ·diag(C)·b of each ghost layer, 003 §3.1) and the
-instantiated gradients' weighted sums; :meth:`NoisySum.release` adds the canary, all-reduces it over the ranks
-and hands it to the optimizer as ``p.grad`` (views of the one buffer). It also counts the logical steps (the
-privacy ledger) and the real examples dropped for a non-finite norm. :func:`factors` are the clipping factors.
-:meth:`NoisySum.watch` keeps each step's released and clipped sums at a few coordinates (the one-run
-audit).
+When a step begins the buffer is filled with the noise (zeros without noise, or on a rank that adds
+none); the clipped sums are formed directly into it by book-keeping (aᵀ·diag(C)·b of each ghost
+layer, 003 §3.1) and the instantiated gradients' weighted sums; :meth:`NoisySum.release` adds the
+canary, all-reduces it over the ranks and hands it to the optimizer as ``p.grad`` (views of the one
+buffer). It also counts the logical steps (the privacy ledger) and the real examples dropped for a
+non-finite norm. :func:`factors` are the clipping factors. :meth:`NoisySum.watch` keeps each step's
+released and clipped sums at a few coordinates (the one-run audit).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def factors(
     groups: int,
     normalizer: float,
 ) -> dict[int, Tensor]:
-    """Clipping factor / ``normalizer`` of every parameter's group, per example (zero for ``dropped`` rows, in
-    every group); one group (flat and automatic clipping): one tensor for all parameters."""
+    """Clipping factor / ``normalizer`` of every parameter's group, per example (zero for
+    ``dropped`` rows, in every group); one group (flat and automatic clipping): one tensor for all
+    parameters."""
     threshold = group_threshold(clipping, clip_norm, groups)
     if groups == 1:
         factor = clip_factors(flat, threshold, clipping, automatic_gamma)
@@ -50,7 +52,10 @@ def factors(
     for key, value in norm_sq.items():
         group_sq.setdefault(owners[key].group, []).append(value)
     group_factors = {
-        g: clip_factors(stacked_sum(v), threshold, clipping, automatic_gamma).masked_fill(dropped, 0) / normalizer
+        g: clip_factors(stacked_sum(v), threshold, clipping, automatic_gamma).masked_fill(
+            dropped, 0
+        )
+        / normalizer
         for g, v in group_sq.items()
     }
     return {key: group_factors[owners[key].group] for key in norm_sq}
@@ -59,8 +64,8 @@ def factors(
 class NoisySum:
     """The flat buffer of ``params`` (in order, laid out by ``owners``), its noise and its release.
 
-    ``process_group``: with one, each rank's clipped sum is all-reduced once per step and only the group's
-    rank 0 (``adds_noise``) adds the noise and the canary."""
+    ``process_group``: with one, each rank's clipped sum is all-reduced once per step and only the
+    group's rank 0 (``adds_noise``) adds the noise and the canary."""
 
     def __init__(
         self,
@@ -75,7 +80,11 @@ class NoisySum:
         process_group: torch.distributed.ProcessGroup | GroupSum | None,
     ) -> None:
         self.params, self.noise = params, noise
-        self.noise_multiplier, self.clip_norm, self.normalizer = noise_multiplier, clip_norm, normalizer
+        self.noise_multiplier, self.clip_norm, self.normalizer = (
+            noise_multiplier,
+            clip_norm,
+            normalizer,
+        )
         reference = params[0]
         numel = sum(p.numel() for p in params)
         self.buffer = torch.zeros(numel, device=reference.device, dtype=reference.dtype)
@@ -84,7 +93,9 @@ class NoisySum:
             self.ranks.check_layout(numel, names, reference.device)
         self.adds_noise = self.ranks is None or self.ranks.adds_noise
         spans = [(owners[id(p)].offset, owners[id(p)].numel) for p in params]
-        self.views = [self.buffer[start : start + size].view_as(p) for p, (start, size) in zip(params, spans)]
+        self.views = [
+            self.buffer[start : start + size].view_as(p) for p, (start, size) in zip(params, spans)
+        ]
         self._view_of = {id(p): view for p, view in zip(params, self.views)}
         self._slice_of = {id(p): view.view(-1) for p, view in zip(params, self.views)}
         self.nonfinite = torch.zeros((), dtype=torch.int64, device=reference.device)
@@ -105,18 +116,21 @@ class NoisySum:
         self._select = select
 
     def drop(self, flat: Tensor, weights: Tensor | None) -> Tensor:
-        """The rows whose factor is zero: a non-finite flat norm or weight 0; the real ones of the former counted."""
+        """The rows whose factor is zero: a non-finite flat norm or weight 0; the real ones of the
+        former counted."""
         nonfinite = nonfinite_rows(flat)
         dropped = nonfinite if weights is None else nonfinite | (weights == 0)
         self.nonfinite += (nonfinite if weights is None else nonfinite & (weights != 0)).sum()
         return dropped
 
     def _open(self) -> Tensor:
-        """The buffer; when a step begins it is filled with the noise σ·R·z_t/normalizer (zeros without noise),
-        and the clipped sums and the canary, each scaled by 1/normalizer on the way in, are then added in place.
+        """The buffer; when a step begins it is filled with the noise σ·R·z_t/normalizer (zeros
+        without noise), and the clipped sums and the canary, each scaled by 1/normalizer on the way
+        in, are then added in place.
 
-        It finally holds the gradients (``p.grad`` are views), so a step allocates no parameter-sized
-        tensor and makes no separate pass to zero the buffer, add the noise or divide."""
+        It finally holds the gradients (``p.grad`` are views), so a step allocates no
+        parameter-sized tensor and makes no separate pass to zero the buffer, add the noise or
+        divide."""
         if not self.pending:
             if self.noise_multiplier > 0 and self.adds_noise:
                 scale = self.noise_multiplier * self.clip_norm / self.normalizer
@@ -137,24 +151,36 @@ class NoisySum:
         packed: Packed | None,
         dropped: Tensor,
     ) -> None:
-        """Σ_i factors[i]·g_i of every parameter into the step's buffer; rows not kept are zeroed first."""
+        """Σ_i factors[i]·g_i of every parameter into the step's buffer; rows not kept are zeroed
+        first."""
         self._open()
         for key, grads in per_example.items():
             grads = keep_rows(grads, dropped)
-            self._accumulate(key, grads.dtype, lambda out, f=factors[key], g=grads: add_weighted_sum(out, f, g))
+            self._accumulate(
+                key, grads.dtype, lambda out, f=factors[key], g=grads: add_weighted_sum(out, f, g)
+            )
         if packed is not None:
-            packed.add_clipped([self._slice_of[k] for k in packed.keys], factors[packed.keys[0]], dropped)
+            packed.add_clipped(
+                [self._slice_of[k] for k in packed.keys], factors[packed.keys[0]], dropped
+            )
         for call in ghost_calls:
             key = id(call.params["weight"])
-            a, b = (keep_rows(norm_precision(t), dropped) for t in (call.activations, call.backprops))
+            a, b = (
+                keep_rows(norm_precision(t), dropped) for t in (call.activations, call.backprops)
+            )
             self._accumulate(
-                key, b.dtype, lambda out, c=call, a=a, b=b, f=factors[key]: c.rule.clipped_sum(c.module, a, b, f, out)
+                key,
+                b.dtype,
+                lambda out, c=call, a=a, b=b, f=factors[key]: c.rule.clipped_sum(
+                    c.module, a, b, f, out
+                ),
             )
             call.activations = call.backprops = None
 
     def _accumulate(self, key: int, dtype: torch.dtype, add: Callable[[Tensor], None]) -> None:
-        """Run ``add`` on the buffer view of parameter ``key`` (its id); through a temporary of ``dtype``
-        when the parameter is stored in another precision (e.g. half parameters, float32 norms)."""
+        """Run ``add`` on the buffer view of parameter ``key`` (its id); through a temporary of
+        ``dtype`` when the parameter is stored in another precision (e.g. half parameters, float32
+        norms)."""
         view = self._view_of[key]
         if view.dtype == dtype:
             add(view)
@@ -164,21 +190,26 @@ class NoisySum:
         view.add_(temporary)
 
     def last(self) -> list[Tensor] | None:
-        """The noisy sum released by the last step, one tensor per parameter; None before the first step and
-        once the next step has begun."""
+        """The noisy sum released by the last step, one tensor per parameter; None before the first
+        step and once the next step has begun."""
         if self.steps_taken == 0 or self.pending:
             return None
         return [view * self.normalizer for view in self.views]
 
-    def release(self, canary: Sequence[Tensor] | None, optimizer: torch.optim.Optimizer | None) -> None:
-        """Finish the step: add ``canary`` (rank 0 only), all-reduce, set each ``p.grad`` to its view, step
-        ``optimizer``, count the step."""
+    def release(
+        self, canary: Sequence[Tensor] | None, optimizer: torch.optim.Optimizer | None
+    ) -> None:
+        """Finish the step: add ``canary`` (rank 0 only), all-reduce, set each ``p.grad`` to its
+        view, step ``optimizer``, count the step."""
         self._open()
         clipped = None if self._select is None else self._select(self.views) - self._noise_watched
         if canary is not None:
             validators.check_canary(canary, len(self.params))
             for view, vector in zip(self.views, canary if self.adds_noise else ()):
-                view.add_(vector.reshape(view.shape).to(view.device, view.dtype), alpha=1 / self.normalizer)
+                view.add_(
+                    vector.reshape(view.shape).to(view.device, view.dtype),
+                    alpha=1 / self.normalizer,
+                )
         if self.ranks is not None:
             self.ranks.all_reduce(self.buffer)
         if clipped is not None:

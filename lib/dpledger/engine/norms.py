@@ -1,12 +1,13 @@
 """Per-example norms of every layer, computed during the one backward pass (003 §3.2–3.3).
 
-Each hooked layer's output gradient arrives (``recorder.py``) and its per-example squared norms are formed at
-once: of a weight by the ghost norm where 2T² < p·d (keeping a and b for book-keeping), by instantiating
-per-example gradients elsewhere (then a and b are freed right away). A weight shared by several layers keeps
-the ghost norm with cross terms between its uses (``ghost_dot``) or is instantiated and summed; biases and
-normalisation parameters are always instantiated. Layers under the generic rule get their per-example
-gradients after the pass by re-running their forward per example (``layers/generic.py``). :meth:`LayerNorms.flat`
-then sums every parameter's squared norms into the flat per-example norm with few launches and no host sync.
+Each hooked layer's output gradient arrives (``recorder.py``) and its per-example squared norms are
+formed at once: of a weight by the ghost norm where 2T² < p·d (keeping a and b for book-keeping), by
+instantiating per-example gradients elsewhere (then a and b are freed right away). A weight shared
+by several layers keeps the ghost norm with cross terms between its uses (``ghost_dot``) or is
+instantiated and summed; biases and normalisation parameters are always instantiated. Layers under
+the generic rule get their per-example gradients after the pass by re-running their forward per
+example (``layers/generic.py``). :meth:`LayerNorms.flat` then sums every parameter's squared norms
+into the flat per-example norm with few launches and no host sync.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ GhostMode = Literal["auto", "always", "never"]
 
 @dataclass
 class Pass:
-    """What one backward pass collects: squared norms and instantiated gradients per parameter (by id),
-    the ghost-norm calls kept for book-keeping, the first call whose batch dimension is wrong and the first
-    call whose input was changed in place after the layer saw it."""
+    """What one backward pass collects: squared norms and instantiated gradients per parameter (by
+    id), the ghost-norm calls kept for book-keeping, the first call whose batch dimension is wrong
+    and the first call whose input was changed in place after the layer saw it."""
 
     batch: int
     use_count: Counter
@@ -60,10 +61,12 @@ def _add_to(store: dict[int, Tensor], key: int, value: Tensor) -> None:
 
 
 class LayerNorms:
-    """The backward pass's book-keeping: ghost or instantiate per layer, tied weights, generic-rule gradients.
+    """The backward pass's book-keeping: ghost or instantiate per layer, tied weights, generic-rule
+    gradients.
 
-    ``ghost``: "auto", "always" or "never" (see ``BKEngine``). ``layer_methods`` names each layer's method;
-    ``last_workspace_elements`` is the per-example workspace the last pass chose (003 §3.3)."""
+    ``ghost``: "auto", "always" or "never" (see ``BKEngine``). ``layer_methods`` names each layer's
+    method; ``last_workspace_elements`` is the per-example workspace the last pass chose (003
+    §3.3)."""
 
     def __init__(self, ghost: GhostMode) -> None:
         self.ghost = ghost
@@ -72,7 +75,8 @@ class LayerNorms:
         self._pass: Pass | None = None
 
     def begin(self, calls: list[Call | GenericCall], batch: int) -> Pass:
-        """The state of the backward pass over ``calls`` about to run; norms are taken while it is open."""
+        """The state of the backward pass over ``calls`` about to run; norms are taken while it is
+        open."""
         use_count = Counter(id(p) for c in calls for p in c.params.values())
         state = self._pass = Pass(batch, use_count, {}, {}, [])
         state.generic_calls = [c for c in calls if isinstance(c, GenericCall)]
@@ -85,24 +89,32 @@ class LayerNorms:
         self._pass = None
 
     def finish(self, state: Pass, recorder: Recorder) -> None:
-        """After the pass: refuse what it found wrong, add the cross terms of tied ghost weights and the
-        generic-rule layers' gradients (their forward re-run with ``recorder``'s hooks idle)."""
+        """After the pass: refuse what it found wrong, add the cross terms of tied ghost weights and
+        the generic-rule layers' gradients (their forward re-run with ``recorder``'s hooks idle)."""
         if state.mismatch is not None:
             call = state.mismatch
             label = f"{call.name} ({type(call.module).__name__})"
-            raise ParamsError(validators.batch_mismatch_message(label, call.activations.shape[0], state.batch))
+            raise ParamsError(
+                validators.batch_mismatch_message(label, call.activations.shape[0], state.batch)
+            )
         if state.modified is not None:
             call = state.modified
-            raise UnsupportedLayerError(validators.in_place_message(f"{call.name} ({type(call.module).__name__})"))
+            raise UnsupportedLayerError(
+                validators.in_place_message(f"{call.name} ({type(call.module).__name__})")
+            )
         for key, tied_calls in state.tied.items():
             factors = [
-                c.rule.tied_factors(c.module, norm_precision(c.activations), norm_precision(c.backprops))
+                c.rule.tied_factors(
+                    c.module, norm_precision(c.activations), norm_precision(c.backprops)
+                )
                 for c in tied_calls
                 if c.backprops is not None
             ]  # a use whose output got no gradient adds nothing
             for first in range(len(factors)):
                 for second in range(first + 1, len(factors)):
-                    state.norm_sq[key] = state.norm_sq[key] + 2 * ghost_dot(factors[first], factors[second])
+                    state.norm_sq[key] = state.norm_sq[key] + 2 * ghost_dot(
+                        factors[first], factors[second]
+                    )
         checks = []
         for call in state.generic_calls:
             self.layer_methods[call.name] = GENERIC
@@ -113,10 +125,12 @@ class LayerNorms:
         _refuse_mismatches(checks)
 
     @staticmethod
-    def flat(state: Pass, dtype: torch.dtype, groups: int, like: Tensor) -> tuple[Packed | None, Tensor]:
-        """Every parameter's squared norms (into ``state.norm_sq``) and their flat sum per example. Few launches
-        and no host sync from here on (batched.py): small per-example gradients packed (one group only), one
-        stacked sum of the norms."""
+    def flat(
+        state: Pass, dtype: torch.dtype, groups: int, like: Tensor
+    ) -> tuple[Packed | None, Tensor]:
+        """Every parameter's squared norms (into ``state.norm_sq``) and their flat sum per example.
+        Few launches and no host sync from here on (batched.py): small per-example gradients packed
+        (one group only), one stacked sum of the norms."""
         batch, norm_sq = state.batch, state.norm_sq
         packed = Packed.of(state.per_example, batch, dtype) if groups == 1 else None
         for key, grads in state.per_example.items():
@@ -124,15 +138,22 @@ class LayerNorms:
         terms = list(norm_sq.values()) + ([packed.norm_sq()] if packed is not None else [])
         return packed, stacked_sum(terms) if terms else like.new_zeros(batch)
 
-    def _tied_ghost(self, calls: list[Call | GenericCall], use_count: Counter) -> dict[int, list[Call]]:
-        """Shared weights kept on the ghost norm (id -> the calls using them): every use is a layer whose rule
-        writes its gradient as ``tied_factors``, and ("auto") the Grams (2T² per use, 2·T·T' per pair) are
-        smaller than one instantiated gradient. Other shared weights are instantiated and summed."""
+    def _tied_ghost(
+        self, calls: list[Call | GenericCall], use_count: Counter
+    ) -> dict[int, list[Call]]:
+        """Shared weights kept on the ghost norm (id -> the calls using them): every use is a layer
+        whose rule writes its gradient as ``tied_factors``, and ("auto") the Grams (2T² per use,
+        2·T·T' per pair) are smaller than one instantiated gradient. Other shared weights are
+        instantiated and summed."""
         if self.ghost == "never":
             return {}
         users: dict[int, list[Call]] = {}
         for call in calls:
-            if isinstance(call, Call) and "weight" in call.params and use_count[id(call.params["weight"])] > 1:
+            if (
+                isinstance(call, Call)
+                and "weight" in call.params
+                and use_count[id(call.params["weight"])] > 1
+            ):
                 users.setdefault(id(call.params["weight"]), []).append(call)
         tied = {}
         for key, group in users.items():
@@ -141,7 +162,8 @@ class LayerNorms:
             steps = [c.rule.ghost_cost(c.module, c.activations)[0] for c in group]
             if (
                 self.ghost == "always"
-                or sum(steps) * len(group) < group[0].rule.ghost_cost(group[0].module, group[0].activations)[1]
+                or sum(steps) * len(group)
+                < group[0].rule.ghost_cost(group[0].module, group[0].activations)[1]
             ):
                 tied[key] = group
         return tied
@@ -167,7 +189,8 @@ class LayerNorms:
 
     @exactly  # autocast follows into backward, TF32 is global: norms in full precision (precision.py)
     def take_backprops(self, call: Call, grad: Tensor) -> None:
-        """Backward hook: this call's per-example norms now, so instantiated layers free a and b at once."""
+        """Backward hook: this call's per-example norms now, so instantiated layers free a and b at
+        once."""
         call.backprops = grad.detach()
         state = self._pass
         if state is None:
@@ -178,10 +201,14 @@ class LayerNorms:
         if call.activations._version != call.version:  # see validators.in_place_message
             state.modified = state.modified or call
             return
-        # Half-precision a and b are promoted for the computations only; a ghost call keeps them as they came
-        # (GPT-2's head keeps a B × T × vocabulary b until book-keeping: twice the memory in float32).
+        # Half-precision a and b are promoted for the computations only; a ghost call keeps them as
+        # they came (GPT-2's head keeps a B × T × vocabulary b until book-keeping: twice the memory
+        # in float32).
         kept = call.activations, call.backprops
-        call.activations, call.backprops = norm_precision(call.activations), norm_precision(call.backprops)
+        call.activations, call.backprops = (
+            norm_precision(call.activations),
+            norm_precision(call.backprops),
+        )
         shared = any(state.use_count[id(p)] > 1 for p in call.params.values())
         tied = "weight" in call.params and id(call.params["weight"]) in state.tied
         names = frozenset(call.params)
@@ -214,14 +241,26 @@ class LayerNorms:
                     stack.enter_context(torch.autocast(device, dtype=dtype))
                 _refresh_changed_outputs(call)
                 return generic.per_example_grads(
-                    call.module, call.params, call.args, call.kwargs, call.layout, call.outputs, call.out_grads, batch
+                    call.module,
+                    call.params,
+                    call.args,
+                    call.kwargs,
+                    call.layout,
+                    call.outputs,
+                    call.out_grads,
+                    batch,
                 )
         except generic.GenericRuleError as error:
-            raise UnsupportedLayerError(f"engine: layer {label} cannot be trained privately: {error}") from None
-        except RuntimeError as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise UnsupportedLayerError(
-                f"engine: layer {label}: re-running its forward one example at a time (generic rule) failed: {first}"
+                f"engine: layer {label} cannot be trained privately: {error}"
+            ) from None
+        except RuntimeError as error:
+            first = (
+                str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            )
+            raise UnsupportedLayerError(
+                f"engine: layer {label}: re-running its forward one example at a time (generic "
+                f"rule) failed: {first}"
                 " (random operations such as dropout inside it must be off)"
             ) from error
         finally:
@@ -246,10 +285,14 @@ def _refuse_mismatches(checks: list[tuple[GenericCall, generic.Recomputed]]) -> 
 
 
 def _refresh_changed_outputs(call: GenericCall) -> None:
-    """Outputs changed in place after the layer returned them (``o += h``; their gradients are still exact,
-    ``capture.tap``) are recomputed for the batch from the unchanged inputs, so that the per-example
-    recomputation is still checked against what the layer produced."""
-    changed = [k for k, v in enumerate(call.output_versions) if v is not None and call.outputs[k]._version != v]
+    """Outputs changed in place after the layer returned them (``o += h``; their gradients are still
+    exact, ``capture.tap``) are recomputed for the batch from the unchanged inputs, so that the
+    per-example recomputation is still checked against what the layer produced."""
+    changed = [
+        k
+        for k, v in enumerate(call.output_versions)
+        if v is not None and call.outputs[k]._version != v
+    ]
     if changed:
         fresh = generic.batch_outputs(call.module, call.args, call.kwargs)
         for k in changed:

@@ -38,7 +38,9 @@ def make_optimizer(
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, foreach=True)
     if name == "momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=True)
+        return torch.optim.SGD(
+            params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=True
+        )
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, foreach=True)
     if name == "adamw":

@@ -1,10 +1,12 @@
-"""The engine's configuration of a model: which layer owns each trainable parameter, by which rule it is trained.
+"""The engine's configuration of a model: which layer owns each trainable parameter, by which rule
+it is trained.
 
-Built once when :class:`~dpledger.engine.bk.BKEngine` is constructed: each trainable parameter's full name, its
-offset in the flat buffer of the noisy sum and its clipping group (its first owning layer, for per-layer
-clipping); each hooked layer's name, rule (a :class:`LayerRule`, or :data:`GENERIC` for the generic exact rule,
-``layers/generic.py``) and parameters; and the layers that see (T, B, ...) tensors inside a torch transformer
-layer with ``batch_first=False``. A layer the engine cannot train is refused here (``validators.layer_refusal``).
+Built once when :class:`~dpledger.engine.bk.BKEngine` is constructed: each trainable parameter's
+full name, its offset in the flat buffer of the noisy sum and its clipping group (its first owning
+layer, for per-layer clipping); each hooked layer's name, rule (a :class:`LayerRule`, or
+:data:`GENERIC` for the generic exact rule, ``layers/generic.py``) and parameters; and the layers
+that see (T, B, ...) tensors inside a torch transformer layer with ``batch_first=False``. A layer
+the engine cannot train is refused here (``validators.layer_refusal``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ _SEQUENCE_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.T
 
 @dataclass
 class Owner:
-    """Where a trainable parameter lives: its full name and clipping group (its first owning layer)."""
+    """Where a trainable parameter lives: its full name and clipping group (its first owning
+    layer)."""
 
     name: str
     group: int
@@ -35,7 +38,8 @@ class Owner:
 
 @dataclass
 class Layout:
-    """The owners of the trainable parameters (by id) and the hooked layers (by id): name, rule, parameters."""
+    """The owners of the trainable parameters (by id) and the hooked layers (by id): name, rule,
+    parameters."""
 
     owners: dict[int, Owner]
     module_names: dict[int, str] = field(default_factory=dict)
@@ -53,8 +57,9 @@ class Layout:
 
 
 def _declared_batch_first(modules: dict[str, nn.Module], name: str) -> bool | None:
-    """``batch_first`` of the nearest enclosing torch transformer layer (nn.TransformerEncoderLayer with
-    batch_first=False passes (T, B, ...) tensors to its Linear and LayerNorm children), or None."""
+    """``batch_first`` of the nearest enclosing torch transformer layer (nn.TransformerEncoderLayer
+    with batch_first=False passes (T, B, ...) tensors to its Linear and LayerNorm children), or
+    None."""
     parts = name.split(".") if name else []
     for depth in range(len(parts) - 1, -1, -1):
         parent = modules[".".join(parts[:depth])]
@@ -65,9 +70,11 @@ def _declared_batch_first(modules: dict[str, nn.Module], name: str) -> bool | No
     return None
 
 
-def _own_parameters(module: nn.Module, children: list[str], trainable: set[int]) -> list[tuple[str, nn.Parameter]]:
-    """The trainable parameters a layer trains (attribute path, parameter): its own, the originals of its
-    parametrizations and those of the children the generic rule claims for it."""
+def _own_parameters(
+    module: nn.Module, children: list[str], trainable: set[int]
+) -> list[tuple[str, nn.Parameter]]:
+    """The trainable parameters a layer trains (attribute path, parameter): its own, the originals
+    of its parametrizations and those of the children the generic rule claims for it."""
     own = [(attr, p) for attr, p in module.named_parameters(recurse=False) if id(p) in trainable]
     own += [(path, p) for path, p in parametrized.originals(module) if id(p) in trainable]
     own += [
@@ -80,8 +87,8 @@ def _own_parameters(module: nn.Module, children: list[str], trainable: set[int])
 
 
 def map_layers(model: nn.Module, params: list[nn.Parameter]) -> Layout:
-    """The :class:`Layout` of ``model``'s trainable ``params``; a layer that cannot be trained raises
-    :class:`UnsupportedLayerError` naming it."""
+    """The :class:`Layout` of ``model``'s trainable ``params``; a layer that cannot be trained
+    raises :class:`UnsupportedLayerError` naming it."""
     trainable = {id(p) for p in params}
     full_names = {id(p): name for name, p in model.named_parameters()}
     layout = Layout({})
@@ -104,7 +111,9 @@ def map_layers(model: nn.Module, params: list[nn.Parameter]) -> Layout:
         rule = None if children else rule_for(module)
         _add_layer(layout, modules, layer_name, module, rule, own)
         fresh = [p for _, p in own if layout.owners[id(p)].group < 0]
-        if fresh:  # a module whose parameters are all tied to earlier ones is no clipping group of its own
+        if (
+            fresh
+        ):  # a module whose parameters are all tied to earlier ones is no clipping group of its own
             for p in fresh:
                 layout.owners[id(p)].group = groups
             groups += 1
@@ -119,7 +128,8 @@ def _add_layer(
     rule: LayerRule | None,
     own: list[tuple[str, nn.Parameter]],
 ) -> None:
-    """Record a layer owning ``own`` in ``layout`` under ``rule`` (None: the generic rule), or refuse it."""
+    """Record a layer owning ``own`` in ``layout`` under ``rule`` (None: the generic rule), or
+    refuse it."""
     label = f"{layer_name or '<model>'} ({type(module).__name__})"
     refusal = validators.layer_refusal(
         module,

@@ -1,14 +1,15 @@
-"""Capture of each hooked layer's activations and output gradients during one forward and backward pass.
+"""Capture of each hooked layer's activations and output gradients during one forward and backward
+pass.
 
-Forward hooks keep each layer's input ``a`` (a :class:`Call`) and pass its output through :func:`capture.tap`,
-whose backward hands the output gradient ``b`` to the engine's per-layer norms (``norms.py``) at once. A layer
-under the generic rule keeps all its inputs, outputs and their gradients (a :class:`GenericCall`). The tap
-hangs off a zero-dimensional "origin" leaf so the backward graph reaches every layer, even the first (003
-§3.2). A size-1 batch dimension is broadcast to the batch so each example gets its own gradient; (T, B, ...)
-inputs and (B·k)-row inputs are reshaped batch-first for the rules. The first training pass of the model
-also runs the guards of ``validators.py`` (parameters used outside their layers); every training pass
-refuses layers whose forward changes the model from the data, and float16
-(``precision.refuse_float16``).
+Forward hooks keep each layer's input ``a`` (a :class:`Call`) and pass its output through
+:func:`capture.tap`, whose backward hands the output gradient ``b`` to the engine's per-layer norms
+(``norms.py``) at once. A layer under the generic rule keeps all its inputs, outputs and their
+gradients (a :class:`GenericCall`). The tap hangs off a zero-dimensional "origin" leaf so the
+backward graph reaches every layer, even the first (003 §3.2). A size-1 batch dimension is broadcast
+to the batch so each example gets its own gradient; (T, B, ...) inputs and (B·k)-row inputs are
+reshaped batch-first for the rules. The first training pass of the model also runs the guards of
+``validators.py`` (parameters used outside their layers); every training pass refuses layers whose
+forward changes the model from the data, and float16 (``precision.refuse_float16``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class Call:
 
 @dataclass
 class GenericCall:
-    """One forward call of a layer under the generic rule: all its inputs, its outputs and their gradients."""
+    """One forward call of a layer under the generic rule: all its inputs, its outputs and their
+    gradients."""
 
     name: str
     module: nn.Module
@@ -62,11 +64,13 @@ class GenericCall:
 
 
 class Recorder:
-    """The forward hooks of one engine: the calls of the last training forward pass, for its backward.
+    """The forward hooks of one engine: the calls of the last training forward pass, for its
+    backward.
 
-    ``on_backprops(call, grad)`` receives each :class:`Call`'s output gradient during the backward pass.
-    ``handles`` are the hooks that capture; ``check_handles`` those of the first-pass check, removed by
-    :meth:`take` once it has passed. ``recomputing`` is set while the generic rule re-runs a layer's forward.
+    ``on_backprops(call, grad)`` receives each :class:`Call`'s output gradient during the backward
+    pass. ``handles`` are the hooks that capture; ``check_handles`` those of the first-pass check,
+    removed by :meth:`take` once it has passed. ``recomputing`` is set while the generic rule
+    re-runs a layer's forward.
     """
 
     def __init__(
@@ -80,12 +84,18 @@ class Recorder:
         self.origins: dict[tuple[torch.device, torch.dtype], Tensor] = {}
         self.recomputing = False
         self.model_batch: int | None = None
-        self.row_sources: dict[int, tuple[Any, int]] = {}  # this forward's taps of proved (B·k)-row outputs: k
+        self.row_sources: dict[
+            int, tuple[Any, int]
+        ] = {}  # this forward's taps of proved (B·k)-row outputs: k
         hooked = layout.hooked_modules(model)
-        self.handles = [module.register_forward_hook(self._forward_hook, with_kwargs=True) for module in hooked]
+        self.handles = [
+            module.register_forward_hook(self._forward_hook, with_kwargs=True) for module in hooked
+        ]
         self.handles.append(model.register_forward_pre_hook(self._note_batch, with_kwargs=True))
         self.handles += [
-            module.register_forward_pre_hook(functools.partial(validators.refuse_data_dependent_state, model))
+            module.register_forward_pre_hook(
+                functools.partial(validators.refuse_data_dependent_state, model)
+            )
             for module in model.modules()
             if isinstance(module, (_BatchNorm, _InstanceNorm, nn.Embedding))
         ]
@@ -106,7 +116,8 @@ class Recorder:
             ]
 
     def take(self) -> list[Call | GenericCall]:
-        """The calls recorded since the last take; removes the first-pass check's hooks once it has passed."""
+        """The calls recorded since the last take; removes the first-pass check's hooks once it has
+        passed."""
         if self.check_passed:
             for handle in self.check_handles:
                 handle.remove()
@@ -125,18 +136,28 @@ class Recorder:
         self.handles = self.check_handles = []
 
     def _origin(self, like: Tensor) -> Tensor:
-        """A zero-dimensional leaf that requires grad, an input of the tap on a layer output that would otherwise
-        not need a gradient (the first layers), so the backward graph reaches every layer (003 §3.2 origin
-        trick)."""
+        """A zero-dimensional leaf that requires grad, an input of the tap on a layer output that
+        would otherwise not need a gradient (the first layers), so the backward graph reaches every
+        layer (003 §3.2 origin trick)."""
         key = (like.device, like.dtype)
         if key not in self.origins:
-            self.origins[key] = torch.zeros((), device=like.device, dtype=like.dtype, requires_grad=True)
+            self.origins[key] = torch.zeros(
+                (), device=like.device, dtype=like.dtype, requires_grad=True
+            )
         return self.origins[key]
 
     def _begin_check(self, model: nn.Module, inputs: tuple[Any, ...]) -> None:
-        """First training forward pass of the model: watch for parameters used outside their layers."""
-        if self.check is None and not self.check_passed and torch.is_grad_enabled() and self.model.training:
-            self.check = validators.OutsideUses({key: o.name for key, o in self.layout.owners.items()})
+        """First training forward pass of the model: watch for parameters used outside their
+        layers."""
+        if (
+            self.check is None
+            and not self.check_passed
+            and torch.is_grad_enabled()
+            and self.model.training
+        ):
+            self.check = validators.OutsideUses(
+                {key: o.name for key, o in self.layout.owners.items()}
+            )
             self.check.__enter__()
 
     def _enter_layer(self, own: tuple[frozenset[int], bool]) -> None:
@@ -152,17 +173,27 @@ class Recorder:
         if check is None:
             return
         check.__exit__(None, None, None)
-        if output is None:  # the forward pass raised (torch then calls this hook with no output): check the next one
+        if (
+            output is None
+        ):  # the forward pass raised (torch then calls this hook with no output): check the next one
             return
         if check.found is not None:
             self.calls = []
             raise UnsupportedLayerError(validators.outside_use_message(check.found))
-        self.check_passed = True  # its hooks are removed by the next take: not while torch iterates over them
+        self.check_passed = (
+            True  # its hooks are removed by the next take: not while torch iterates over them
+        )
 
     def _note_batch(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """The batch size B of this forward pass: the leading size of the model's first tensor input."""
+        """The batch size B of this forward pass: the leading size of the model's first tensor
+        input."""
         first = next(
-            (leaf for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, Tensor) and leaf.dim()), None
+            (
+                leaf
+                for leaf in tree_flatten((args, kwargs))[0]
+                if isinstance(leaf, Tensor) and leaf.dim()
+            ),
+            None,
         )
         self.model_batch = None if first is None else first.shape[0]
         self.row_sources = {}
@@ -171,30 +202,38 @@ class Recorder:
             refuse_float16_autocast(where, None if first is None else first.device)
 
     def _broadcast(self, tensor: Tensor, dim: int, name: str) -> Tensor:
-        """A tensor of size 1 along the batch dimension ``dim`` while the batch has B > 1 examples (BERT's
-        position embeddings, T5's relative position bias) as B copies, so that its gradient is each example's
-        own rather than their sum; downstream it broadcasts the same."""
+        """A tensor of size 1 along the batch dimension ``dim`` while the batch has B > 1 examples
+        (BERT's position embeddings, T5's relative position bias) as B copies, so that its gradient
+        is each example's own rather than their sum; downstream it broadcasts the same."""
         batch = self.model_batch
         if batch is None or batch <= 1 or tensor.dim() <= dim or tensor.shape[dim] != 1:
             return tensor
-        if self.check is not None:  # the first pass: a model that cannot take the expanded tensor is named
+        if (
+            self.check is not None
+        ):  # the first pass: a model that cannot take the expanded tensor is named
             self.check.broadcast.append(name)
         return tensor.expand(*tensor.shape[:dim], batch, *tensor.shape[dim + 1 :]).contiguous()
 
     def _rows(self, rule: LayerRule, inputs: Tensor, output: Tensor) -> int | None:
-        """k when the layer's (B·k, ...) input rows are proved to be k rows of each example in turn, else None."""
+        """k when the layer's (B·k, ...) input rows are proved to be k rows of each example in turn,
+        else None."""
         return (
             self.model_batch
             and rule.rowwise
             and (
                 validators.flattened_rows(inputs, output, self.model_batch)
-                or validators.rows_of_proved_rows(inputs, output, self.model_batch, self.row_sources)
+                or validators.rows_of_proved_rows(
+                    inputs, output, self.model_batch, self.row_sources
+                )
             )
         )
 
-    def _forward_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
-        # The model's mode, not the layer's: a layer put in eval mode inside a training model still trains
-        # (skipping it would leave its parameters only noise); an evaluation pass of the model is skipped.
+    def _forward_hook(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> Any:
+        # The model's mode, not the layer's: a layer put in eval mode inside a training model still
+        # trains (skipping it would leave its parameters only noise); an evaluation pass of the
+        # model is skipped.
         if self.recomputing or not torch.is_grad_enabled() or not self.model.training:
             return None
         name, rule = self.layout.module_names[id(module)], self.layout.rules[id(module)]
@@ -206,18 +245,28 @@ class Recorder:
         inputs = args[0] if args else next(iter(kwargs.values()), None)
         if not isinstance(inputs, Tensor) or not isinstance(output, Tensor):
             raise UnsupportedLayerError(
-                f"engine: layer {name} ({type(module).__name__}) was called without a tensor input or output"
+                f"engine: layer {name} ({type(module).__name__}) was called without a tensor input "
+                "or output"
             )
         if inputs.dim() and inputs.shape[0] == 1 and output.dim() and output.shape[0] == 1:
             inputs, output = self._broadcast(inputs, 0, name), self._broadcast(output, 0, name)
         version = inputs._version
-        sequence_first = id(module) in self.layout.sequence_first and inputs.dim() > 1  # (T, B, ...): rules want B
+        sequence_first = (
+            id(module) in self.layout.sequence_first and inputs.dim() > 1
+        )  # (T, B, ...): rules want B
         rows = self._rows(rule, inputs, output)
         if sequence_first:
             inputs = inputs.transpose(0, 1)
         elif rows:  # (B·k, ...) rows of a batch-first tensor: (B, k, ...) for the rule
             inputs = inputs.unflatten(0, (-1, rows))
-        call = Call(name, module, rule, self.layout.layer_params[id(module)], inputs.detach(), version=version)
+        call = Call(
+            name,
+            module,
+            rule,
+            self.layout.layer_params[id(module)],
+            inputs.detach(),
+            version=version,
+        )
         self.calls.append(call)
         sink = functools.partial(self._sink, call, tuple(inputs.shape), sequence_first, rows)
         tapped = capture.tap(output, sink, self._origin(output))
@@ -225,22 +274,43 @@ class Recorder:
             self.row_sources[id(tapped.grad_fn)] = (tapped.grad_fn, rows)
         return tapped
 
-    def _sink(self, call: Call, shape: tuple[int, ...], sequence_first: bool, rows: int | None, grad: Tensor) -> None:
-        """The tap's backward: the output gradient, batch-first, to ``on_backprops``; a rule given a layout it
-        does not know is refused naming the layer."""
-        grad = grad.transpose(0, 1) if sequence_first else grad.unflatten(0, (-1, rows)) if rows else grad
+    def _sink(
+        self,
+        call: Call,
+        shape: tuple[int, ...],
+        sequence_first: bool,
+        rows: int | None,
+        grad: Tensor,
+    ) -> None:
+        """The tap's backward: the output gradient, batch-first, to ``on_backprops``; a rule given a
+        layout it does not know is refused naming the layer."""
+        grad = (
+            grad.transpose(0, 1)
+            if sequence_first
+            else grad.unflatten(0, (-1, rows))
+            if rows
+            else grad
+        )
         try:
             self.on_backprops(call, grad)
         except torch.OutOfMemoryError:
             raise
         except (RuntimeError, IndexError) as error:
             label = f"{call.name} ({type(call.module).__name__})"
-            raise UnsupportedLayerError(validators.rule_failure_message(label, shape, error)) from error
+            raise UnsupportedLayerError(
+                validators.rule_failure_message(label, shape, error)
+            ) from error
 
     def _record_generic(
-        self, name: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+        self,
+        name: str,
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
     ) -> Any:
-        """Keep every input and output of a generic-rule call; hooks collect each output's gradient."""
+        """Keep every input and output of a generic-rule call; hooks collect each output's
+        gradient."""
         reason = generic.check_call(module, args, kwargs)
         if reason:
             raise UnsupportedLayerError(f"engine: layer {name} ({type(module).__name__}): {reason}")
@@ -267,9 +337,10 @@ class Recorder:
         for k, leaf in enumerate(leaves):
             if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
                 continue
-            # A fresh node (capture.tap): a hook on the module's own tensor would also collect the gradient of the
-            # module's internal uses of it (attention weights it multiplies by the values), which the re-run
-            # forward counts again, and would miss the gradient when the output is changed in place afterwards.
+            # A fresh node (capture.tap): a hook on the module's own tensor would also collect the
+            # gradient of the module's internal uses of it (attention weights it multiplies by the
+            # values), which the re-run forward counts again, and would miss the gradient when the
+            # output is changed in place afterwards.
             leaf = self._broadcast(leaf, layout.outputs[k], name)
             sink = lambda grad, k=k: call.out_grads.__setitem__(k, grad.detach())  # noqa: E731
             leaf = leaves[k] = capture.tap(leaf, sink, self._origin(leaf))

@@ -1,4 +1,5 @@
-"""Reference DP-SGD: exact per-example gradients by ``torch.func`` (vmap of grad), clipped one by one.
+"""Reference DP-SGD: exact per-example gradients by ``torch.func`` (vmap of grad), clipped one by
+one.
 
 Slow and simple on purpose: it is the independent computation the BK engine is tested against
 (float64, 1e-10 relative) and the foundation's trainer. Same update rule and noise as the engine:
@@ -19,7 +20,9 @@ from dpledger.engine.noise import NoiseSource
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
-def per_example_gradients(model: nn.Module, loss_fn: LossFn, inputs: Tensor, targets: Tensor) -> dict[str, Tensor]:
+def per_example_gradients(
+    model: nn.Module, loss_fn: LossFn, inputs: Tensor, targets: Tensor
+) -> dict[str, Tensor]:
     """{parameter name: (B, *shape)} — ∂L_i/∂θ for each example i separately."""
     params = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
     buffers = dict(model.named_buffers())
@@ -39,17 +42,25 @@ def clipped_sum(
     clipping: str = "flat",
     automatic_gamma: float = 0.01,
 ) -> dict[str, Tensor]:
-    """Σ_i C_i·w_i·g_i; per-layer groups are the parameters' owning modules (name up to the last dot)."""
+    """Σ_i C_i·w_i·g_i; per-layer groups are the parameters' owning modules (name up to the last
+    dot)."""
     check_clipping(clipping, clip_norm, automatic_gamma)
     if weights is not None:
-        per_example = {n: g * weights.to(g.dtype).reshape(-1, *[1] * (g.dim() - 1)) for n, g in per_example.items()}
+        per_example = {
+            n: g * weights.to(g.dtype).reshape(-1, *[1] * (g.dim() - 1))
+            for n, g in per_example.items()
+        }
     groups = {n: (n.rsplit(".", 1)[0] if clipping == "per-layer" else "") for n in per_example}
     distinct = sorted(set(groups.values()))
     threshold = group_threshold(clipping, clip_norm, len(distinct))
     batch = next(iter(per_example.values())).shape[0]
     factors = {}
     for group in distinct:
-        norm_sq = sum(g.reshape(batch, -1).square().sum(1) for n, g in per_example.items() if groups[n] == group)
+        norm_sq = sum(
+            g.reshape(batch, -1).square().sum(1)
+            for n, g in per_example.items()
+            if groups[n] == group
+        )
         factor = clip_factors(norm_sq, threshold, clipping, automatic_gamma)
         factors[group] = factor if weights is None else factor * (weights != 0).to(factor.dtype)
     return {n: torch.tensordot(factors[groups[n]], g, dims=1) for n, g in per_example.items()}
@@ -80,7 +91,10 @@ class ReferenceTrainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         reference = self.params[0]
         self.noise = NoiseSource(
-            sum(p.numel() for p in self.params), seed=seed, device=reference.device, dtype=reference.dtype
+            sum(p.numel() for p in self.params),
+            seed=seed,
+            device=reference.device,
+            dtype=reference.dtype,
         )
         self.steps_taken = 0
 
@@ -91,7 +105,9 @@ class ReferenceTrainer:
             weights=weights,
             clipping=self.clipping,
         )
-        flat = torch.cat([sums[name].reshape(-1) for name, p in self.model.named_parameters() if p.requires_grad])
+        flat = torch.cat(
+            [sums[name].reshape(-1) for name, p in self.model.named_parameters() if p.requires_grad]
+        )
         if self.noise_multiplier > 0:
             flat = flat + self.noise_multiplier * self.clip_norm * self.noise.draw(self.steps_taken)
         offset = 0

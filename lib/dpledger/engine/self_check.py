@@ -200,8 +200,8 @@ def run_self_check(
     ``requires_grad``); ``only``: glob patterns over those names to check a subset (the others are
     frozen on the copy). ``hidden_hooks``: an attached engine's own hooks, left off the copy. A
     mismatch above the tolerance raises :class:`SelfCheckError` with one line, unless
-    ``raise_on_mismatch`` is False. ``engine_type``: the engine class under test (``BKEngine``; passed
-    in, so that this module and the engine's ``self_check`` method do not import each other).
+    ``raise_on_mismatch`` is False. ``engine_type``: the engine class under test (``BKEngine``;
+    passed in, so that this module and the engine's ``self_check`` method do not import each other).
     """
     started = time.perf_counter()
     trainable, names = _checked_names(model, trainable, only)

@@ -1,10 +1,12 @@
-"""What the engine refuses, kept apart from the engine (as Opacus keeps ``validators/``), and the one fix it offers.
+"""What the engine refuses, kept apart from the engine (as Opacus keeps ``validators/``), and the
+one fix it offers.
 
-Checks that run on construction (options, layers the engine cannot train), on the first training forward pass
-(parameters used outside their layers), during training (layers whose forward pass changes the model from the
-data; losses that are not per-example; canaries of the wrong length) and after the backward pass (inputs changed
-in place, layers whose batch dimension is not the losses'), plus :func:`replace_batchnorm`, the explicit
-one-call fix for BatchNorm (which mixes examples, so no per-example gradient exists).
+Checks that run on construction (options, layers the engine cannot train), on the first training
+forward pass (parameters used outside their layers), during training (layers whose forward pass
+changes the model from the data; losses that are not per-example; canaries of the wrong length) and
+after the backward pass (inputs changed in place, layers whose batch dimension is not the losses'),
+plus :func:`replace_batchnorm`, the explicit one-call fix for BatchNorm (which mixes examples, so no
+per-example gradient exists).
 """
 
 from __future__ import annotations
@@ -25,38 +27,51 @@ from dpledger.errors import DpledgerError, ParamsError
 
 
 class UnsupportedLayerError(DpledgerError):
-    """A trainable parameter sits in a layer the engine cannot train privately (it names the layer and why)."""
+    """A trainable parameter sits in a layer the engine cannot train privately (it names the layer
+    and why)."""
 
 
 GHOST_MODES = ("auto", "always", "never")
 BATCHNORM_FIX = (
-    "replace it with GroupNorm by dpledger.engine.replace_batchnorm(model), or put it in eval mode with running "
+    "replace it with GroupNorm by dpledger.engine.replace_batchnorm(model), or put it in eval mode "
+    "with running "
     "statistics and freeze it"
 )
 
 
 def check_options(
-    clipping: str, clip_norm: float, automatic_gamma: float, noise_multiplier: float, normalizer: float, ghost: str
+    clipping: str,
+    clip_norm: float,
+    automatic_gamma: float,
+    noise_multiplier: float,
+    normalizer: float,
+    ghost: str,
 ) -> None:
     """The engine's numeric and mode options, each refused with one line naming it."""
     check_clipping(clipping, clip_norm, automatic_gamma)
     if not noise_multiplier >= 0:
-        raise ParamsError(f"engine: noise_multiplier = {noise_multiplier!r} is invalid: it must be >= 0")
+        raise ParamsError(
+            f"engine: noise_multiplier = {noise_multiplier!r} is invalid: it must be >= 0"
+        )
     if not normalizer > 0:
         raise ParamsError(f"engine: normalizer = {normalizer!r} is invalid: it must be > 0")
     if ghost not in GHOST_MODES:
-        raise ParamsError(f"engine: ghost = {ghost!r} is invalid: allowed values are {', '.join(GHOST_MODES)}")
+        raise ParamsError(
+            f"engine: ghost = {ghost!r} is invalid: allowed values are {', '.join(GHOST_MODES)}"
+        )
 
 
 def layer_refusal(
     module: nn.Module, label: str, names: list[str], rule: LayerRule | None, attrs: list[str]
 ) -> str | None:
-    """Why a layer owning the trainable parameters ``names`` (attributes ``attrs``) cannot be trained, or None:
-    a BatchNorm (it mixes examples; the fix is :func:`replace_batchnorm`), or a rule that refuses this layer's
-    configuration or does not know one of its parameters. Layers without a rule get the generic rule."""
+    """Why a layer owning the trainable parameters ``names`` (attributes ``attrs``) cannot be
+    trained, or None: a BatchNorm (it mixes examples; the fix is :func:`replace_batchnorm`), or a
+    rule that refuses this layer's configuration or does not know one of its parameters. Layers
+    without a rule get the generic rule."""
     if isinstance(module, _BatchNorm):
         return (
-            f"engine: trainable parameter {', '.join(names)} is in layer {label}, a BatchNorm: it mixes examples, "
+            f"engine: trainable parameter {', '.join(names)} is in layer {label}, a BatchNorm: it "
+            "mixes examples, "
             f"so no per-example gradient exists; {BATCHNORM_FIX}"
         )
     if rule is None:
@@ -64,27 +79,31 @@ def layer_refusal(
     reason = rule.validate(module) if rule.validate else None
     unknown = [attr for attr in attrs if attr not in rule.parameters]
     if reason or unknown:
-        why = reason or f"the rule knows only {', '.join(rule.parameters)}, not {', '.join(unknown)}"
+        why = (
+            reason or f"the rule knows only {', '.join(rule.parameters)}, not {', '.join(unknown)}"
+        )
         return f"engine: layer {label} cannot be trained privately: {why}"
     return None
 
 
 def data_dependent_state(module: nn.Module) -> str | None:
-    """Why ``module`` (a BatchNorm, InstanceNorm or Embedding), run while the model trains and even with frozen
-    parameters, changes the model from the data without noise or mixes examples; None when it does not:
+    """Why ``module`` (a BatchNorm, InstanceNorm or Embedding), run while the model trains and even
+    with frozen parameters, changes the model from the data without noise or mixes examples; None
+    when it does not:
 
     - a BatchNorm that normalises with (and updates running stats from) the batch: every example's
-      gradient then depends on the other examples and the padding rows, so clipping no longer bounds one
-      example's contribution (and the running stats in the released model come from the data);
-    - an InstanceNorm that tracks running statistics (its normalisation is per example, but the running
-      stats in the released model are computed from the data without noise);
+      gradient then depends on the other examples and the padding rows, so clipping no longer bounds
+      one example's contribution (and the running stats in the released model come from the data);
+    - an InstanceNorm that tracks running statistics (its normalisation is per example, but the
+      running stats in the released model are computed from the data without noise);
     - an Embedding with ``max_norm``, which renormalises the looked-up rows in place."""
     if isinstance(module, _BatchNorm):
         return (
             None
             if not module.training and module.running_mean is not None
             else (
-                "normalises with batch statistics, which mix examples (and padding rows) into every per-example "
+                "normalises with batch statistics, which mix examples (and padding rows) into "
+                "every per-example "
                 f"gradient; {BATCHNORM_FIX}"
             )
         )
@@ -100,9 +119,12 @@ def data_dependent_state(module: nn.Module) -> str | None:
     return None if module.max_norm is None else f"{MAX_NORM_REASON}; use max_norm=None"
 
 
-def refuse_data_dependent_state(model: nn.Module, module: nn.Module, inputs: tuple[object, ...]) -> None:
-    """Forward pre-hook: refuse, while ``model`` trains and even with frozen parameters, a layer whose forward
-    pass changes the model from the data without noise or mixes examples (the cases: :func:`data_dependent_state`)."""
+def refuse_data_dependent_state(
+    model: nn.Module, module: nn.Module, inputs: tuple[object, ...]
+) -> None:
+    """Forward pre-hook: refuse, while ``model`` trains and even with frozen parameters, a layer
+    whose forward pass changes the model from the data without noise or mixes examples (the cases:
+    :func:`data_dependent_state`)."""
     if not model.training:
         return
     reason = data_dependent_state(module)
@@ -114,7 +136,9 @@ def refuse_data_dependent_state(model: nn.Module, module: nn.Module, inputs: tup
 def check_losses(losses: Tensor) -> None:
     """``engine.backward`` takes per-example losses, shape (B,), not their mean."""
     if losses.dim() != 1:
-        raise ParamsError(f"engine: losses must be per-example, shape (B,), got {tuple(losses.shape)}")
+        raise ParamsError(
+            f"engine: losses must be per-example, shape (B,), got {tuple(losses.shape)}"
+        )
 
 
 NO_FORWARD = (
@@ -124,19 +148,24 @@ NO_FORWARD = (
 
 
 def batch_mismatch_message(label: str, rows: int, batch: int) -> str:
-    """A layer whose input's leading dimension is not the batch and could not be proved to be rows of it."""
+    """A layer whose input's leading dimension is not the batch and could not be proved to be rows
+    of it."""
     return (
         f"engine: layer {label} saw batch dimension "
         f"{rows} but there are {batch} losses; its input must be batch-first "
-        "(or of size 1 there, shared by the batch), or its rows a contiguous view of a batch-first tensor "
-        "(x.view(-1, d) of x (B, T, d)), where the engine can prove which example each row belongs to"
+        "(or of size 1 there, shared by the batch), or its rows a contiguous view of a batch-first "
+        "tensor "
+        "(x.view(-1, d) of x (B, T, d)), where the engine can prove which example each row belongs "
+        "to"
     )
 
 
 def check_canary(canary: object, parameters: int) -> None:
     """A canary has one tensor per trainable parameter."""
     if len(canary) != parameters:
-        raise ParamsError(f"engine: a canary needs {parameters} tensors (one per parameter), got {len(canary)}")
+        raise ParamsError(
+            f"engine: a canary needs {parameters} tensors (one per parameter), got {len(canary)}"
+        )
 
 
 def outside_use_message(name: str) -> str:
@@ -148,20 +177,24 @@ def outside_use_message(name: str) -> str:
 
 
 def in_place_message(label: str) -> str:
-    """The saved input was changed in place after the layer used it (e.g. ``h += layer(h)``). With the parameters
-    not requiring gradients torch's own backward of a Linear never reads that input, so only the engine's version
-    check stops the per-example gradients being formed from the changed values."""
+    """The saved input was changed in place after the layer used it (e.g. ``h += layer(h)``). With
+    the parameters not requiring gradients torch's own backward of a Linear never reads that input,
+    so only the engine's version check stops the per-example gradients being formed from the changed
+    values."""
     return (
-        f"engine: layer {label}: its input was changed in place after the layer used it (e.g. h += layer(h)), "
-        "so its per-example gradients cannot be formed; use an out-of-place operation (h = h + layer(h))"
+        f"engine: layer {label}: its input was changed in place after the layer used it (e.g. h += "
+        "layer(h)), "
+        "so its per-example gradients cannot be formed; use an out-of-place operation (h = h + "
+        "layer(h))"
     )
 
 
 def flattened_rows(inputs: Tensor, output: object, batch: int) -> int | None:
-    """k when the (B·k, ...) rows of ``inputs`` provably belong to the examples in order, k rows each: ``inputs``
-    is a contiguous view covering all of a contiguous tensor whose leading dimension is the batch (x.view(-1, d)
-    of x (B, T, d)), so row r lies inside example r // k's memory; None otherwise (the layer is then refused).
-    As everywhere in the engine, a leading dimension of size B is taken to be the batch."""
+    """k when the (B·k, ...) rows of ``inputs`` provably belong to the examples in order, k rows
+    each: ``inputs`` is a contiguous view covering all of a contiguous tensor whose leading
+    dimension is the batch (x.view(-1, d) of x (B, T, d)), so row r lies inside example r // k's
+    memory; None otherwise (the layer is then refused). As everywhere in the engine, a leading
+    dimension of size B is taken to be the batch."""
     base = inputs._base
     rows = inputs.shape[0] if inputs.dim() > 1 else 0
     if (
@@ -184,20 +217,39 @@ def flattened_rows(inputs: Tensor, output: object, batch: int) -> int | None:
 
 ROW_PRESERVING = frozenset(
     f"{name}Backward0"
-    for name in ("Relu", "Gelu", "Tanh", "Sigmoid", "Silu", "Elu", "LeakyRelu", "Hardtanh", "Softplus", "Neg", "Clone")
+    for name in (
+        "Relu",
+        "Gelu",
+        "Tanh",
+        "Sigmoid",
+        "Silu",
+        "Elu",
+        "LeakyRelu",
+        "Hardtanh",
+        "Softplus",
+        "Neg",
+        "Clone",
+    )
 ) | {"ToCopyBackward0"}
-"""Autograd nodes of unary elementwise operations: row r of their output depends on row r of their one input."""
+"""Autograd nodes of unary elementwise operations: row r of their output depends on row r of their
+one input."""
 
 
 def rows_of_proved_rows(
     inputs: Tensor, output: object, batch: int, sources: dict[int, tuple[object, int]]
 ) -> int | None:
-    """k when ``inputs`` (B·k, ...) is the output of a layer whose rows were proved example-major (``sources``:
-    id of its output's tap node -> (node, k)), through unary elementwise operations only (OPT's
-    fc2(relu(fc1(rows)))); None otherwise. Any other operation on the way (a binary one, a view, an in-place
-    copy) could move rows between examples, so it ends the proof."""
+    """k when ``inputs`` (B·k, ...) is the output of a layer whose rows were proved example-major
+    (``sources``: id of its output's tap node -> (node, k)), through unary elementwise operations
+    only (OPT's fc2(relu(fc1(rows)))); None otherwise. Any other operation on the way (a binary one,
+    a view, an in-place copy) could move rows between examples, so it ends the proof."""
     rows = inputs.shape[0] if inputs.dim() > 1 else 0
-    if not rows or rows % batch or not isinstance(output, Tensor) or output.dim() == 0 or output.shape[0] != rows:
+    if (
+        not rows
+        or rows % batch
+        or not isinstance(output, Tensor)
+        or output.dim() == 0
+        or output.shape[0] != rows
+    ):
         return None
     node = inputs.grad_fn
     while node is not None and id(node) not in sources:
@@ -206,34 +258,43 @@ def rows_of_proved_rows(
             return None
         node = parents[0]
     source, per_example = sources.get(id(node), (None, 0))
-    return per_example if node is not None and source is node and per_example * batch == rows else None
+    return (
+        per_example if node is not None and source is node and per_example * batch == rows else None
+    )
 
 
 def rule_failure_message(label: str, shape: tuple[int, ...], error: Exception) -> str:
-    """A layer's per-example rule raised on the input it was given (e.g. an unbatched vector whose size happens
-    to be the batch size): one line naming the layer instead of torch's error from inside the engine."""
+    """A layer's per-example rule raised on the input it was given (e.g. an unbatched vector whose
+    size happens to be the batch size): one line naming the layer instead of torch's error from
+    inside the engine."""
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return (
-        f"engine: layer {label}: its per-example rule cannot use its input of shape {shape} ({first}); "
+        f"engine: layer {label}: its per-example rule cannot use its input of shape {shape} "
+        f"({first}); "
         "its input must be batch-first (B, ...), or of batch size 1 shared by the batch"
     )
 
 
 def broadcast_failure_message(layers: list[str], error: Exception) -> str:
-    """The model failed after the engine expanded a batch-size-1 layer output to the batch (so that each example
-    gets its own gradient): its code folds that tensor with the batch in a way the engine cannot follow."""
+    """The model failed after the engine expanded a batch-size-1 layer output to the batch (so that
+    each example gets its own gradient): its code folds that tensor with the batch in a way the
+    engine cannot follow."""
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return (
-        f"engine: the model fails ({first}) on the output of layer {', '.join(dict.fromkeys(layers))} (one of "
-        "them), which sees inputs of batch size 1 shared by the batch and whose output the engine expands to the "
-        "batch so each example gets its own gradient; freeze that layer's parameters (requires_grad=False)"
+        f"engine: the model fails ({first}) on the output of layer "
+        f"{', '.join(dict.fromkeys(layers))} (one of "
+        "them), which sees inputs of batch size 1 shared by the batch and whose output the engine "
+        "expands to the "
+        "batch so each example gets its own gradient; freeze that layer's parameters "
+        "(requires_grad=False)"
     )
 
 
 def _allowed(running: list[tuple[frozenset[int], bool]]) -> frozenset[int]:
-    """The parameters a differentiable operation may use now: the innermost running layer's, and those of every
-    enclosing generic-rule layer (re-running its whole forward per example differentiates nested uses too, e.g.
-    DeBERTa's relative embeddings passed down to its attention layers)."""
+    """The parameters a differentiable operation may use now: the innermost running layer's, and
+    those of every enclosing generic-rule layer (re-running its whole forward per example
+    differentiates nested uses too, e.g. DeBERTa's relative embeddings passed down to its attention
+    layers)."""
     inner = running[-1][0] if running else frozenset()
     return inner.union(*(own for own, generic in running if generic))
 
@@ -242,18 +303,22 @@ _GRADIENT_FREE = {Tensor.detach, Tensor.detach_, Tensor.data.__get__, Tensor.gra
 
 
 class OutsideUses(TorchFunctionMode):
-    """Active during the first recorded forward pass: finds the first trainable parameter that a differentiable
-    operation uses outside the forward of a layer owning it (e.g. a head tied by ``F.linear(h, embed.weight)``).
-    Ghost differentiation turns requires_grad off, so such a use would get no gradient at all, silently; only
-    the layers' own uses reach the per-example rules."""
+    """Active during the first recorded forward pass: finds the first trainable parameter that a
+    differentiable operation uses outside the forward of a layer owning it (e.g. a head tied by
+    ``F.linear(h, embed.weight)``). Ghost differentiation turns requires_grad off, so such a use
+    would get no gradient at all, silently; only the layers' own uses reach the per-example
+    rules."""
 
     def __init__(self, names: dict[int, str]) -> None:
         super().__init__()
         self.names = names
-        # (parameter ids, generic rule?) of the hooked layers whose forward is running, innermost last
+        # (parameter ids, generic rule?) of the hooked layers whose forward is running, innermost
+        # last
         self.running: list[tuple[frozenset[int], bool]] = []
         self.found: str | None = None
-        self.broadcast: list[str] = []  # layers whose batch-size-1 outputs the engine expanded to the batch
+        self.broadcast: list[
+            str
+        ] = []  # layers whose batch-size-1 outputs the engine expanded to the batch
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -261,26 +326,34 @@ class OutsideUses(TorchFunctionMode):
             result = func(*args, **kwargs)
         except (RuntimeError, IndexError) as error:
             if self.broadcast:
-                raise UnsupportedLayerError(broadcast_failure_message(self.broadcast, error)) from error
+                raise UnsupportedLayerError(
+                    broadcast_failure_message(self.broadcast, error)
+                ) from error
             raise
         if (
             self.found is None
             and torch.is_grad_enabled()
             and func not in _GRADIENT_FREE
             and any(
-                isinstance(r, Tensor) and (r.is_floating_point() or r.is_complex()) for r in tree_flatten(result)[0]
+                isinstance(r, Tensor) and (r.is_floating_point() or r.is_complex())
+                for r in tree_flatten(result)[0]
             )
         ):
             allowed = _allowed(self.running)
             for value in tree_flatten((args, kwargs))[0]:
-                if isinstance(value, Tensor) and id(value) in self.names and id(value) not in allowed:
+                if (
+                    isinstance(value, Tensor)
+                    and id(value) in self.names
+                    and id(value) not in allowed
+                ):
                     self.found = self.names[id(value)]
                     break
         return result
 
 
 MAX_GROUPS = 32
-"""GroupNorm's usual group count (Wu & He 2018); fewer when the channel count has no such divisor."""
+"""GroupNorm's usual group count (Wu & He 2018); fewer when the channel count has no such
+divisor."""
 
 
 def _group_count(channels: int) -> int:
@@ -289,15 +362,20 @@ def _group_count(channels: int) -> int:
 
 
 def replace_batchnorm(model: nn.Module) -> nn.Module:
-    """Replace every BatchNorm (1d/2d/3d, SyncBatchNorm) of ``model`` in place by a GroupNorm over the same channels
-    (the largest group count ≤ 32 dividing them), with the same ``eps`` and ``affine``; returns ``model``.
+    """Replace every BatchNorm (1d/2d/3d, SyncBatchNorm) of ``model`` in place by a GroupNorm over
+    the same channels (the largest group count ≤ 32 dividing them), with the same ``eps`` and
+    ``affine``; returns ``model``.
 
-    GroupNorm normalises each example on its own, so per-example gradients exist and the engine trains it exactly.
-    Fresh weights (ones, zeros): a pretrained BatchNorm's statistics do not carry over; fine-tune afterwards."""
+    GroupNorm normalises each example on its own, so per-example gradients exist and the engine
+    trains it exactly. Fresh weights (ones, zeros): a pretrained BatchNorm's statistics do not carry
+    over; fine-tune afterwards."""
     for name, child in list(model.named_children()):
         if isinstance(child, _BatchNorm):
             norm = nn.GroupNorm(
-                _group_count(child.num_features), child.num_features, eps=child.eps, affine=child.affine
+                _group_count(child.num_features),
+                child.num_features,
+                eps=child.eps,
+                affine=child.affine,
             )
             reference = child.weight if child.affine else next(iter(child.buffers()), None)
             if reference is not None:
@@ -308,11 +386,13 @@ def replace_batchnorm(model: nn.Module) -> nn.Module:
     return model
 
 
-# --- State a private step must not change (issue 27) ---------------------------------------------------------
+# --- State a private step must not change (issue 27)
+# ---------------------------------------------------------
 
 
 Trained = torch.optim.Optimizer | Iterable[nn.Parameter]
-"""What a private step may change: an optimizer's parameters, or the trained parameters themselves."""
+"""What a private step may change: an optimizer's parameters, or the trained parameters
+themselves."""
 
 
 def _trained_ids(trained: Trained) -> set[int]:
@@ -326,10 +406,11 @@ DIGEST_CHUNK = 1 << 22
 
 
 def digest(tensor: Tensor) -> Tensor:
-    """Two int64 sums of a tensor's bytes, read as 32-bit words (bytes when the size is not a multiple
-    of 4), plain and position-weighted, computed where the tensor lives: any change of its bits changes
-    them except by a coincidence of both sums. No copy to the host (a LoRA base model stays where it
-    is) and no sync until :func:`check_state_unchanged` reads them; NaN stays equal to itself."""
+    """Two int64 sums of a tensor's bytes, read as 32-bit words (bytes when the size is not a
+    multiple of 4), plain and position-weighted, computed where the tensor lives: any change of its
+    bits changes them except by a coincidence of both sums. No copy to the host (a LoRA base model
+    stays where it is) and no sync until :func:`check_state_unchanged` reads them; NaN stays equal
+    to itself."""
     data = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     words = data.view(torch.int32) if data.numel() % 4 == 0 else data
     sums = torch.zeros(2, dtype=torch.int64, device=tensor.device)
@@ -344,9 +425,10 @@ def state_snapshot(model: nn.Module, trained: Trained) -> dict[str, tuple]:
     """(shape, dtype, :func:`digest`) of every buffer of ``model`` and every parameter that is not
     ``trained``.
 
-    A private step may change only what the optimizer updates from the noisy gradient; anything else that
-    changes during it (a running mean updated in ``forward``, an example copied into a frozen parameter under
-    ``no_grad``) carries data into the released model without noise, as BatchNorm's running statistics do.
+    A private step may change only what the optimizer updates from the noisy gradient; anything else
+    that changes during it (a running mean updated in ``forward``, an example copied into a frozen
+    parameter under ``no_grad``) carries data into the released model without noise, as BatchNorm's
+    running statistics do.
     """
     trained = _trained_ids(trained)
     tensors = {f"buffer {name}": b for name, b in model.named_buffers()}
@@ -357,16 +439,19 @@ def state_snapshot(model: nn.Module, trained: Trained) -> dict[str, tuple]:
 
 
 def check_state_unchanged(model: nn.Module, trained: Trained, before: dict[str, tuple]) -> None:
-    """Refuse, naming it, the first buffer or frozen parameter that differs from :func:`state_snapshot`'s
-    record (changed, added or removed): the model changes its own state from the data."""
+    """Refuse, naming it, the first buffer or frozen parameter that differs from
+    :func:`state_snapshot`'s record (changed, added or removed): the model changes its own state
+    from the data."""
     after = state_snapshot(model, trained)
     for name in [*before, *(n for n in after if n not in before)]:
         old, new = before.get(name), after.get(name)
         if old is None or new is None or not _same_state(old, new):
             what = "appeared" if old is None else "disappeared" if new is None else "changed"
             raise DpledgerError(
-                f"engine: {name} {what} during a private step: the model changes its own state from the data "
-                "(like BatchNorm's running statistics), which would release data without noise; compute it "
+                f"engine: {name} {what} during a private step: the model changes its own state "
+                "from the data "
+                "(like BatchNorm's running statistics), which would release data without noise; "
+                "compute it "
                 "without state, register it as a trainable parameter, or freeze it unchanged"
             )
 

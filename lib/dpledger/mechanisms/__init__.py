@@ -1,4 +1,5 @@
-"""Correlation matrices of the matrix mechanism, their prefix-sum error, and the streaming noise training adds."""
+"""Correlation matrices of the matrix mechanism, their prefix-sum error, and the streaming noise
+training adds."""
 
 from dpledger.mechanisms.matrices import (
     MECHANISMS,

@@ -1,15 +1,15 @@
 """Streaming correlated noise: row t of C⁻¹Z, one step at a time, without materialising Z.
 
 DP-FTRL adds (C⁻¹Z)[t] (times σ·clip norm) to step t's clipped gradient sum. C is lower-triangular
-Toeplitz, so y = C⁻¹z solves c_0 y_t = z_t - Σ_{k>=1} c_k y_{t-k} (forward substitution): a w-banded C
-keeps the last w - 1 rows of y, a BLT keeps one buffer per decay (s_r(t+1) = θ_r s_r(t) + y_t and
-y_t = z_t - Σ_r ω_r s_r(t)), identity keeps nothing. z_t is ``normals(t)`` when given (any N(0, I) source:
-the engine passes its counter-based Philox draws), else ``torch.randn(numel)`` in float64 from ``generator``
-in step order, rounded to ``dtype``, so the stream equals the dense product with Z's rows drawn the same
-way. Never torch's float32 draw: its Box–Muller radius comes from 24-bit uniforms, so |z| <= 5.768 and the
-tail is a coarse lattice (float64: 53 bits, 8.57). Noise capped at 5.768σ leaks: an example adding m_t to a
-coordinate pushes it past the cap with probability P(5.768 − m_t/σ < Z <= 5.768), a δ no accountant counts
-(1e-7 to 1e-5 per run at usual σ).
+Toeplitz, so y = C⁻¹z solves c_0 y_t = z_t - Σ_{k>=1} c_k y_{t-k} (forward substitution): a w-banded
+C keeps the last w - 1 rows of y, a BLT keeps one buffer per decay (s_r(t+1) = θ_r s_r(t) + y_t and
+y_t = z_t - Σ_r ω_r s_r(t)), identity keeps nothing. z_t is ``normals(t)`` when given (any N(0, I)
+source: the engine passes its counter-based Philox draws), else ``torch.randn(numel)`` in float64
+from ``generator`` in step order, rounded to ``dtype``, so the stream equals the dense product with
+Z's rows drawn the same way. Never torch's float32 draw: its Box–Muller radius comes from 24-bit
+uniforms, so |z| <= 5.768 and the tail is a coarse lattice (float64: 53 bits, 8.57). Noise capped at
+5.768σ leaks: an example adding m_t to a coordinate pushes it past the cap with probability P(5.768
+− m_t/σ < Z <= 5.768), a δ no accountant counts (1e-7 to 1e-5 per run at usual σ).
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ def noise_stream(
 ) -> Iterator[torch.Tensor]:
     """Yield, for t = 0..num_steps-1, a flat tensor distributed as row t of C⁻¹Z with Z ~ N(0, I).
 
-    Memory is O(numel × state): state = 0 for identity, w - 1 for w-banded or Toeplitz with w non-zero
-    coefficients (a dense Toeplitz keeps up to num_steps - 1 rows), d buffers for a d-buffer BLT.
-    Exactly one of ``generator`` (on ``device``) and ``normals`` (step -> a fresh flat N(0, I) tensor of
-    ``numel`` entries) is the source of z; resuming at step s means replaying the stream's first s rows.
+    Memory is O(numel × state): state = 0 for identity, w - 1 for w-banded or Toeplitz with w
+    non-zero coefficients (a dense Toeplitz keeps up to num_steps - 1 rows), d buffers for a
+    d-buffer BLT. Exactly one of ``generator`` (on ``device``) and ``normals`` (step -> a fresh flat
+    N(0, I) tensor of ``numel`` entries) is the source of z; resuming at step s means replaying the
+    stream's first s rows.
     """
     if (generator is None) == (normals is None):
         raise ValueError("noise_stream: give exactly one of generator and normals")
@@ -52,7 +53,9 @@ def noise_stream(
     if mechanism == "blt":
         yield from _blt_stream(mechanism_params, num_steps, numel, draw, device, dtype)
         return
-    yield from _toeplitz_stream(values[: support_length(values)], num_steps, numel, draw, device, dtype)
+    yield from _toeplitz_stream(
+        values[: support_length(values)], num_steps, numel, draw, device, dtype
+    )
 
 
 def _toeplitz_stream(values, num_steps, numel, draw, device, dtype) -> Iterator[torch.Tensor]:
@@ -80,8 +83,12 @@ def _toeplitz_stream(values, num_steps, numel, draw, device, dtype) -> Iterator[
 
 
 def _blt_stream(mechanism_params, num_steps, numel, draw, device, dtype) -> Iterator[torch.Tensor]:
-    decays = torch.as_tensor(mechanism_params["buffer_decays"], device=device, dtype=dtype).reshape(-1, 1)
-    scales = torch.as_tensor(mechanism_params["output_scales"], device=device, dtype=dtype).reshape(1, -1)
+    decays = torch.as_tensor(mechanism_params["buffer_decays"], device=device, dtype=dtype).reshape(
+        -1, 1
+    )
+    scales = torch.as_tensor(mechanism_params["output_scales"], device=device, dtype=dtype).reshape(
+        1, -1
+    )
     buffers = torch.zeros(decays.shape[0], numel, device=device, dtype=dtype)
     for step in range(num_steps):
         y = draw(step) - (scales @ buffers).reshape(-1)

@@ -1,6 +1,6 @@
-"""Models the train stage trains: the zoo (MLP, CNN with GroupNorm, small transformer), ``hf`` transformers
-models from a local folder or a config, and plugin ``module:callable`` factories, each with its task
-(per-example loss and metric)."""
+"""Models the train stage trains: the zoo (MLP, CNN with GroupNorm, small transformer), ``hf``
+transformers models from a local folder or a config, and plugin ``module:callable`` factories, each
+with its task (per-example loss and metric)."""
 
 from dpledger.models.cnn import CNN
 from dpledger.models.mlp import MLP

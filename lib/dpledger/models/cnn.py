@@ -6,7 +6,8 @@ from torch import Tensor, nn
 
 
 class CNN(nn.Module):
-    """[Conv3×3 → GroupNorm → tanh] per entry of ``channels`` (stride 2 after the first), global average pool, Linear."""
+    """[Conv3×3 → GroupNorm → tanh] per entry of ``channels`` (stride 2 after the first), global
+    average pool, Linear."""
 
     def __init__(
         self,

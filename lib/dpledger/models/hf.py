@@ -1,10 +1,11 @@
-"""``train.model: hf``: a transformers model from a local folder (``from_pretrained``, local files only:
-no hub access) or built from a config for random initialisation.
+"""``train.model: hf``: a transformers model from a local folder (``from_pretrained``, local files
+only: no hub access) or built from a config for random initialisation.
 
-``train.model_options``: ``path`` (a folder saved with ``save_pretrained``), ``init`` (``pretrained``: its
-weights, the default; ``random``: its config.json with fresh weights), or ``config`` (a dict for
-``AutoConfig.for_model``, e.g. ``{model_type: gpt2, n_layer: 2}``, random weights) instead of ``path``.
-The head comes from ``train.task``; a model type transformers has no such head for is refused.
+``train.model_options``: ``path`` (a folder saved with ``save_pretrained``), ``init``
+(``pretrained``: its weights, the default; ``random``: its config.json with fresh weights), or
+``config`` (a dict for ``AutoConfig.for_model``, e.g. ``{model_type: gpt2, n_layer: 2}``, random
+weights) instead of ``path``. The head comes from ``train.task``; a model type transformers has no
+such head for is refused.
 """
 
 from __future__ import annotations
@@ -23,13 +24,20 @@ from dpledger.params.lora import LoraParams
 OPTIONS = ("path", "init", "config")
 HEADS = {  # task -> (transformers auto class, mapping that lists the configs it supports)
     "causal-lm": ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING"),
-    "sequence-classification": ("AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING"),
-    "image-classification": ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING"),
+    "sequence-classification": (
+        "AutoModelForSequenceClassification",
+        "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING",
+    ),
+    "image-classification": (
+        "AutoModelForImageClassification",
+        "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING",
+    ),
 }
 
 
 def head_for(task: str, text: bool) -> str:
-    """The transformers head of ``task``: ``classification`` is sequence or image classification by the data."""
+    """The transformers head of ``task``: ``classification`` is sequence or image classification by
+    the data."""
     if task == "classification":
         return "sequence-classification" if text else "image-classification"
     return task
@@ -46,14 +54,21 @@ def _config(options: dict[str, Any], num_labels: int | None) -> Any:
     if "config" in options:
         spec = dict(options["config"]) if isinstance(options["config"], dict) else None
         if not spec or "model_type" not in spec:
-            raise ParamsError("params: train.model_options.config is invalid: a mapping with model_type (e.g. gpt2)")
+            raise ParamsError(
+                "params: train.model_options.config is invalid: a mapping with model_type (e.g. "
+                "gpt2)"
+            )
         refuse_remote_code_spec(spec, "train.model_options.config")
         if num_labels is not None:
             spec.setdefault("num_labels", num_labels)
         try:
             return AutoConfig.for_model(**spec)
-        except Exception as error:  # any value of any key: transformers' own checks fail in many ways
-            raise ParamsError(f"params: train.model_options.config is invalid: {_first_line(error)}") from None
+        except (
+            Exception
+        ) as error:  # any value of any key: transformers' own checks fail in many ways
+            raise ParamsError(
+                f"params: train.model_options.config is invalid: {_first_line(error)}"
+            ) from None
     path = options["path"]
     if not Path(path).is_dir():
         raise ParamsError(
@@ -62,15 +77,19 @@ def _config(options: dict[str, Any], num_labels: int | None) -> Any:
         )
     if not (Path(path) / "config.json").is_file():
         raise ParamsError(
-            f"params: train.model_options.path = {path!r} is invalid: not a transformers checkpoint "
+            f"params: train.model_options.path = {path!r} is invalid: not a transformers "
+            "checkpoint "
             "(no config.json; save the model with save_pretrained)"
         )
     refuse_remote_code(path, "train.model_options.path")
     try:
-        return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=TRUST_REMOTE_CODE)
+        return AutoConfig.from_pretrained(
+            path, local_files_only=True, trust_remote_code=TRUST_REMOTE_CODE
+        )
     except Exception as error:  # a foreign or damaged config.json fails in many ways
         raise ParamsError(
-            f"params: train.model_options.path = {path!r} is invalid: not a transformers checkpoint "
+            f"params: train.model_options.path = {path!r} is invalid: not a transformers "
+            "checkpoint "
             f"({_first_line(error)})"
         ) from None
 
@@ -86,14 +105,19 @@ def _checked_init(options: dict[str, Any]) -> str:
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ParamsError(
-            f"params: train.model_options {unknown} are invalid for model 'hf': allowed keys are {', '.join(OPTIONS)}"
+            f"params: train.model_options {unknown} are invalid for model 'hf': allowed keys are "
+            f"{', '.join(OPTIONS)}"
         )
     if ("path" in options) == ("config" in options):
-        raise ParamsError("params: train.model_options is invalid for model 'hf': give path (a local folder) or config")
+        raise ParamsError(
+            "params: train.model_options is invalid for model 'hf': give path (a local folder) or "
+            "config"
+        )
     init = options.get("init", "pretrained")
     if init not in ("pretrained", "random") or (init == "pretrained" and "config" in options):
         raise ParamsError(
-            f"params: train.model_options.init = {init!r} is invalid: allowed values are pretrained (with path), random"
+            f"params: train.model_options.init = {init!r} is invalid: allowed values are "
+            "pretrained (with path), random"
         )
     return init
 
@@ -120,14 +144,18 @@ def load_hf_model(
     if head not in supported:
         where = options.get("path") or f"config model_type {config.model_type!r}"
         raise ParamsError(
-            f"params: train.task = {task!r} is invalid for the {type(config).__name__} model in {where}: transformers "
-            f"has no {head} head for it (it has: {', '.join(supported) or 'none of ' + ', '.join(HEADS)})"
+            f"params: train.task = {task!r} is invalid for the {type(config).__name__} model in "
+            f"{where}: transformers "
+            f"has no {head} head for it (it has: "
+            f"{', '.join(supported) or 'none of ' + ', '.join(HEADS)})"
         )
     if head == "sequence-classification" and getattr(config, "pad_token_id", None) is None:
         where = options.get("path") or "train.model_options.config"
         raise ParamsError(
-            f"params: train.task = {task!r} is invalid for the {type(config).__name__} model in {where}: it has no "
-            "pad_token_id, and its classifier pools at the last token that is not padding; set pad_token_id "
+            f"params: train.task = {task!r} is invalid for the {type(config).__name__} model in "
+            f"{where}: it has no "
+            "pad_token_id, and its classifier pools at the last token that is not padding; set "
+            "pad_token_id "
             "(e.g. to the eos token id) in its config"
         )
     import transformers
@@ -135,14 +163,22 @@ def load_hf_model(
     auto_class = getattr(transformers, HEADS[head][0])
     try:
         if init == "random":
-            model = auto_class.from_config(config, dtype=torch.float32, trust_remote_code=TRUST_REMOTE_CODE)
+            model = auto_class.from_config(
+                config, dtype=torch.float32, trust_remote_code=TRUST_REMOTE_CODE
+            )
         else:
             model = auto_class.from_pretrained(
-                options["path"], local_files_only=True, dtype=torch.float32, trust_remote_code=TRUST_REMOTE_CODE
+                options["path"],
+                local_files_only=True,
+                dtype=torch.float32,
+                trust_remote_code=TRUST_REMOTE_CODE,
             )
-    except Exception as error:  # foreign files: a truncated safetensors, a pickle refused by weights_only, ...
+    except (
+        Exception
+    ) as error:  # foreign files: a truncated safetensors, a pickle refused by weights_only, ...
         raise ParamsError(
-            f"params: train.model_options.path = {options.get('path')!r} is invalid: its weights cannot be loaded "
+            f"params: train.model_options.path = {options.get('path')!r} is invalid: its weights "
+            "cannot be loaded "
             f"safely ({type(error).__name__}: {_first_line(error)[:160]})"
         ) from None
     if adapter is not None:

@@ -43,7 +43,9 @@ def _save_tokenizer(tokenizer: str | None, folder: Path) -> None:
     if tokenizer is not None:
         from transformers import AutoTokenizer
 
-        AutoTokenizer.from_pretrained(tokenizer, local_files_only=True, trust_remote_code=False).save_pretrained(folder)
+        AutoTokenizer.from_pretrained(
+            tokenizer, local_files_only=True, trust_remote_code=False
+        ).save_pretrained(folder)
 
 
 def _merged(adapter_folder: Path, model: nn.Module) -> nn.Module:
@@ -53,7 +55,9 @@ def _merged(adapter_folder: Path, model: nn.Module) -> nn.Module:
 
     base = model.get_base_model()
     source = model.peft_config["default"].base_model_name_or_path
-    reloaded = type(base).from_pretrained(source, local_files_only=True, dtype=torch.float32, trust_remote_code=False)
+    reloaded = type(base).from_pretrained(
+        source, local_files_only=True, dtype=torch.float32, trust_remote_code=False
+    )
     return PeftModel.from_pretrained(reloaded, str(adapter_folder)).merge_and_unload()
 
 

@@ -1,5 +1,6 @@
-"""The train stage's model: a zoo name, ``hf`` or a plugin ``module:callable``, with the task it is trained
-for, checked on one batch before training so that a mismatch is one line, not an error deep in a step."""
+"""The train stage's model: a zoo name, ``hf`` or a plugin ``module:callable``, with the task it is
+trained for, checked on one batch before training so that a mismatch is one line, not an error deep
+in a step."""
 
 from __future__ import annotations
 
@@ -20,15 +21,18 @@ TEXT_TASKS = ("causal-lm", "sequence-classification")
 
 
 def task_for(model: str, task: str, data: Dataset) -> Task:
-    """The task, refused where the data cannot feed it (text tasks need text, zoo models take images)."""
+    """The task, refused where the data cannot feed it (text tasks need text, zoo models take
+    images)."""
     text = data.name == "text"
     if task in TEXT_TASKS and not text:
         raise ParamsError(
-            f"params: train.task = {task!r} is invalid with data.name = {data.name!r}: it needs data.name: text"
+            f"params: train.task = {task!r} is invalid with data.name = {data.name!r}: it needs "
+            "data.name: text"
         )
     if model in MODELS and text:
         raise ParamsError(
-            f"params: train.model = {model!r} is invalid with data.name = 'text': zoo models take images; "
+            f"params: train.model = {model!r} is invalid with data.name = 'text': zoo models take "
+            "images; "
             "use hf or a plugin module:callable"
         )
     if task != "causal-lm" and text and not data.has_labels:
@@ -38,8 +42,10 @@ def task_for(model: str, task: str, data: Dataset) -> Task:
         )
     if task == "causal-lm" and data.x_train.shape[1] < 2:
         raise ParamsError(
-            "params: train.task = 'causal-lm' is invalid for this data: its texts hold at most 1 token (data.max_length "
-            "or the texts themselves), so no next token is predicted (perplexity would read 1.0); at least 2 are needed"
+            "params: train.task = 'causal-lm' is invalid for this data: its texts hold at most 1 "
+            "token (data.max_length "
+            "or the texts themselves), so no next token is predicted (perplexity would read 1.0); "
+            "at least 2 are needed"
         )
     return Task(task, keyword_images=model == "hf" and not text)
 
@@ -60,16 +66,19 @@ def build_task_model(
     else:
         built = load_plugin_model(model, data.input_shape, int(classes), options)
     if not any(p.requires_grad for p in built.parameters()):
-        raise ParamsError(f"params: train.model = {model!r} is invalid: the model has no trainable parameters")
+        raise ParamsError(
+            f"params: train.model = {model!r} is invalid: the model has no trainable parameters"
+        )
     check_outputs(built, task, data, model)
     return built
 
 
 @torch.no_grad()
 def check_outputs(model: nn.Module, task: Task, data: Dataset, name: str) -> None:
-    """Refuse a model whose outputs cannot score the data: fewer classes than the labels, or a vocabulary
-    smaller than the tokenizer's. The probe batch is zeros of the data's shape and type, never training
-    examples: a model that keeps state from its inputs must not see data outside a private step."""
+    """Refuse a model whose outputs cannot score the data: fewer classes than the labels, or a
+    vocabulary smaller than the tokenizer's. The probe batch is zeros of the data's shape and type,
+    never training examples: a model that keeps state from its inputs must not see data outside a
+    private step."""
     x = torch.zeros_like(torch.from_numpy(data.x_train[:2]))
     try:
         logits = task.logits(model, x)
@@ -77,21 +86,28 @@ def check_outputs(model: nn.Module, task: Task, data: Dataset, name: str) -> Non
         layout = " (images are read as (N, C, H, W))" if x.ndim == 4 else ""
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
         raise ParamsError(
-            f"params: train.model = {name!r} is invalid for this data: calling it on a batch of shape "
+            f"params: train.model = {name!r} is invalid for this data: calling it on a batch of "
+            "shape "
             f"{tuple(x.shape)}{layout} failed ({type(error).__name__}: {first})"
         ) from None
     if not isinstance(logits, torch.Tensor):
-        raise ParamsError(f"params: train.model = {name!r} is invalid: it returned {type(logits).__name__}, not logits")
+        raise ParamsError(
+            f"params: train.model = {name!r} is invalid: it returned {type(logits).__name__}, not "
+            "logits"
+        )
     if not logits.is_floating_point() or logits.ndim < 1 or logits.shape[0] != x.shape[0]:
         raise ParamsError(
-            f"params: train.model = {name!r} is invalid: on a batch of {x.shape[0]} it returned {logits.dtype} "
-            f"logits of shape {tuple(logits.shape)}; one row of floating-point logits per example is needed"
+            f"params: train.model = {name!r} is invalid: on a batch of {x.shape[0]} it returned "
+            f"{logits.dtype} "
+            f"logits of shape {tuple(logits.shape)}; one row of floating-point logits per example "
+            "is needed"
         )
     if task.name == "causal-lm":
         if logits.ndim != 3 or logits.shape[-1] < int(data.vocab_size or 0):
             raise ParamsError(
                 f"params: train.model = {name!r} is invalid for data.tokenizer: it scores "
-                f"{logits.shape[-1]} tokens (logits of shape {tuple(logits.shape)}) but the tokenizer "
+                f"{logits.shape[-1]} tokens (logits of shape {tuple(logits.shape)}) but the "
+                "tokenizer "
                 f"has {data.vocab_size}"
             )
         return

@@ -1,18 +1,19 @@
-"""Tasks: how a model is called on a batch, its per-example loss (what the engine clips), and its metric.
+"""Tasks: how a model is called on a batch, its per-example loss (what the engine clips), and its
+metric.
 
 Calling convention (the same for ``hf`` and plugin models): text batches (int64 token ids, padding
-:data:`dpledger.data.text.PAD`) are passed as ``model(input_ids=..., attention_mask=...)``, the padding as the
-model's ``config.pad_token_id`` (0 without one); images as
-``model(pixel_values=x)`` for ``hf`` models and ``model(x)`` otherwise. An output with ``.logits`` (as
-transformers returns) is read through it.
+:data:`dpledger.data.text.PAD`) are passed as ``model(input_ids=..., attention_mask=...)``, the
+padding as the model's ``config.pad_token_id`` (0 without one); images as ``model(pixel_values=x)``
+for ``hf`` models and ``model(x)`` otherwise. An output with ``.logits`` (as transformers returns)
+is read through it.
 
 Per-example losses:
 
 - ``classification`` / ``sequence-classification``: cross-entropy of the example's logits.
 - ``causal-lm``: the **mean** next-token cross-entropy over the sequence's real (unpadded) targets.
-  Clipping bounds each example's gradient, so a per-sequence sum would grow with the sequence's length
-  and be clipped more for long texts; the mean keeps the gradient scale, hence the effect of a
-  given clip norm, independent of length, and matches what the perplexity averages.
+  Clipping bounds each example's gradient, so a per-sequence sum would grow with the sequence's
+  length and be clipped more for long texts; the mean keeps the gradient scale, hence the effect of
+  a given clip norm, independent of length, and matches what the perplexity averages.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ EVAL_CHUNK = 64
 
 @dataclass(frozen=True)
 class Task:
-    """A task bound to a calling convention (``keyword_images``: hf image models take ``pixel_values=``)."""
+    """A task bound to a calling convention (``keyword_images``: hf image models take
+    ``pixel_values=``)."""
 
     name: str
     keyword_images: bool = False
@@ -40,7 +42,10 @@ class Task:
     def logits(self, model: nn.Module, x: Tensor) -> Tensor:
         """The model's logits on batch ``x`` (see the module docstring for how it is called)."""
         if x.dtype == torch.int64:
-            output = model(input_ids=x.masked_fill(x == PAD, pad_token_id(model)), attention_mask=(x != PAD).long())
+            output = model(
+                input_ids=x.masked_fill(x == PAD, pad_token_id(model)),
+                attention_mask=(x != PAD).long(),
+            )
         elif self.keyword_images:
             output = model(pixel_values=x)
         else:
@@ -59,8 +64,8 @@ class Task:
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, x: Tensor, y: Tensor) -> dict[str, float]:
-        """In eval mode: ``accuracy`` and mean ``loss`` (classification), or the token-weighted mean ``loss``
-        and its ``perplexity`` exp(loss) (causal LM)."""
+        """In eval mode: ``accuracy`` and mean ``loss`` (classification), or the token-weighted mean
+        ``loss`` and its ``perplexity`` exp(loss) (causal LM)."""
         model.eval()
         try:
             if self.name == "causal-lm":
@@ -86,8 +91,9 @@ class Task:
 
 
 def pad_token_id(model: nn.Module) -> int:
-    """The id padding enters a model as: its config's ``pad_token_id`` (last-token pooling heads such as GPT-2's
-    sequence classifier pool at the last token that is not it, so padding must be exactly it), else 0."""
+    """The id padding enters a model as: its config's ``pad_token_id`` (last-token pooling heads
+    such as GPT-2's sequence classifier pool at the last token that is not it, so padding must be
+    exactly it), else 0."""
     pad = getattr(getattr(model, "config", None), "pad_token_id", None)
     return pad if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 else 0
 
@@ -98,8 +104,8 @@ def _loss_precision(logits: Tensor) -> Tensor:
 
 
 def _token_losses(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
-    """Next-token cross-entropy at every position whose target is a real token (0 at padding), and the
-    number of real targets per sequence."""
+    """Next-token cross-entropy at every position whose target is a real token (0 at padding), and
+    the number of real targets per sequence."""
     targets = ids[:, 1:]
     logits = _loss_precision(logits)
     real = (targets != PAD).to(logits.dtype)

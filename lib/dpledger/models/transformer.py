@@ -14,7 +14,8 @@ from torch import Tensor, nn
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with explicit Linear projections (nn.MultiheadAttention keeps raw parameters)."""
+    """Multi-head self-attention with explicit Linear projections (nn.MultiheadAttention keeps raw
+    parameters)."""
 
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
@@ -24,7 +25,11 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         batch, steps, dim = x.shape
-        q, k, v = self.qkv(x).reshape(batch, steps, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = (
+            self.qkv(x)
+            .reshape(batch, steps, 3, self.heads, dim // self.heads)
+            .permute(2, 0, 3, 1, 4)
+        )
         mixed = torch.nn.functional.scaled_dot_product_attention(q, k, v)
         return self.out(mixed.transpose(1, 2).reshape(batch, steps, dim))
 
@@ -34,7 +39,9 @@ class Block(nn.Module):
         super().__init__()
         self.norm1, self.attn = nn.LayerNorm(dim), Attention(dim, heads)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim))
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim)
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.norm1(x))
@@ -69,7 +76,11 @@ class Transformer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.image:
-            x = x.reshape(x.shape[0], x.shape[-3], x.shape[-2], x.shape[-1]).permute(0, 2, 1, 3).flatten(2)
+            x = (
+                x.reshape(x.shape[0], x.shape[-3], x.shape[-2], x.shape[-1])
+                .permute(0, 2, 1, 3)
+                .flatten(2)
+            )
         hidden = self.tokens(x)
         index = torch.arange(hidden.shape[1], device=hidden.device).repeat(hidden.shape[0], 1)
         hidden = hidden + self.positions(index)

@@ -6,17 +6,17 @@ A private model is worth reporting only beside what no learning at all achieves:
   (stricter than the training split's majority, which a constant guess can beat when the splits'
   class shares differ), a one-sided exact binomial p-value for "test accuracy above that rate", the
   number of distinct classes
-  predicted on the test split (one means the model learned a constant), per-class precision, recall and
-  F1 and the confusion matrix (scikit-learn).
-- **causal LM**: the unigram perplexity (token frequencies of the training split, add-one smoothed so an
-  unseen token keeps a finite loss) and the uniform perplexity (the vocabulary size), both on the same
-  next-token targets the model's test perplexity averages.
+  predicted on the test split (one means the model learned a constant), per-class precision, recall
+  and F1 and the confusion matrix (scikit-learn).
+- **causal LM**: the unigram perplexity (token frequencies of the training split, add-one smoothed
+  so an unseen token keeps a finite loss) and the uniform perplexity (the vocabulary size), both on
+  the same next-token targets the model's test perplexity averages.
 
-The signal-to-noise of one DP-SGD step: each clipped example contributes at most R, so the clipped mean
-has norm at most R, while the noise σ·R·z/B, z ~ N(0, I_d) over the d trainable parameters, has
+The signal-to-noise of one DP-SGD step: each clipped example contributes at most R, so the clipped
+mean has norm at most R, while the noise σ·R·z/B, z ~ N(0, I_d) over the d trainable parameters, has
 expected norm about σ·R·√d/B. Their ratio B/(σ·√d) is what a practitioner moves: a larger logical
-batch B, more data (a smaller σ at the same ε), fewer trainable parameters d (LoRA, a smaller model),
-a larger ε.
+batch B, more data (a smaller σ at the same ε), fewer trainable parameters d (LoRA, a smaller
+model), a larger ε.
 
 The train stage writes these numbers; the report reads them and recomputes nothing.
 """
@@ -40,8 +40,8 @@ from dpledger.models.tasks import EVAL_CHUNK, Task
 def model_summary(model: nn.Module, trainable: list[nn.Parameter] | None = None) -> dict[str, Any]:
     """The model's class name and its total and trainable parameter counts (shared parameters once).
 
-    ``trainable`` defaults to the parameters with ``requires_grad``; pass the engine's ``params`` once a
-    BK engine holds the model (it turns ``requires_grad`` off while it trains)."""
+    ``trainable`` defaults to the parameters with ``requires_grad``; pass the engine's ``params``
+    once a BK engine holds the model (it turns ``requires_grad`` off while it trains)."""
     if trainable is None:
         trainable = [p for p in model.parameters() if p.requires_grad]
     return {
@@ -51,20 +51,28 @@ def model_summary(model: nn.Module, trainable: list[nn.Parameter] | None = None)
     }
 
 
-def signal_to_noise(noise_multiplier: float, clip_norm: float, trainable: int, batch_size: float) -> dict[str, float]:
-    """The noise's expected norm σ·R·√d/B beside the clipped mean's bound R, and their ratio B/(σ·√d)."""
+def signal_to_noise(
+    noise_multiplier: float, clip_norm: float, trainable: int, batch_size: float
+) -> dict[str, float]:
+    """The noise's expected norm σ·R·√d/B beside the clipped mean's bound R, and their ratio
+    B/(σ·√d)."""
     noise_norm = noise_multiplier * clip_norm * math.sqrt(trainable) / batch_size
     ratio = math.inf if noise_norm == 0 else clip_norm / noise_norm
     return {"noise_norm": noise_norm, "clipped_mean_bound": clip_norm, "signal_to_noise": ratio}
 
 
-def tuning_hint(snr: dict[str, float], trainable: int, batch_size: float, noise_multiplier: float) -> str:
+def tuning_hint(
+    snr: dict[str, float], trainable: int, batch_size: float, noise_multiplier: float
+) -> str:
     """One line for stderr and the report: the step's signal-to-noise and what moves it."""
     return (
-        f"per-step signal-to-noise {snr['signal_to_noise']:.3g} = B/(σ·√d) with B = {batch_size:g}, "
+        f"per-step signal-to-noise {snr['signal_to_noise']:.3g} = B/(σ·√d) with B = "
+        f"{batch_size:g}, "
         f"σ = {noise_multiplier:.3g}, d = {trainable:,} trainable parameters (noise norm "
-        f"{snr['noise_norm']:.3g} against a clipped mean of norm ≤ R = {snr['clipped_mean_bound']:g}); "
-        "it grows with the logical batch (batching.batch_size; train.physical_batch_size keeps memory "
+        f"{snr['noise_norm']:.3g} against a clipped mean of norm ≤ R = "
+        f"{snr['clipped_mean_bound']:g}); "
+        "it grows with the logical batch (batching.batch_size; train.physical_batch_size keeps "
+        "memory "
         "flat), more data, fewer trainable parameters (LoRA, a smaller model) and a larger ε"
     )
 
@@ -74,21 +82,24 @@ def predictions(task: Task, model: nn.Module, x: torch.Tensor) -> np.ndarray:
     """The predicted class of every row of ``x`` (eval mode, in chunks)."""
     model.eval()
     try:
-        return torch.cat([task.logits(model, xs).argmax(1).cpu() for xs in x.split(EVAL_CHUNK)]).numpy()
+        return torch.cat(
+            [task.logits(model, xs).argmax(1).cpu() for xs in x.split(EVAL_CHUNK)]
+        ).numpy()
     finally:
         model.train()
 
 
 def majority_baseline(y_test: np.ndarray) -> tuple[int, float]:
     """The best constant guess: the test split's most frequent class (the smallest on a tie) and its
-    accuracy there. No model that ignores its input scores more, whichever class it always predicts."""
+    accuracy there. No model that ignores its input scores more, whichever class it always
+    predicts."""
     majority = int(np.bincount(y_test).argmax())
     return majority, float(np.mean(y_test == majority))
 
 
 def above_baseline_p_value(correct: int, total: int, baseline: float) -> float:
-    """P(X ≥ correct) for X ~ Binomial(total, baseline): how likely a model that is right at the baseline's
-    rate is to score at least this well (one-sided exact test)."""
+    """P(X ≥ correct) for X ~ Binomial(total, baseline): how likely a model that is right at the
+    baseline's rate is to score at least this well (one-sided exact test)."""
     from scipy.stats import binom
 
     return float(binom.sf(correct - 1, total, baseline))
@@ -97,14 +108,17 @@ def above_baseline_p_value(correct: int, total: int, baseline: float) -> float:
 def classification_utility(
     y_test: np.ndarray, predicted: np.ndarray, num_classes: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(flat metrics, details): the majority baseline, the binomial p-value, classes predicted, macro F1;
-    details hold per-class precision/recall/F1/support and the confusion matrix (rows: true class)."""
+    """(flat metrics, details): the majority baseline, the binomial p-value, classes predicted,
+    macro F1; details hold per-class precision/recall/F1/support and the confusion matrix (rows:
+    true class)."""
     from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 
     labels = list(range(num_classes))
     majority, baseline = majority_baseline(y_test)
     correct = int(np.sum(predicted == y_test))
-    precision, recall, f1, support = precision_recall_fscore_support(y_test, predicted, labels=labels, zero_division=0)
+    precision, recall, f1, support = precision_recall_fscore_support(
+        y_test, predicted, labels=labels, zero_division=0
+    )
     metrics = {
         "baseline": "majority class",
         "baseline_class": majority,
@@ -137,8 +151,8 @@ def _next_tokens(ids: np.ndarray) -> np.ndarray:
 
 
 def unigram_perplexity(x_train: np.ndarray, x_test: np.ndarray, vocab_size: int) -> float:
-    """exp of the mean negative log-probability of the test targets under the training targets' token
-    frequencies, add-one smoothed: p(w) = (count(w) + 1) / (N + V)."""
+    """exp of the mean negative log-probability of the test targets under the training targets'
+    token frequencies, add-one smoothed: p(w) = (count(w) + 1) / (N + V)."""
     counts = np.bincount(_next_tokens(x_train), minlength=vocab_size).astype(np.float64)
     probabilities = (counts + 1.0) / (counts.sum() + vocab_size)
     targets = _next_tokens(x_test)
@@ -155,7 +169,8 @@ def lm_utility(x_train: np.ndarray, x_test: np.ndarray, vocab_size: int) -> dict
 
 
 def write_confusion_matrix(folder: Path, matrix: list[list[int]]) -> None:
-    """``confusion_matrix.csv`` (true, predicted, count) and its PNG: counts, rows the true class."""
+    """``confusion_matrix.csv`` (true, predicted, count) and its PNG: counts, rows the true
+    class."""
     rows = [[t, p, count] for t, row in enumerate(matrix) for p, count in enumerate(row)]
     io.write_csv(folder / "confusion_matrix.csv", ["true", "predicted", "count"], rows)
     counts = np.asarray(matrix)
@@ -183,8 +198,8 @@ def write_confusion_matrix(folder: Path, matrix: list[list[int]]) -> None:
 
 @dataclass(frozen=True)
 class Evidence:
-    """What a finished run is measured against: flat ``metrics`` (metrics/train.json) and ``details``
-    (artifacts/train/utility.json: per-class table and confusion matrix)."""
+    """What a finished run is measured against: flat ``metrics`` (metrics/train.json) and
+    ``details`` (artifacts/train/utility.json: per-class table and confusion matrix)."""
 
     metrics: dict[str, Any]
     details: dict[str, Any]
@@ -205,8 +220,9 @@ def measure(
     vocab_size: int | None,
     trainable: list[nn.Parameter] | None = None,
 ) -> Evidence:
-    """The model summary (``trainable``: see :func:`model_summary`), the step's signal-to-noise and the
-    task's baseline and per-class evidence on ``tensors`` = (x_train, y_train, x_test, y_test)."""
+    """The model summary (``trainable``: see :func:`model_summary`), the step's signal-to-noise and
+    the task's baseline and per-class evidence on ``tensors`` = (x_train, y_train, x_test,
+    y_test)."""
     x_train, y_train, x_test, y_test = (t.cpu().numpy() for t in tensors)
     summary = model_summary(model, trainable)
     metrics = {

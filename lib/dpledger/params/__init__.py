@@ -1,4 +1,5 @@
-"""Typed schema of params.yaml: one section per stage plus the shared keys ``seed``, ``data`` and ``batching``.
+"""Typed schema of params.yaml: one section per stage plus the shared keys ``seed``, ``data`` and
+``batching``.
 
 Every stage validates the whole file before it writes anything, so a bad value anywhere stops the
 stage with a single line (:class:`dpledger.errors.ParamsError`) naming the key, the value and the
@@ -45,13 +46,17 @@ __all__ = [
 ]
 
 STAGES = ("calibrate", "schedule", "train", "verify", "audit", "report")
-SCHEDULE_BYTES_PER_ROW = 16  # an int64 index, its padding flag and the copies made while the schedule is built
+SCHEDULE_BYTES_PER_ROW = (
+    16  # an int64 index, its padding flag and the copies made while the schedule is built
+)
 
 
 class Params(Section):
     """The whole params.yaml. Every key is required, so a deleted key is reported, not defaulted."""
 
-    seed: int = Field(ge=0, le=2**32 - 1)  # torch.manual_seed and numpy take at most 64 bits; 32 for safety
+    seed: int = Field(
+        ge=0, le=2**32 - 1
+    )  # torch.manual_seed and numpy take at most 64 bits; 32 for safety
     data: DataParams
     batching: BatchingParams
     calibrate: CalibrateParams
@@ -63,9 +68,12 @@ class Params(Section):
 
 
 def parse_params(raw: Any) -> Params:
-    """Validate a parsed params mapping; raise :class:`ParamsError` with one line on the first problem."""
+    """Validate a parsed params mapping; raise :class:`ParamsError` with one line on the first
+    problem."""
     if not isinstance(raw, dict):
-        raise ParamsError("params: the file must be a mapping of sections (calibrate:, schedule:, ...)")
+        raise ParamsError(
+            "params: the file must be a mapping of sections (calibrate:, schedule:, ...)"
+        )
     try:
         return Params.model_validate(raw)
     except ValidationError as error:
@@ -73,18 +81,24 @@ def parse_params(raw: Any) -> Params:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML would silently keep the last)."""
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML would silently keep the
+    last)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
         for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may be overridden by design
+            if (
+                key_node.tag == "tag:yaml.org,2002:merge"
+            ):  # `<<: *anchor` may be overridden by design
                 continue
             key = self.construct_object(key_node, deep=deep)
             if not isinstance(key, Hashable):
                 continue  # SafeLoader reports the unhashable key itself
             if key in seen:
-                raise ParamsError(f"params: key {key!r} is given twice (line {key_node.start_mark.line + 1}); keep one")
+                raise ParamsError(
+                    f"params: key {key!r} is given twice (line {key_node.start_mark.line + 1}); "
+                    "keep one"
+                )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -106,8 +120,9 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 
 
 def check_dataset_size(params: Params, dataset_size: int) -> None:
-    """Refuse a batch size the dataset cannot fill, and a run whose step count or schedule (epochs × dataset
-    size indices) is beyond the bounds, before anything is computed (both known only once the data is loaded)."""
+    """Refuse a batch size the dataset cannot fill, and a run whose step count or schedule (epochs ×
+    dataset size indices) is beyond the bounds, before anything is computed (both known only once
+    the data is loaded)."""
     batching = params.batching
     if batching.batch_size > dataset_size:
         raise ParamsError(
@@ -116,7 +131,8 @@ def check_dataset_size(params: Params, dataset_size: int) -> None:
         )
     steps = batching.epochs * -(-dataset_size // batching.batch_size)
     refuse_beyond(
-        f"batching.epochs = {batching.epochs} with {dataset_size} examples in batches of {batching.batch_size}",
+        f"batching.epochs = {batching.epochs} with {dataset_size} examples in batches of "
+        f"{batching.batch_size}",
         steps,
         MAX_TRAIN_STEPS,
         "training steps",

@@ -20,8 +20,8 @@ from dpledger.sampling.registry import SAMPLERS
 
 
 def coverage_refusal(accountant: str, sampler: str, mechanism: str = "identity") -> str | None:
-    """Why ``accountant`` (``auto`` resolved) cannot account ``sampler`` with ``mechanism``, in its own words
-    (:meth:`unsupported`), or None where it can."""
+    """Why ``accountant`` (``auto`` resolved) cannot account ``sampler`` with ``mechanism``, in its
+    own words (:meth:`unsupported`), or None where it can."""
     from dpledger.accounting.accountants import get_accountant, resolve_accountant
 
     name = resolve_accountant(accountant, sampler, mechanism)
@@ -32,46 +32,75 @@ def coverage_refusal(accountant: str, sampler: str, mechanism: str = "identity")
 class CalibrateParams(Section):
     """Target (epsilon, delta); the noise multiplier is calibrated to meet it."""
 
-    epsilon: float = Field(gt=0.0, le=100.0, allow_inf_nan=False, description="target epsilon (at most 100)")
+    epsilon: float = Field(
+        gt=0.0, le=100.0, allow_inf_nan=False, description="target epsilon (at most 100)"
+    )
     delta: float = Field(gt=0.0, lt=1.0, allow_inf_nan=False, description="target delta")
     accountant: Literal["auto", "pld", "rdp", "allocation", "montecarlo"] = Field(
-        default="auto", description="auto: pld (poisson, fixed), allocation (balls-in-bins, C = I), montecarlo (C != I)"
+        default="auto",
+        description="auto: pld (poisson, fixed), allocation (balls-in-bins, C = I), montecarlo (C "
+        "!= I)",
     )
-    sampler: str = Field(default="poisson", validate_default=True, description="sampling the accountant assumes")
+    sampler: str = Field(
+        default="poisson", validate_default=True, description="sampling the accountant assumes"
+    )
     mechanism: Literal["identity", "banded", "toeplitz", "blt"] = "identity"
     bands: int = Field(default=1, ge=1, le=4096, description="w for a w-banded correlation matrix")
-    group_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1, max_length=MAX_LIST_LENGTH)
+    group_sizes: list[int] = Field(
+        default_factory=lambda: [1, 2, 4, 8], min_length=1, max_length=MAX_LIST_LENGTH
+    )
     mc_samples: int = Field(
-        default=1 << 18, ge=1000, le=1 << 26, description="Monte Carlo samples to estimate/calibrate"
+        default=1 << 18,
+        ge=1000,
+        le=1 << 26,
+        description="Monte Carlo samples to estimate/calibrate",
     )
     mc_failure_probability: float | None = Field(
         default=None,
         gt=0.0,
         lt=1.0,
         allow_inf_nan=False,
-        description="Monte Carlo claim's failure probability; null: min(delta/10, 1e-6); sets the EVR sample count",
+        description="Monte Carlo claim's failure probability; null: min(delta/10, 1e-6); sets the "
+        "EVR sample count",
     )
-    mc_device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Monte Carlo sampling device")
+    mc_device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="Monte Carlo sampling device"
+    )
     mc_verification: Literal["auto", "plain", "importance"] = Field(
         default="auto",
-        description="EVR sampling: auto (importance where it needs fewer fresh samples) | plain | importance",
+        description="EVR sampling: auto (importance where it needs fewer fresh samples) | plain | "
+        "importance",
     )
-    evr_delta_ratio: float = Field(default=0.5, gt=0.0, lt=1.0, description="calibrate at delta' = ratio * delta")
-    pld_discretization: float = Field(default=1e-4, ge=1e-6, le=1e-2, description="PLD value discretization interval")
+    evr_delta_ratio: float = Field(
+        default=0.5, gt=0.0, lt=1.0, description="calibrate at delta' = ratio * delta"
+    )
+    pld_discretization: float = Field(
+        default=1e-4, ge=1e-6, le=1e-2, description="PLD value discretization interval"
+    )
     table_discretization: float = Field(
         default=1e-3,
         ge=1e-6,
         le=1e-1,
         description="PLD interval of the group table and the epsilon curve (pessimistic)",
     )
-    curve_points: int = Field(default=20, ge=2, le=200, description="points of the epsilon-vs-step curve")
-    blt_buffers: int = Field(default=3, ge=1, le=8, description="buffers of an optimized BLT")
-    optimize_steps: int = Field(default=100, ge=0, le=5000, description="gradient steps optimizing toeplitz/blt C")
-    optimize_samples: int = Field(default=4096, ge=256, le=1 << 22, description="Monte Carlo samples per step")
-    rmse_epsilons: list[float] = Field(
-        default_factory=lambda: [0.5, 1.0, 2.0, 4.0, 8.0, 16.0], min_length=1, max_length=MAX_LIST_LENGTH
+    curve_points: int = Field(
+        default=20, ge=2, le=200, description="points of the epsilon-vs-step curve"
     )
-    rmse_samples: int = Field(default=8192, ge=1000, le=1 << 22, description="Monte Carlo samples of the RMSE plot")
+    blt_buffers: int = Field(default=3, ge=1, le=8, description="buffers of an optimized BLT")
+    optimize_steps: int = Field(
+        default=100, ge=0, le=5000, description="gradient steps optimizing toeplitz/blt C"
+    )
+    optimize_samples: int = Field(
+        default=4096, ge=256, le=1 << 22, description="Monte Carlo samples per step"
+    )
+    rmse_epsilons: list[float] = Field(
+        default_factory=lambda: [0.5, 1.0, 2.0, 4.0, 8.0, 16.0],
+        min_length=1,
+        max_length=MAX_LIST_LENGTH,
+    )
+    rmse_samples: int = Field(
+        default=8192, ge=1000, le=1 << 22, description="Monte Carlo samples of the RMSE plot"
+    )
 
     @field_validator("sampler")
     @classmethod
@@ -85,10 +114,15 @@ class CalibrateParams(Section):
             )
         accountant = info.data.get("accountant")
         if accountant not in (None, "auto") and coverage_refusal(accountant, value) is not None:
-            covered = [sampler for sampler in ACCOUNTED_SAMPLERS if coverage_refusal(accountant, sampler) is None]
+            covered = [
+                sampler
+                for sampler in ACCOUNTED_SAMPLERS
+                if coverage_refusal(accountant, sampler) is None
+            ]
             raise PydanticCustomError(
                 "sampler",
-                "calibrate.accountant = {accountant} supports samplers {allowed} (auto picks one that covers "
+                "calibrate.accountant = {accountant} supports samplers {allowed} (auto picks one "
+                "that covers "
                 "calibrate.sampler)",
                 {"accountant": accountant, "allowed": ", ".join(covered)},
             )
@@ -109,7 +143,9 @@ class CalibrateParams(Section):
     @classmethod
     def _positive_groups(cls, value: list[int]) -> list[int]:
         if any(k < 1 or k > 1024 for k in value):
-            raise PydanticCustomError("group_sizes", "every group size must be an integer in [1, 1024]", {})
+            raise PydanticCustomError(
+                "group_sizes", "every group size must be an integer in [1, 1024]", {}
+            )
         return sorted(set(value))
 
     @field_validator("rmse_epsilons")

@@ -20,7 +20,8 @@ from dpledger.params.bounds import MAX_EPOCHS
 
 
 def _bool_where_number(value: Any, annotation: Any) -> bool:
-    """Whether ``value`` holds a boolean where ``annotation`` wants an int or a float (YAML's yes/no/on/off)."""
+    """Whether ``value`` holds a boolean where ``annotation`` wants an int or a float (YAML's
+    yes/no/on/off)."""
     origin, args = get_origin(annotation), get_args(annotation)
     if origin in (Union, types.UnionType):
         return bool not in args and any(_bool_where_number(value, arg) for arg in args)
@@ -38,33 +39,49 @@ class Section(BaseModel):
     @classmethod
     def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         # pydantic's lax mode reads true as 1, so `epochs: yes` would silently train for one epoch.
-        if info.field_name is not None and _bool_where_number(value, cls.model_fields[info.field_name].annotation):
-            raise PydanticCustomError("bool_not_number", "a boolean (true/false, yes/no, on/off) is not a number", {})
+        if info.field_name is not None and _bool_where_number(
+            value, cls.model_fields[info.field_name].annotation
+        ):
+            raise PydanticCustomError(
+                "bool_not_number", "a boolean (true/false, yes/no, on/off) is not a number", {}
+            )
         return value
 
 
 class DataParams(Section):
-    """Which dataset to train on. ``digits`` ships inside scikit-learn, so it needs no download; ``text`` is a
-    JSONL or CSV file tokenized by a local transformers tokenizer (lib/dpledger/data/text.py)."""
+    """Which dataset to train on. ``digits`` ships inside scikit-learn, so it needs no download;
+    ``text`` is a JSONL or CSV file tokenized by a local transformers tokenizer
+    (lib/dpledger/data/text.py)."""
 
     name: Literal["digits", "npz", "cifar10", "mnist", "text"] = "digits"
     path: str | None = Field(
-        default=None, min_length=1, validate_default=True, description="file or folder for npz / cifar10 / mnist / text"
+        default=None,
+        min_length=1,
+        validate_default=True,
+        description="file or folder for npz / cifar10 / mnist / text",
     )
     test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
     tokenizer: str | None = Field(
         default=None, description="text: folder of the model's own tokenizer (local files only)"
     )
-    max_length: int = Field(default=128, gt=0, description="text: tokens kept per example (longer texts are truncated)")
-    text_field: str = Field(default="text", min_length=1, description="text: the column/key holding the text")
-    label_field: str = Field(default="label", min_length=1, description="text: the column/key holding class labels")
+    max_length: int = Field(
+        default=128, gt=0, description="text: tokens kept per example (longer texts are truncated)"
+    )
+    text_field: str = Field(
+        default="text", min_length=1, description="text: the column/key holding the text"
+    )
+    label_field: str = Field(
+        default="label", min_length=1, description="text: the column/key holding class labels"
+    )
 
     @field_validator("path")
     @classmethod
     def _path_matches_name(cls, value: str | None, info: ValidationInfo) -> str | None:
         name = info.data.get("name")
         if name == "digits" and value is not None:
-            raise PydanticCustomError("path", "data.name = digits is embedded and reads no file (set data.path: null)")
+            raise PydanticCustomError(
+                "path", "data.name = digits is embedded and reads no file (set data.path: null)"
+            )
         if name not in (None, "digits") and value is None:
             raise PydanticCustomError(
                 "path", "data.name = {name} reads its arrays from a file or folder", {"name": name}
@@ -73,7 +90,8 @@ class DataParams(Section):
 
 
 class BatchingParams(Section):
-    """Sizes shared by the accountant (calibrate) and the sampler (schedule), so the two cannot drift."""
+    """Sizes shared by the accountant (calibrate) and the sampler (schedule), so the two cannot
+    drift."""
 
     batch_size: int = Field(default=64, ge=1, description="expected (Poisson) or fixed batch size")
     epochs: int = Field(default=5, ge=1, le=MAX_EPOCHS)
@@ -96,6 +114,7 @@ def _describe_error(err: dict[str, Any], prefix: str) -> str:
 
 
 def validation_error_to_params_error(error: ValidationError, prefix: str = "") -> ParamsError:
-    """Turn pydantic's multi-line error into one line naming the key, the value and what is allowed."""
+    """Turn pydantic's multi-line error into one line naming the key, the value and what is
+    allowed."""
     first = error.errors()[0]
     return ParamsError(_describe_error(first, prefix))

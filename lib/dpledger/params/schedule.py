@@ -1,4 +1,5 @@
-"""schedule: the sampler that actually builds the batches (names and options read from the sampler registry)."""
+"""schedule: the sampler that actually builds the batches (names and options read from the sampler
+registry)."""
 
 from __future__ import annotations
 
@@ -20,17 +21,26 @@ def taking(option: str) -> tuple[str, ...]:
 
 
 class ScheduleParams(Section):
-    """Sampler that builds the batches used in training (sizes come from the shared ``batching`` section)."""
+    """Sampler that builds the batches used in training (sizes come from the shared ``batching``
+    section)."""
 
-    sampler: str = Field(default="poisson", description="a built-in sampler name or module:callable")
+    sampler: str = Field(
+        default="poisson", description="a built-in sampler name or module:callable"
+    )
     last_batch: Literal["keep", "drop"] = Field(
-        default="keep", description=f"{', '.join(taking('last_batch'))}: keep or drop a short last batch"
+        default="keep",
+        description=f"{', '.join(taking('last_batch'))}: keep or drop a short last batch",
     )
     pad_truncate: bool = Field(
-        default=False, validate_default=True, description="balls-in-bins: pad or truncate every batch to exactly B"
+        default=False,
+        validate_default=True,
+        description="balls-in-bins: pad or truncate every batch to exactly B",
     )
     buffer_size: int | None = Field(
-        default=None, ge=1, validate_default=True, description="partial-shuffle: the shuffle buffer K"
+        default=None,
+        ge=1,
+        validate_default=True,
+        description="partial-shuffle: the shuffle buffer K",
     )
 
     @field_validator("sampler")
@@ -58,11 +68,15 @@ class ScheduleParams(Section):
 
     @field_validator("buffer_size")
     @classmethod
-    def _buffer_size_for_partial_shuffle(cls, value: int | None, info: ValidationInfo) -> int | None:
+    def _buffer_size_for_partial_shuffle(
+        cls, value: int | None, info: ValidationInfo
+    ) -> int | None:
         sampler, buffered = info.data.get("sampler"), taking("buffer_size")
         if sampler in buffered and value is None:
             raise PydanticCustomError(
-                "buffer_size", "schedule.sampler {sampler} needs the buffer K (an integer >= 1)", {"sampler": sampler}
+                "buffer_size",
+                "schedule.sampler {sampler} needs the buffer K (an integer >= 1)",
+                {"sampler": sampler},
             )
         if sampler is not None and sampler not in buffered and value is not None:
             raise PydanticCustomError(

@@ -1,4 +1,5 @@
-"""train: model, optimizer, clipping and engine settings of the DP-SGD run (σ comes from calibrate)."""
+"""train: model, optimizer, clipping and engine settings of the DP-SGD run (σ comes from
+calibrate)."""
 
 from __future__ import annotations
 
@@ -15,19 +16,27 @@ ZOO_MODELS = ("mlp", "cnn", "transformer")
 
 
 class TrainParams(Section):
-    """DP-SGD training settings; the noise multiplier and correlated-noise mechanism come from calibrate."""
+    """DP-SGD training settings; the noise multiplier and correlated-noise mechanism come from
+    calibrate."""
 
     model: str = Field(
-        default="mlp", description="a zoo model (mlp, cnn, transformer), hf, or a plugin module:callable"
+        default="mlp",
+        description="a zoo model (mlp, cnn, transformer), hf, or a plugin module:callable",
     )
     model_options: dict[str, Any] = Field(
-        default_factory=dict, description="keyword arguments of the model (hf: path, init, config, dtype)"
+        default_factory=dict,
+        description="keyword arguments of the model (hf: path, init, config, dtype)",
     )
     task: Literal["classification", "causal-lm", "sequence-classification"] = Field(
-        default="classification", description="what the model predicts, hence its per-example loss and metric"
+        default="classification",
+        description="what the model predicts, hence its per-example loss and metric",
     )
-    clip_norm: float = Field(default=1.0, gt=0.0, allow_inf_nan=False, description="per-example clipping threshold R")
-    clipping: Literal["flat", "per-layer", "automatic"] = Field(default="flat", description="clipping style")
+    clip_norm: float = Field(
+        default=1.0, gt=0.0, allow_inf_nan=False, description="per-example clipping threshold R"
+    )
+    clipping: Literal["flat", "per-layer", "automatic"] = Field(
+        default="flat", description="clipping style"
+    )
     automatic_gamma: float = Field(
         default=0.01, gt=0.0, allow_inf_nan=False, description="γ of automatic clipping R/(‖g‖+γ)"
     )
@@ -57,23 +66,30 @@ class TrainParams(Section):
         default=False, description="LoRA: also publish the base model with the adapter merged in"
     )
     physical_batch_size: int | None = Field(
-        default=None, ge=1, description="split each logical batch into physical batches of at most this size"
+        default=None,
+        ge=1,
+        description="split each logical batch into physical batches of at most this size",
     )
     ghost: Literal["auto", "always", "never"] = Field(
         default="auto", description="per-layer norm method (auto: 2T² < p·d)"
     )
-    secure_noise: bool = Field(default=False, description="draw noise from the OS CSPRNG (not replayable)")
+    secure_noise: bool = Field(
+        default=False, description="draw noise from the OS CSPRNG (not replayable)"
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         default="fp32", description="CUDA autocast dtype; norms stay fp32"
     )
-    checkpoint_every: int = Field(default=20, ge=1, description="steps between checkpoints (and at each epoch end)")
+    checkpoint_every: int = Field(
+        default=20, ge=1, description="steps between checkpoints (and at each epoch end)"
+    )
     allow_sampler_mismatch: bool = False
     processes: int = Field(
         default=1,
         ge=1,
         le=256,
-        description="data-parallel training processes on this machine (torch.distributed; gloo/nccl)",
+        description="data-parallel training processes on this machine (torch.distributed; "
+        "gloo/nccl)",
     )
 
     self_check: bool = Field(
@@ -124,10 +140,12 @@ class TrainParams(Section):
     @field_validator("precision")
     @classmethod
     def _no_fp16(cls, value: str) -> str:
-        """fp16 has no loss scaling here: an LM head's output gradients (about 1e-7 at a 50k vocabulary)
-        underflow and training silently learns little (issue 30). bf16 has float32's range."""
+        """fp16 has no loss scaling here: an LM head's output gradients (about 1e-7 at a 50k
+        vocabulary) underflow and training silently learns little (issue 30). bf16 has float32's
+        range."""
         if value == "fp16":
             raise PydanticCustomError(
-                "precision", "fp16 is refused (no loss scaling: small gradients underflow to zero); use bf16"
+                "precision",
+                "fp16 is refused (no loss scaling: small gradients underflow to zero); use bf16",
             )
         return value

@@ -1,4 +1,5 @@
-"""Stage runners: each module's ``run(params, root)`` computes one stage and writes its outputs under ``root``.
+"""Stage runners: each module's ``run(params, root)`` computes one stage and writes its outputs
+under ``root``.
 
 The DVC entrypoints in ``stages/`` and ``dpledger stage NAME`` both call :func:`run_stage`, so the
 pipeline and the console script cannot drift apart. Runners are handed the validated params and the
@@ -16,7 +17,9 @@ from dpledger.params import STAGES, load_params
 from dpledger.quiet import quiet_third_party
 
 
-def run_stage(name: str, params_path: str | Path = "params.yaml", root: str | Path = ".") -> dict[str, Any]:
+def run_stage(
+    name: str, params_path: str | Path = "params.yaml", root: str | Path = "."
+) -> dict[str, Any]:
     """Validate the whole params file, then run stage ``name``; returns the stage's metrics."""
     if name not in STAGES:
         raise ValueError(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")

@@ -48,14 +48,19 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         seed=params.seed,
         backend=audit.backend,
     )
-    observations = audit.pattern_observations if mechanism.audited().simulated_by_sampler else audit.observations
+    observations = (
+        audit.pattern_observations
+        if mechanism.audited().simulated_by_sampler
+        else audit.observations
+    )
     mechanism = replace(mechanism, observations=observations - observations % 2)
     result, scores = audit_bgm(mechanism)
     correlated = (
         []
         if record.mechanism == "identity"
         else [
-            f"The ledger's mechanism is '{record.mechanism}' (correlated noise); this audit models independent noise per step."
+            f"The ledger's mechanism is '{record.mechanism}' (correlated noise); this audit models "
+            "independent noise per step."
         ]
     )
     assumptions = list(result.assumptions) + correlated
@@ -68,11 +73,21 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         "sampler_warning": check.warning(),
         "epsilon_vs_observations": measured,
     }
-    metrics = {**_flat(result.summary()), "sampler_accounted": record.sampler, "sampler_mismatch": not check.matches}
+    metrics = {
+        **_flat(result.summary()),
+        "sampler_accounted": record.sampler,
+        "sampler_mismatch": not check.matches,
+    }
     if audit.dpsgd:
         dpsgd = _audit_dpsgd(params, mechanism)
         details["dpsgd"] = {**dpsgd.to_dict(), "assumptions": list(dpsgd.assumptions) + correlated}
-        metrics.update({f"dpsgd_{key}": value for key, value in _flat(dpsgd.summary()).items() if key != "sampler"})
+        metrics.update(
+            {
+                f"dpsgd_{key}": value
+                for key, value in _flat(dpsgd.summary()).items()
+                if key != "sampler"
+            }
+        )
     run_metrics, run_details = audit_run(
         audit.one_run,
         schedule,
@@ -103,14 +118,16 @@ def run(params: Params, root: Path) -> dict[str, Any]:
 
 
 def _audit_dpsgd(params: Params, mechanism: BgmAudit) -> Any:
-    """The DP-SGD canary audit of the stage's ``mechanism`` (the ledger's σ, sizes, claim and the sampler used)
-    with ``audit.dpsgd_observations`` training runs, on the MLP and digits (``audit.dpsgd_model: digits``) or on
-    the train stage's model, loss and data (``train``: its clip norm and learning rate, SGD)."""
+    """The DP-SGD canary audit of the stage's ``mechanism`` (the ledger's σ, sizes, claim and the
+    sampler used) with ``audit.dpsgd_observations`` training runs, on the MLP and digits
+    (``audit.dpsgd_model: digits``) or on the train stage's model, loss and data (``train``: its
+    clip norm and learning rate, SGD)."""
     from dpledger.audit.dpsgd import DpsgdAudit, audit_dpsgd, train_workload
 
     audit = params.audit
     config = DpsgdAudit(
-        replace(mechanism, observations=audit.dpsgd_observations), threat_model=audit.dpsgd_threat_model
+        replace(mechanism, observations=audit.dpsgd_observations),
+        threat_model=audit.dpsgd_threat_model,
     )
     if audit.dpsgd_model == "digits":
         return audit_dpsgd(config)

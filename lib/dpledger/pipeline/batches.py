@@ -1,9 +1,9 @@
 """The schedule's batches on the training device, uploaded once (issue 30).
 
-Each step used to copy its index and padding arrays to the device: two small host-to-device transfers
-per step, each a point where a GPU queue can run dry. The whole schedule is uploaded once instead
-(``num_steps × B`` indices, int64), and a step's rows are a slice of it; this rank's share of the batch is
-its contiguous slice (:func:`share_bounds`, possibly empty).
+Each step used to copy its index and padding arrays to the device: two small host-to-device
+transfers per step, each a point where a GPU queue can run dry. The whole schedule is uploaded once
+instead (``num_steps × B`` indices, int64), and a step's rows are a slice of it; this rank's share
+of the batch is its contiguous slice (:func:`share_bounds`, possibly empty).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class DeviceBatches:
         return cls(schedule, ranks, indices, weights)
 
     def batch(self, step: int) -> tuple[Tensor, Tensor, float]:
-        """This rank's (rows, weights) of step ``step`` on the device, and its count of real rows (from the
-        host copy: no device sync)."""
+        """This rank's (rows, weights) of step ``step`` on the device, and its count of real rows
+        (from the host copy: no device sync)."""
         lo, hi = int(self.schedule.offsets[step]), int(self.schedule.offsets[step + 1])
         first, last = share_bounds(hi - lo, self.ranks.rank, self.ranks.world_size)
         rows = slice(lo + first, lo + last)

@@ -1,11 +1,12 @@
-"""Stage ``calibrate``: the noise multiplier σ (and correlation matrix C) that meets the privacy budget.
+"""Stage ``calibrate``: the noise multiplier σ (and correlation matrix C) that meets the privacy
+budget.
 
-Reads ``seed``, ``data`` (for the training-set size n), ``batching`` and ``calibrate``. Sizes: q = B/n,
-b = ceil(n/B) batches (bins) per epoch, steps = epochs · b. Writes
+Reads ``seed``, ``data`` (for the training-set size n), ``batching`` and ``calibrate``. Sizes: q =
+B/n, b = ceil(n/B) batches (bins) per epoch, steps = epochs · b. Writes
 ``artifacts/calibration/calibration.json`` (the :class:`CalibrationRecord`: σ, C as mechanism_params
-for ``dpledger.mechanisms.noise_stream``, ε of every applicable accountant with assumptions, the group
-table and the ε-vs-step curve), ``metrics/calibrate.json`` (flat) and ``plots/calibrate/`` (ε vs step,
-ε vs group size, RMSE vs ε per mechanism; CSV + PNG).
+for ``dpledger.mechanisms.noise_stream``, ε of every applicable accountant with assumptions, the
+group table and the ε-vs-step curve), ``metrics/calibrate.json`` (flat) and ``plots/calibrate/`` (ε
+vs step, ε vs group size, RMSE vs ε per mechanism; CSV + PNG).
 """
 
 from __future__ import annotations
@@ -44,10 +45,17 @@ from dpledger.seals import seal_record
 
 
 def describe_run(params: Params, dataset_size: int) -> MechanismDescription:
-    """The mechanism params.yaml describes over ``dataset_size`` training examples (σ still unknown)."""
+    """The mechanism params.yaml describes over ``dataset_size`` training examples (σ still
+    unknown)."""
     check_dataset_size(params, dataset_size)
-    sizes = {"batch_size": params.batching.batch_size, "epochs": params.batching.epochs, "seed": params.seed}
-    return build_sampler(params.calibrate.sampler, dataset_size=dataset_size, **sizes).mechanism_description()
+    sizes = {
+        "batch_size": params.batching.batch_size,
+        "epochs": params.batching.epochs,
+        "seed": params.seed,
+    }
+    return build_sampler(
+        params.calibrate.sampler, dataset_size=dataset_size, **sizes
+    ).mechanism_description()
 
 
 def accountant_settings(params: Params) -> dict[str, Any]:
@@ -68,14 +76,21 @@ def accountant_name(cal: CalibrateParams) -> str:
     return resolve_accountant(cal.accountant, cal.sampler, cal.mechanism)
 
 
-def choose_matrix(cal: CalibrateParams, description: MechanismDescription, seed: int) -> dict[str, Any]:
-    """mechanism_params of C: none for identity, the w-banded square root, or an optimized Toeplitz/BLT."""
+def choose_matrix(
+    cal: CalibrateParams, description: MechanismDescription, seed: int
+) -> dict[str, Any]:
+    """mechanism_params of C: none for identity, the w-banded square root, or an optimized
+    Toeplitz/BLT."""
     if cal.mechanism == "identity":
         return {}
     if cal.mechanism == "banded":
         return banded_params(min(cal.bands, description.steps))
     if cal.optimize_steps == 0 and cal.mechanism == "toeplitz":
-        return {"coefficients": coefficients("banded", banded_params(cal.bands), description.steps).tolist()}
+        return {
+            "coefficients": coefficients(
+                "banded", banded_params(cal.bands), description.steps
+            ).tolist()
+        }
     optimized = optimize_matrix(
         cal.mechanism,
         cal.epsilon,
@@ -92,9 +107,12 @@ def choose_matrix(cal: CalibrateParams, description: MechanismDescription, seed:
     return optimized.mechanism_params
 
 
-def other_accountants(params: Params, description: MechanismDescription, chosen: str) -> list[AccountantResult]:
-    """ε at the calibrated σ from every other accountant that supports the description (Monte Carlo only as
-    the claim: its verification takes minutes, and a deterministic claim needs no sampled cross-check)."""
+def other_accountants(
+    params: Params, description: MechanismDescription, chosen: str
+) -> list[AccountantResult]:
+    """ε at the calibrated σ from every other accountant that supports the description (Monte Carlo
+    only as the claim: its verification takes minutes, and a deterministic claim needs no sampled
+    cross-check)."""
     results = []
     for name in ACCOUNTANTS:
         if name == "montecarlo":
@@ -105,32 +123,45 @@ def other_accountants(params: Params, description: MechanismDescription, chosen:
     return results
 
 
-def epsilon_curve(params: Params, description: MechanismDescription, claim: float) -> list[tuple[int, float]]:
+def epsilon_curve(
+    params: Params, description: MechanismDescription, claim: float
+) -> list[tuple[int, float]]:
     """(steps, ε after that many steps) on ~curve_points grid points including the last step.
 
-    Each value is valid for every step count up to its own, so the curve is made monotone by a reverse
-    running minimum, and the last point is min(claim, curve). PLD points use the pessimistic table
-    discretization; allocation points the dominating bound on a 0.1 loss grid (whole epochs: an upper bound
-    for every step inside them); Monte Carlo points are estimates at δ' (no EVR; the final claim is EVR-verified).
+    Each value is valid for every step count up to its own, so the curve is made monotone by a
+    reverse running minimum, and the last point is min(claim, curve). PLD points use the pessimistic
+    table discretization; allocation points the dominating bound on a 0.1 loss grid (whole epochs:
+    an upper bound for every step inside them); Monte Carlo points are estimates at δ' (no EVR; the
+    final claim is EVR-verified).
     """
     cal = params.calibrate
     name = accountant_name(cal)
-    grid = sorted({int(round(t)) for t in np.linspace(1, description.steps, cal.curve_points)} | {description.steps})
+    grid = sorted(
+        {int(round(t)) for t in np.linspace(1, description.steps, cal.curve_points)}
+        | {description.steps}
+    )
     if name == "montecarlo":
         accountant = get_accountant("montecarlo", **accountant_settings(params))
-        values = [accountant.epsilon_estimate(description.with_steps(t), cal.delta) for t in grid[:-1]]
+        values = [
+            accountant.epsilon_estimate(description.with_steps(t), cal.delta) for t in grid[:-1]
+        ]
     elif name == "allocation":
         values = [allocation_upper(description.with_steps(t), cal.delta, 0.1) for t in grid[:-1]]
     else:
         accountant = get_accountant(name, discretization=cal.table_discretization)
-        values = [accountant.epsilon(description.with_steps(t), cal.delta).epsilon for t in grid[:-1]]
+        values = [
+            accountant.epsilon(description.with_steps(t), cal.delta).epsilon for t in grid[:-1]
+        ]
     values.append(claim)
     values = list(np.minimum.accumulate(np.asarray(values)[::-1])[::-1])
     return [(int(t), float(v)) for t, v in zip(grid, values)]
 
 
-def rmse_rows(params: Params, description: MechanismDescription, mechanism_params: dict[str, Any]) -> list[list]:
-    """RMSE vs ε per mechanism under balls-in-bins (Monte Carlo σ) and without amplification (004 §5.1)."""
+def rmse_rows(
+    params: Params, description: MechanismDescription, mechanism_params: dict[str, Any]
+) -> list[list]:
+    """RMSE vs ε per mechanism under balls-in-bins (Monte Carlo σ) and without amplification (004
+    §5.1)."""
     cal = params.calibrate
     bins, epochs = description.batches_per_epoch, description.epochs
     mechanisms = [("identity", {})]
@@ -148,7 +179,8 @@ def rmse_rows(params: Params, description: MechanismDescription, mechanism_param
 
 
 def run(params: Params, root: Path) -> dict[str, Any]:
-    """Calibrate σ (and C), compute every applicable ε, the group table and the curves; write the outputs."""
+    """Calibrate σ (and C), compute every applicable ε, the group table and the curves; write the
+    outputs."""
     cal = params.calibrate
     dataset = load_data(params.data, params.seed)
     description = describe_run(params, dataset.train_size)
@@ -209,7 +241,8 @@ def _metrics(
         "dataset_size": record.dataset_size,
         "batch_size": record.batch_size,
         "rmse": prefix_rmse(
-            coefficients(record.mechanism, record.mechanism_params, record.steps), record.noise_multiplier
+            coefficients(record.mechanism, record.mechanism_params, record.steps),
+            record.noise_multiplier,
         ),
     }
     if "mc_failure_probability" in result.details:
@@ -227,20 +260,30 @@ def _metrics(
         for method in ("mog", "conversion"):
             value = getattr(row, method)
             if value is not None:
-                metrics[f"group_epsilon_{method}_k{row.group_size}"] = value if math.isfinite(value) else "inf"
+                metrics[f"group_epsilon_{method}_k{row.group_size}"] = (
+                    value if math.isfinite(value) else "inf"
+                )
     return metrics
 
 
-def _write_plots(folder: Path, record: CalibrationRecord, groups: list[GroupEpsilon], rows: list[list]) -> None:
-    io.write_csv(folder / "epsilon_vs_step.csv", ["step", "epsilon"], [list(p) for p in record.epsilon_curve])
+def _write_plots(
+    folder: Path, record: CalibrationRecord, groups: list[GroupEpsilon], rows: list[list]
+) -> None:
+    io.write_csv(
+        folder / "epsilon_vs_step.csv", ["step", "epsilon"], [list(p) for p in record.epsilon_curve]
+    )
     with plotting.png(folder / "epsilon_vs_step.png") as axes:
-        axes.plot([p[0] for p in record.epsilon_curve], [p[1] for p in record.epsilon_curve], marker="o")
+        axes.plot(
+            [p[0] for p in record.epsilon_curve], [p[1] for p in record.epsilon_curve], marker="o"
+        )
         axes.set_xlabel("steps taken")
         axes.set_ylabel(f"ε spent (δ = {record.delta:g})")
         axes.set_title(f"{record.accountant}, {record.sampler}, σ = {record.noise_multiplier:.4g}")
 
     table = [[g.group_size, _cell(g.mog), _cell(g.conversion), _cell(g.linear)] for g in groups]
-    io.write_csv(folder / "epsilon_vs_group.csv", ["group_size", "mog", "conversion", "linear"], table)
+    io.write_csv(
+        folder / "epsilon_vs_group.csv", ["group_size", "mog", "conversion", "linear"], table
+    )
     with plotting.png(folder / "epsilon_vs_group.png") as axes:
         for index, (label, style) in enumerate(
             (
@@ -270,13 +313,25 @@ def _write_plots(folder: Path, record: CalibrationRecord, groups: list[GroupEpsi
     with plotting.png(folder / "rmse_vs_epsilon.png") as axes:
         for label in dict.fromkeys(row[0] for row in rows):
             mine = [row for row in rows if row[0] == label]
-            line = axes.plot([r[1] for r in mine], [r[2] for r in mine], marker="o", label=f"{label} (balls-in-bins)")
-            axes.plot([r[1] for r in mine], [r[3] for r in mine], linestyle="--", color=line[0].get_color())
+            line = axes.plot(
+                [r[1] for r in mine],
+                [r[2] for r in mine],
+                marker="o",
+                label=f"{label} (balls-in-bins)",
+            )
+            axes.plot(
+                [r[1] for r in mine],
+                [r[3] for r in mine],
+                linestyle="--",
+                color=line[0].get_color(),
+            )
         axes.set_xscale("log")
         axes.set_yscale("log")
         axes.set_xlabel("ε")
         axes.set_ylabel("prefix-sum RMSE (σ‖AC⁻¹‖_F/√n)")
-        axes.set_title("RMSE vs ε (dashed: unamplified)" if rows else "RMSE vs ε: balls-in-bins sampler only")
+        axes.set_title(
+            "RMSE vs ε (dashed: unamplified)" if rows else "RMSE vs ε: balls-in-bins sampler only"
+        )
         if rows:
             axes.legend()
 

@@ -1,16 +1,19 @@
-"""Several training processes on ``torch.distributed``: launching the ranks, and each rank's share of a batch.
+"""Several training processes on ``torch.distributed``: launching the ranks, and each rank's share
+of a batch.
 
-``train.processes: N`` (N > 1) makes the train stage spawn N ranks with ``torch.multiprocessing`` (start
-method spawn), which meet at a ``file://`` rendezvous in a fresh temporary folder; under ``torchrun`` (its
-environment: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``…) the stage joins torchrun's group
-instead, so one node with N GPUs or several machines use torchrun's own rendezvous flags. The backend is
-``nccl`` on CUDA (rank r on ``cuda:LOCAL_RANK``) and ``gloo`` on the CPU.
+``train.processes: N`` (N > 1) makes the train stage spawn N ranks with ``torch.multiprocessing``
+(start method spawn), which meet at a ``file://`` rendezvous in a fresh temporary folder; under
+``torchrun`` (its environment: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``…) the stage
+joins torchrun's group instead, so one node with N GPUs or several machines use torchrun's own
+rendezvous flags. The backend is ``nccl`` on CUDA (rank r on ``cuda:LOCAL_RANK``) and ``gloo`` on
+the CPU.
 
-Every rank reads the same schedule and takes a contiguous, disjoint share of each logical batch (a batch
-of n rows gives rank r the rows [⌊n·r/N⌋, ⌊n·(r+1)/N⌋): uneven and empty batches included — a rank with
-no rows still joins the step's all-reduce). No rank samples anything. Rank 0 alone writes checkpoints,
-the ledger and the outputs. A rank that dies stops the run: the spawning parent sees it exit at once,
-stops the others and raises one line; a rank that hangs is cut off by the collective timeout.
+Every rank reads the same schedule and takes a contiguous, disjoint share of each logical batch (a
+batch of n rows gives rank r the rows [⌊n·r/N⌋, ⌊n·(r+1)/N⌋): uneven and empty batches included — a
+rank with no rows still joins the step's all-reduce). No rank samples anything. Rank 0 alone writes
+checkpoints, the ledger and the outputs. A rank that dies stops the run: the spawning parent sees it
+exit at once, stops the others and raises one line; a rank that hangs is cut off by the collective
+timeout.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER
 
 @dataclass(frozen=True)
 class Ranks:
-    """Where this process stands in the run: its rank, the world size, and the process group (None alone)."""
+    """Where this process stands in the run: its rank, the world size, and the process group (None
+    alone)."""
 
     rank: int = 0
     world_size: int = 1
@@ -60,8 +64,11 @@ class Ranks:
         torch.cuda.set_device(local)
         return local
 
-    def check_same_start(self, steps_done: int, model: torch.nn.Module, device: torch.device) -> None:
-        """Refuse ranks that start (or resume) from different checkpoints: steps and parameters must agree."""
+    def check_same_start(
+        self, steps_done: int, model: torch.nn.Module, device: torch.device
+    ) -> None:
+        """Refuse ranks that start (or resume) from different checkpoints: steps and parameters must
+        agree."""
         if self.group is None:
             return
         checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
@@ -69,8 +76,10 @@ class Ranks:
         lowest, highest = rank_span(mine, self.group)
         if not torch.equal(highest, lowest):
             raise DpledgerError(
-                f"train: the ranks start from different states (steps {int(lowest[0])}…{int(highest[0])}): every rank "
-                "must read the same artifacts/train/checkpoint.json (on several machines: a shared project folder)"
+                "train: the ranks start from different states (steps "
+                f"{int(lowest[0])}…{int(highest[0])}): every rank "
+                "must read the same artifacts/train/checkpoint.json (on several machines: a shared "
+                "project folder)"
             )
 
 
@@ -92,17 +101,23 @@ TrainFunction = Callable[..., dict[str, Any]]
 """``train(params, root, ranks) -> metrics`` (the metrics of rank 0; the others return {})."""
 
 
-def run_ranks(train: TrainFunction, params: Any, root: Path, processes: int, device: torch.device) -> dict[str, Any]:
-    """Run ``train`` once per rank: in this process alone, under torchrun's group, or in ``processes`` spawned ranks."""
+def run_ranks(
+    train: TrainFunction, params: Any, root: Path, processes: int, device: torch.device
+) -> dict[str, Any]:
+    """Run ``train`` once per rank: in this process alone, under torchrun's group, or in
+    ``processes`` spawned ranks."""
     if under_torchrun():
         world_size = int(os.environ["WORLD_SIZE"])
         if processes not in (1, world_size):
             raise ParamsError(
-                f"params: train.processes = {processes} is invalid under torchrun with {world_size} processes: "
+                f"params: train.processes = {processes} is invalid under torchrun with "
+                f"{world_size} processes: "
                 "use 1 (torchrun decides) or the same number"
             )
         check_local_rank(int(os.environ["LOCAL_RANK"]), device)
-        ranks = join_group(int(os.environ["RANK"]), world_size, int(os.environ["LOCAL_RANK"]), "env://", device)
+        ranks = join_group(
+            int(os.environ["RANK"]), world_size, int(os.environ["LOCAL_RANK"]), "env://", device
+        )
         try:
             return train(params, root, ranks)
         finally:
@@ -113,36 +128,52 @@ def run_ranks(train: TrainFunction, params: Any, root: Path, processes: int, dev
 
 
 def check_local_rank(local_rank: int, device: torch.device) -> None:
-    """One line instead of CUDA's "invalid device ordinal" when torchrun starts more ranks than GPUs."""
+    """One line instead of CUDA's "invalid device ordinal" when torchrun starts more ranks than
+    GPUs."""
     if device.type == "cuda" and local_rank >= torch.cuda.device_count():
         raise ParamsError(
-            f"torchrun: local rank {local_rank} has no GPU: only {torch.cuda.device_count()} CUDA devices are "
+            f"torchrun: local rank {local_rank} has no GPU: only {torch.cuda.device_count()} CUDA "
+            "devices are "
             "visible on this machine; start at most that many processes per node (--nproc-per-node)"
         )
 
 
-def join_group(rank: int, world_size: int, local_rank: int, init_method: str, device: torch.device) -> Ranks:
-    """Initialise the default process group (backend from ``device``, collective timeout set) and describe it."""
+def join_group(
+    rank: int, world_size: int, local_rank: int, init_method: str, device: torch.device
+) -> Ranks:
+    """Initialise the default process group (backend from ``device``, collective timeout set) and
+    describe it."""
     dist.init_process_group(
-        backend_for(device), init_method=init_method, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT
+        backend_for(device),
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=COLLECTIVE_TIMEOUT,
     )
     return Ranks(rank, world_size, local_rank, dist.group.WORLD)
 
 
-def spawn_ranks(function: Callable[..., Any], args: tuple, processes: int, device: torch.device) -> Any:
+def spawn_ranks(
+    function: Callable[..., Any], args: tuple, processes: int, device: torch.device
+) -> Any:
     """Call ``function(*args, ranks)`` in ``processes`` spawned ranks; return rank 0's result.
 
-    A rank that dies (killed, crashed) or raises stops the others and the run fails with one line naming it;
-    a :class:`DpledgerError` raised by a rank is raised here as it is."""
+    A rank that dies (killed, crashed) or raises stops the others and the run fails with one line
+    naming it; a :class:`DpledgerError` raised by a rank is raised here as it is."""
     if device.type == "cuda" and torch.cuda.device_count() < processes:
         raise ParamsError(
-            f"params: train.processes = {processes} is invalid: only {torch.cuda.device_count()} CUDA devices are visible"
+            f"params: train.processes = {processes} is invalid: only {torch.cuda.device_count()} "
+            "CUDA devices are visible"
         )
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
     with tempfile.TemporaryDirectory(prefix="dpledger-rendezvous-") as folder:
         init_method = Path(folder, "store").as_uri()
-        threads = max(1, torch.get_num_threads() // processes) if device.type == "cpu" else torch.get_num_threads()
+        threads = (
+            max(1, torch.get_num_threads() // processes)
+            if device.type == "cpu"
+            else torch.get_num_threads()
+        )
         spawned = mp.start_processes(
             _rank_main,
             args=(function, args, processes, init_method, device, threads, results),
@@ -164,11 +195,12 @@ def spawn_ranks(function: Callable[..., Any], args: tuple, processes: int, devic
 
 
 def _failure(error: ProcessException, processes: list, results: Any) -> DpledgerError:
-    """One line for a failed run: a rank's own user error as it is, else the rank that died first and how.
+    """One line for a failed run: a rank's own user error as it is, else the rank that died first
+    and how.
 
-    A rank that died (killed: negative exit code, or exited non-zero without raising) makes its peers raise
-    connection errors; the dead rank, not the peer that noticed, is named. Ranks that torch stopped after
-    the failure exit by SIGTERM and are not blamed."""
+    A rank that died (killed: negative exit code, or exited non-zero without raising) makes its
+    peers raise connection errors; the dead rank, not the peer that noticed, is named. Ranks that
+    torch stopped after the failure exit by SIGTERM and are not blamed."""
     user_errors = [value for kind, _, value in _drain(results) if kind == "error"]
     if user_errors:
         return DpledgerError(user_errors[0])
@@ -208,7 +240,8 @@ def _rank_main(
     threads: int,
     results: Any,
 ) -> None:
-    """One spawned rank: join the group, run, report (rank 0's result, or a user error's one line) and leave."""
+    """One spawned rank: join the group, run, report (rank 0's result, or a user error's one line)
+    and leave."""
     torch.set_num_threads(threads)
     ranks = join_group(rank, world_size, rank, init_method, device)
     try:
@@ -219,5 +252,7 @@ def _rank_main(
     finally:
         dist.destroy_process_group()
     payload = io.BytesIO()
-    torch.save(value if rank == 0 else None, payload)  # bytes: a tensor shared by handle would die with this process
+    torch.save(
+        value if rank == 0 else None, payload
+    )  # bytes: a tensor shared by handle would die with this process
     results.put(("result", rank, payload.getvalue()))

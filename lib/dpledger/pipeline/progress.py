@@ -1,5 +1,6 @@
-"""Training progress on stderr: a tqdm bar with the loss and ε spent on a terminal; elsewhere (DVC, a CI
-log, a pipe) one plain line at every tenth of the run, so a long run shows it is alive without flooding."""
+"""Training progress on stderr: a tqdm bar with the loss and ε spent on a terminal; elsewhere (DVC,
+a CI log, a pipe) one plain line at every tenth of the run, so a long run shows it is alive without
+flooding."""
 
 from __future__ import annotations
 
@@ -19,13 +20,17 @@ class Progress:
     """Steps ``initial..total`` of a run; ``update`` after each step with the ε spent so far and its
     loss, which is needed (read from the device) only where :meth:`shows_loss` says so."""
 
-    def __init__(self, total: int, initial: int, *, enabled: bool = True, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, total: int, initial: int, *, enabled: bool = True, stream: TextIO | None = None
+    ) -> None:
         self.stream = stream or sys.stderr
         self.total, self.done = total, initial
         self.enabled = enabled and total > initial
         self.bar = None
         if self.enabled and self.stream.isatty():
-            self.bar = tqdm(total=total, initial=initial, desc="train", unit="step", file=self.stream)
+            self.bar = tqdm(
+                total=total, initial=initial, desc="train", unit="step", file=self.stream
+            )
         self.every = max(1, (total - initial) // (LINES if self.bar is None else BAR_LOSSES))
 
     def shows_loss(self, done: int) -> bool:
@@ -46,7 +51,8 @@ class Progress:
         elif loss is not None and self.shows_loss(self.done):
             percent = 100 * self.done / self.total
             print(
-                f"train: step {self.done}/{self.total} ({percent:.0f} %), loss {loss:.4g}, ε spent {epsilon:.3g}",
+                f"train: step {self.done}/{self.total} ({percent:.0f} %), loss {loss:.4g}, ε spent "
+                f"{epsilon:.3g}",
                 file=self.stream,
                 flush=True,
             )

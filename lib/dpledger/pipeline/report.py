@@ -1,4 +1,5 @@
-"""report stage: render reports/report.md, reports/report.html and reports/figures/ from the other stages' outputs."""
+"""report stage: render reports/report.md, reports/report.html and reports/figures/ from the other
+stages' outputs."""
 
 from __future__ import annotations
 

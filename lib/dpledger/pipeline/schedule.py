@@ -39,10 +39,14 @@ def schedule_from_params(params: Params, dataset_size: int, *, progress: bool = 
     )
 
 
-def _plot_histogram(path: Path, sizes: np.ndarray, counts: np.ndarray, schedule: Schedule, batch_size: int) -> None:
+def _plot_histogram(
+    path: Path, sizes: np.ndarray, counts: np.ndarray, schedule: Schedule, batch_size: int
+) -> None:
     with plotting.png(path) as axes:
         axes.bar(sizes, counts, width=1.0, color="#4c72b0")
-        axes.axvline(batch_size, color="black", linestyle="--", linewidth=1, label=f"B = {batch_size}")
+        axes.axvline(
+            batch_size, color="black", linestyle="--", linewidth=1, label=f"B = {batch_size}"
+        )
         axes.set_xlabel("real examples in the batch")
         axes.set_ylabel("steps")
         axes.set_title(f"Batch sizes: {schedule.sampler}, {schedule.num_steps} steps")
@@ -61,6 +65,8 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         schedule.save(folder)
     io.write_json(root / "metrics" / "schedule.json", metrics)
     plots = root / "plots" / "schedule"
-    io.write_csv(plots / "batch_sizes.csv", ["batch_size", "steps"], np.column_stack([sizes, counts]))
+    io.write_csv(
+        plots / "batch_sizes.csv", ["batch_size", "steps"], np.column_stack([sizes, counts])
+    )
     _plot_histogram(plots / "batch_sizes.png", sizes, counts, schedule, params.batching.batch_size)
     return metrics

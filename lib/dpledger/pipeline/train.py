@@ -1,16 +1,19 @@
-"""train stage: DP-SGD with the BK engine on the schedule's batches, with a resumable privacy ledger.
+"""train stage: DP-SGD with the BK engine on the schedule's batches, with a resumable privacy
+ledger.
 
 Reads ``artifacts/calibration/calibration.json`` (σ, mechanism, ε curve) and ``artifacts/schedule/``
-(the batches), builds the model and its task (:mod:`dpledger.models`: zoo, ``hf`` or plugin; per-example
-loss and metric), refuses a schedule whose sampler differs from the accounted one (unless
-``train.allow_sampler_mismatch``) or that is longer than the accounted number of steps, and trains.
-A checkpoint with the ledger is written every ``train.checkpoint_every`` steps and at each epoch's end
-into ``artifacts/train/`` (``persist: true`` in dvc.yaml), so a killed run resumes at the step it reached.
+(the batches), builds the model and its task (:mod:`dpledger.models`: zoo, ``hf`` or plugin;
+per-example loss and metric), refuses a schedule whose sampler differs from the accounted one
+(unless ``train.allow_sampler_mismatch``) or that is longer than the accounted number of steps, and
+trains. A checkpoint with the ledger is written every ``train.checkpoint_every`` steps and at each
+epoch's end into ``artifacts/train/`` (``persist: true`` in dvc.yaml), so a killed run resumes at
+the step it reached.
 
 Nothing read is trusted (``dpledger.seals``): the record's ε is recomputed at its σ (deterministic
-accountants) or checked against calibrate's seal (Monte Carlo), and the schedule's arrays against their
-digest. The training data's content is part of the checkpoint fingerprint. The ledger and metrics record
-the σ the engine used, the examples dropped for a non-finite gradient norm and whether the loss diverged.
+accountants) or checked against calibrate's seal (Monte Carlo), and the schedule's arrays against
+their digest. The training data's content is part of the checkpoint fingerprint. The ledger and
+metrics record the σ the engine used, the examples dropped for a non-finite gradient norm and
+whether the loss diverged.
 """
 
 from __future__ import annotations
@@ -61,9 +64,11 @@ OUT = paths.TRAIN_DIR
 
 
 def epsilon_spent(record: CalibrationRecord, steps_done: int) -> float:
-    """ε after ``steps_done`` steps, read pessimistically: the first curve point at or past the step.
+    """ε after ``steps_done`` steps, read pessimistically: the first curve point at or past the
+    step.
 
-    Without such a point the full claim ``record.epsilon`` (proven for ``record.steps``) is reported.
+    Without such a point the full claim ``record.epsilon`` (proven for ``record.steps``) is
+    reported.
     """
     if steps_done <= 0:
         return 0.0
@@ -77,12 +82,14 @@ def _load_inputs(params: Params, root: Path) -> tuple[CalibrationRecord, Schedul
     data = load_data(params.data, params.seed)
     if schedule.dataset_size != data.train_size:
         raise DpledgerError(
-            f"train: the schedule indexes {schedule.dataset_size} examples but the training set has {data.train_size}; "
+            f"train: the schedule indexes {schedule.dataset_size} examples but the training set "
+            f"has {data.train_size}; "
             "re-run the schedule stage"
         )
     if schedule.num_steps > record.steps:
         raise DpledgerError(
-            f"train: the schedule has {schedule.num_steps} steps but calibration accounted for {record.steps}; "
+            f"train: the schedule has {schedule.num_steps} steps but calibration accounted for "
+            f"{record.steps}; "
             "training past the accounted steps would spend unproven privacy — re-run calibrate"
         )
     return record, schedule, data
@@ -98,8 +105,8 @@ def _training_code() -> list[Path]:
 
 
 def _user_files(params: Params) -> list[Path]:
-    """The user's tokenizer, model checkpoint (an adapter's base model too) and plugin model's source:
-    new weights or code start over, too."""
+    """The user's tokenizer, model checkpoint (an adapter's base model too) and plugin model's
+    source: new weights or code start over, too."""
     model = params.train.model_options.get("path") if params.train.model == "hf" else None
     base = adapter_base(model) if is_adapter_folder(model) else None
     folders = [params.data.tokenizer, model, base]
@@ -110,13 +117,15 @@ def _user_files(params: Params) -> list[Path]:
 
 
 def _input_fingerprint(params: Params, root: Path, data: Dataset, device: torch.device) -> str:
-    """Everything a step depends on, the training data's content included (a changed file restarts at 0),
-    and the resolved device type and torch version (not ``auto``): the noise draws depend on both, and
-    correlated noise replays its history on resume (issue 30)."""
+    """Everything a step depends on, the training data's content included (a changed file restarts
+    at 0), and the resolved device type and torch version (not ``auto``): the noise draws depend on
+    both, and correlated noise replays its history on resume (issue 30)."""
     checks = {"self_check", "self_check_examples", "self_check_parameters"}  # they change no step
     train = params.train.model_dump(exclude={"checkpoint_every", "processes", *checks})
     train |= {"device": device.type, "torch": torch.__version__}
-    canaries = params.audit.one_run.model_dump(include={"enabled", "canaries"})  # their record must be whole
+    canaries = params.audit.one_run.model_dump(
+        include={"enabled", "canaries"}
+    )  # their record must be whole
     return fingerprint(
         params.seed,
         params.data.model_dump(),
@@ -139,7 +148,12 @@ def _noise_seed(seed: int) -> int:
 
 
 def _build(
-    params: Params, record: CalibrationRecord, schedule: Schedule, data: Dataset, device: torch.device, ranks: Ranks
+    params: Params,
+    record: CalibrationRecord,
+    schedule: Schedule,
+    data: Dataset,
+    device: torch.device,
+    ranks: Ranks,
 ) -> tuple[torch.nn.Module, Task, torch.optim.Optimizer, LRScheduler, BKEngine]:
     """Model (seeded), its task, optimizer, learning-rate schedule (in logical steps) and engine."""
     tp = params.train
@@ -192,12 +206,17 @@ def _resume(
     }
     saved = load_checkpoint(path, key)
     if saved is None:
-        return Ledger(0, schedule.num_steps, 0.0, record.delta, record.noise_multiplier, key, history=history)
+        return Ledger(
+            0, schedule.num_steps, 0.0, record.delta, record.noise_multiplier, key, history=history
+        )
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     scheduler.load_state_dict(saved["scheduler"])
     engine.load_state_dict(
-        {"steps_taken": saved["ledger"].steps_done, "nonfinite_examples": saved["ledger"].nonfinite_examples}
+        {
+            "steps_taken": saved["ledger"].steps_done,
+            "nonfinite_examples": saved["ledger"].nonfinite_examples,
+        }
     )
     return saved["ledger"]
 
@@ -230,15 +249,21 @@ def _private_step(
 
 
 def run(params: Params, root: Path) -> dict[str, Any]:
-    """Train (or resume) in ``train.processes`` ranks (see pipeline/distributed.py), then write the outputs."""
+    """Train (or resume) in ``train.processes`` ranks (see pipeline/distributed.py), then write the
+    outputs."""
     remove_stale_temporaries(root / OUT)
-    return run_ranks(train, params, root, params.train.processes, select_device(params.train.device))
+    return run_ranks(
+        train, params, root, params.train.processes, select_device(params.train.device)
+    )
 
 
 def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
-    """Train (or resume) as rank ``ranks.rank``; rank 0 writes artifacts/train, metrics/train.json and plots/train."""
+    """Train (or resume) as rank ``ranks.rank``; rank 0 writes artifacts/train, metrics/train.json
+    and plots/train."""
     record, schedule, data = _load_inputs(params, root)
-    check = check_schedule(record.description, schedule, allow_mismatch=params.train.allow_sampler_mismatch)
+    check = check_schedule(
+        record.description, schedule, allow_mismatch=params.train.allow_sampler_mismatch
+    )
     device = ranks.device(select_device(params.train.device))
     if device.type == "cpu":
         retain_freed_memory()
@@ -264,8 +289,14 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     if ranks.writes:
         print(f"train: {_tuning_line(model, engine)}", file=sys.stderr)
 
-    x_train, y_train = torch.from_numpy(data.x_train).to(device), torch.from_numpy(data.y_train).to(device)
-    x_test, y_test = torch.from_numpy(data.x_test).to(device), torch.from_numpy(data.y_test).to(device)
+    x_train, y_train = (
+        torch.from_numpy(data.x_train).to(device),
+        torch.from_numpy(data.y_train).to(device),
+    )
+    x_test, y_test = (
+        torch.from_numpy(data.x_test).to(device),
+        torch.from_numpy(data.y_test).to(device),
+    )
     start, rows = ledger.steps_done, (x_train, y_train)
     checked = check_before_training(tp, engine, task, schedule, start, rows)
     ledger = ledger if checked is None else replace(ledger, self_check=checked)
@@ -273,13 +304,24 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     started = time.perf_counter()
     examples = 0
     bar = Progress(schedule.num_steps, ledger.steps_done, enabled=ranks.writes)
-    state = state_snapshot(model, optimizer)  # buffers and frozen parameters: checked after a step, before saving
+    state = state_snapshot(
+        model, optimizer
+    )  # buffers and frozen parameters: checked after a step, before saving
     batches = DeviceBatches.upload(schedule, ranks, device)
     step_losses = StepLosses(ranks)
     for step in range(ledger.steps_done, schedule.num_steps):
         rows, weights, _ = batches.batch(step)
         loss_sum = _private_step(
-            engine, task, model, x_train, y_train, rows, weights, tp.physical_batch_size, device, tp.precision
+            engine,
+            task,
+            model,
+            x_train,
+            y_train,
+            rows,
+            weights,
+            tp.physical_batch_size,
+            device,
+            tp.precision,
         )
         scheduler.step()  # one learning-rate step per logical (engine) step
         done = step + 1
@@ -329,18 +371,30 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     )
     finished = Finished(ledger, record, check, model, task, engine, resumed_from)
     metrics = _write_outputs(root, finished, tensors, evidence)
-    publish_run(root / paths.PUBLISHED_DIR, model, params, record, ledger, check, metrics, engine.numel)
+    publish_run(
+        root / paths.PUBLISHED_DIR, model, params, record, ledger, check, metrics, engine.numel
+    )
     return metrics
 
 
 def _canaries(
-    params: Params, ranks: Ranks, engine: BKEngine, schedule: Schedule, resume: tuple[Path, str, int]
+    params: Params,
+    ranks: Ranks,
+    engine: BKEngine,
+    schedule: Schedule,
+    resume: tuple[Path, str, int],
 ) -> CanaryRecorder | None:
-    """The one-run audit's recorder (audit/one_run.py): canaries in a side copy of the released sums, on
-    rank 0 like the noise; resumed from its own checkpoint (folder, fingerprint, step) with the run."""
+    """The one-run audit's recorder (audit/one_run.py): canaries in a side copy of the released
+    sums, on rank 0 like the noise; resumed from its own checkpoint (folder, fingerprint, step) with
+    the run."""
     one_run = params.audit.one_run
     recorder = recorder_for(
-        one_run.enabled and ranks.writes, one_run.canaries, params.seed, engine, schedule, params.train.clip_norm
+        one_run.enabled and ranks.writes,
+        one_run.canaries,
+        params.seed,
+        engine,
+        schedule,
+        params.train.clip_norm,
     )
     if recorder:
         recorder.resume(*resume)
@@ -348,7 +402,11 @@ def _canaries(
 
 
 def _evaluate(
-    history: dict[str, list[float]], done: int, task: Task, model: torch.nn.Module, tensors: tuple[torch.Tensor, ...]
+    history: dict[str, list[float]],
+    done: int,
+    task: Task,
+    model: torch.nn.Module,
+    tensors: tuple[torch.Tensor, ...],
 ) -> None:
     """Append the train and test metric after ``done`` steps (an epoch's end) to ``history``."""
     x_train, y_train, x_test, y_test = tensors
@@ -360,7 +418,9 @@ def _evaluate(
 def _tuning_line(model: torch.nn.Module, engine: BKEngine) -> str:
     """The step's signal-to-noise and what moves it (utility.tuning_hint), for stderr."""
     trainable = utility.model_summary(model, engine.params)["parameters_trainable"]
-    snr = utility.signal_to_noise(engine.noise_multiplier, engine.clip_norm, trainable, engine.normalizer)
+    snr = utility.signal_to_noise(
+        engine.noise_multiplier, engine.clip_norm, trainable, engine.normalizer
+    )
     return utility.tuning_hint(snr, trainable, engine.normalizer, engine.noise_multiplier)
 
 
@@ -380,9 +440,16 @@ class Finished:
 def _write_outputs(
     root: Path, run: Finished, tensors: tuple[torch.Tensor, ...], evidence: utility.Evidence
 ) -> dict[str, Any]:
-    """artifacts/train (model.pt, ledger.json, utility.json), plots/train and metrics/train.json; returns
-    the metrics."""
-    ledger, record, check, model, task, engine = run.ledger, run.record, run.check, run.model, run.task, run.engine
+    """artifacts/train (model.pt, ledger.json, utility.json), plots/train and metrics/train.json;
+    returns the metrics."""
+    ledger, record, check, model, task, engine = (
+        run.ledger,
+        run.record,
+        run.check,
+        run.model,
+        run.task,
+        run.engine,
+    )
     x_train, y_train, x_test, y_test = tensors
     history = ledger.history
     test, train = task.evaluate(model, x_test, y_test), task.evaluate(model, x_train, y_train)
@@ -397,7 +464,9 @@ def _write_outputs(
         "delta": float(record.delta),
         "noise_multiplier": float(engine.noise_multiplier),
         "nonfinite_examples": ledger.nonfinite_examples,
-        "loss_diverged": not all(math.isfinite(v) for v in (train["loss"], test["loss"], *history["loss"])),
+        "loss_diverged": not all(
+            math.isfinite(v) for v in (train["loss"], test["loss"], *history["loss"])
+        ),
         "steps_done": ledger.steps_done,
         "steps_total": ledger.total_steps,
         "resumed_from_step": run.resumed_from,
@@ -424,7 +493,9 @@ def _write_outputs(
         },
     )
     io.write_json(out / "utility.json", evidence.details)
-    with io.atomic_dir(root / paths.plots("train")) as folder:  # replaced whole: no other task's stale curves
+    with io.atomic_dir(
+        root / paths.plots("train")
+    ) as folder:  # replaced whole: no other task's stale curves
         _write_plots(folder, history, task.metric)
         evidence.write_plots(folder)
     io.write_json(root / paths.metrics("train"), metrics)
@@ -446,7 +517,11 @@ def _write_plots(folder: Path, history: dict[str, list[float]], metric: str) -> 
     )
     for name, series, label in (
         ("loss", [("loss", history["loss"], steps)], "training loss (mean per batch)"),
-        (metric, [("train", train, history["eval_step"]), ("test", test, history["eval_step"])], metric),
+        (
+            metric,
+            [("train", train, history["eval_step"]), ("test", test, history["eval_step"])],
+            metric,
+        ),
     ):
         with plotting.png(folder / f"{name}.png") as axes:
             for legend, values, xs in series:

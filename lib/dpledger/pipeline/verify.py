@@ -1,10 +1,12 @@
-"""Stage ``verify``: the debugging battery on a trainer (default: dpledger's own engine) on synthetic data,
-or (``verify.model: train``) on the train stage's model, task loss and training examples.
+"""Stage ``verify``: the debugging battery on a trainer (default: dpledger's own engine) on
+synthetic data, or (``verify.model: train``) on the train stage's model, task loss and training
+examples.
 
-Reads ``seed`` and ``verify`` (with ``verify.model: train`` also ``data`` and ``train``). Writes ``artifacts/verify/verify.json``, ``metrics/verify.json`` and one
-CSV + PNG per test under ``plots/verify/``; then, if a test failed and ``verify.fail_pipeline`` is set
-(the default), raises :class:`BugFoundError` so ``dvc repro`` stops. With it unset the pipeline goes on
-and the report puts the failure first.
+Reads ``seed`` and ``verify`` (with ``verify.model: train`` also ``data`` and ``train``). Writes
+``artifacts/verify/verify.json``, ``metrics/verify.json`` and one CSV + PNG per test under
+``plots/verify/``; then, if a test failed and ``verify.fail_pipeline`` is set (the default), raises
+:class:`BugFoundError` so ``dvc repro`` stops. With it unset the pipeline goes on and the report
+puts the failure first.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ def battery_task(params: Params) -> SyntheticTask:
     try:
         return model_task(model, task, x, y, f"train.model = {tp.model!r} ({task.name})")
     except ValueError as error:
-        raise ParamsError(f"params: verify.model = 'train' is invalid for this data: {error}") from None
+        raise ParamsError(
+            f"params: verify.model = 'train' is invalid for this data: {error}"
+        ) from None
 
 
 def write_outputs(result: BatteryResult, root: Path) -> dict[str, Any]:
@@ -82,6 +86,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         raise BugFoundError(
             f"verify: the trainer {name!r} failed {', '.join(result.failed_tests)}: "
             + next(test.diagnosis for test in result.tests if not test.passed)
-            + " (outputs are written; set verify.fail_pipeline: false to render the report with this finding)"
+            + " (outputs are written; set verify.fail_pipeline: false to render the report with "
+            "this finding)"
         )
     return metrics

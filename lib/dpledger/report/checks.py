@@ -1,4 +1,5 @@
-"""The findings shown at the very top of the report: anything that makes the claimed epsilon untrustworthy.
+"""The findings shown at the very top of the report: anything that makes the claimed epsilon
+untrustworthy.
 
 Every check reads only the flat metrics (plus, where present, the detail JSONs for a better
 sentence), so the same checks run on an old revision's metrics in ``dpledger report --compare``.
@@ -18,9 +19,10 @@ from dpledger.sampling.guard import SamplerCheck, declared_equivalent
 
 _RELATIVE_SLACK = 1e-9
 UTILITY_SIGNIFICANCE = 0.01
-"""A test accuracy counts as above its majority baseline only when a model right at the baseline's rate
-would score at least as well with probability below this (one-sided exact binomial test): a run at
-chance then clears it about once in a hundred runs, and never while it predicts a single class."""
+"""A test accuracy counts as above its majority baseline only when a model right at the baseline's
+rate would score at least as well with probability below this (one-sided exact binomial test): a run
+at chance then clears it about once in a hundred runs, and never while it predicts a single
+class."""
 
 
 @dataclass(frozen=True)
@@ -42,11 +44,13 @@ def find_findings(
     train_files: dict[str, Any] | None = None,
     seals: list[str] | None = None,
 ) -> list[Finding]:
-    """All findings, warnings first (most serious first), then notices. ``seals`` lists the sealed inputs
-    that no longer match their seal (``report.sealed.seal_problems``)."""
+    """All findings, warnings first (most serious first), then notices. ``seals`` lists the sealed
+    inputs that no longer match their seal (``report.sealed.seal_problems``)."""
     details = details or {}
     train_files = train_files or {}
-    status = status or {stage: ("ok" if metrics.get(stage) else "not run") for stage in UPSTREAM_STAGES}
+    status = status or {
+        stage: ("ok" if metrics.get(stage) else "not run") for stage in UPSTREAM_STAGES
+    }
     warnings = [
         _delta_vacuous(metrics),
         _audit_contradicted(metrics, details),
@@ -83,13 +87,19 @@ def _exceeds(value: Any, limit: Any) -> bool:
     return value is not None and limit is not None and value > limit * (1 + _RELATIVE_SLACK)
 
 
-def _audit_contradicted(metrics: dict[str, dict[str, Any]], details: dict[str, Any]) -> Finding | None:
-    """Re-derived from the numbers shown: ε_emp above any claimed ε the report shows (the record's, calibrate's
-    or the audit's) contradicts it, whatever verdict the audit wrote; only an invalid threshold (``max``)
-    gives no bound. An audit that says ``contradicted`` is believed."""
+def _audit_contradicted(
+    metrics: dict[str, dict[str, Any]], details: dict[str, Any]
+) -> Finding | None:
+    """Re-derived from the numbers shown: ε_emp above any claimed ε the report shows (the record's,
+    calibrate's or the audit's) contradicts it, whatever verdict the audit wrote; only an invalid
+    threshold (``max``) gives no bound. An audit that says ``contradicted`` is believed."""
     audit = metrics.get("audit", {})
     record = details.get("calibrate") if isinstance(details.get("calibrate"), dict) else {}
-    claims = [audit.get("epsilon_claimed"), metrics.get("calibrate", {}).get("epsilon"), record.get("epsilon")]
+    claims = [
+        audit.get("epsilon_claimed"),
+        metrics.get("calibrate", {}).get("epsilon"),
+        record.get("epsilon"),
+    ]
     empirical = audit.get("epsilon_emp")
     exceeded = [float(c) for c in claims if _exceeds(empirical, c)]
     claimed = min(exceeded) if exceeded else next((c for c in claims if c is not None), None)
@@ -125,16 +135,21 @@ def _one_run_contradicted(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         message=(
             f"{format_value(audit.get('one_run_canaries'))} canaries in this run's noisy sums give "
             f"ε_emp ≥ {format_lower(audit.get('epsilon_emp_one_run'))}{at} "
-            f"({audit.get('one_run_method')}), above the claimed ε = {format_upper(audit.get('epsilon_claimed'))}: "
+            f"({audit.get('one_run_method')}), above the claimed ε = "
+            f"{format_upper(audit.get('epsilon_claimed'))}: "
             "this run did not add the noise its ledger claims."
         ),
     )
 
 
-def sampler_check(metrics: dict[str, dict[str, Any]], details: dict[str, Any]) -> SamplerCheck | None:
-    """The guard's comparison rebuilt from train's metrics (else calibrate's and schedule's), or None if unknown.
+def sampler_check(
+    metrics: dict[str, dict[str, Any]], details: dict[str, Any]
+) -> SamplerCheck | None:
+    """The guard's comparison rebuilt from train's metrics (else calibrate's and schedule's), or
+    None if unknown.
 
-    A plugin schedule is compared by the ``accounted_as`` it declared, read from the schedule header.
+    A plugin schedule is compared by the ``accounted_as`` it declared, read from the schedule
+    header.
     """
     train = metrics.get("train", {})
     accounted = train.get("sampler_accounted", metrics.get("calibrate", {}).get("sampler"))
@@ -142,12 +157,20 @@ def sampler_check(metrics: dict[str, dict[str, Any]], details: dict[str, Any]) -
     if accounted is None or used is None:
         return None
     header = details.get("schedule") if isinstance(details.get("schedule"), dict) else {}
-    sampler_params = header.get("sampler_params") if isinstance(header.get("sampler_params"), dict) else {}
-    used_as = declared_equivalent(str(used), sampler_params) if header.get("sampler") == used else None
-    return SamplerCheck(accounted=str(accounted), used=str(used), allowed_mismatch=True, used_as=used_as)
+    sampler_params = (
+        header.get("sampler_params") if isinstance(header.get("sampler_params"), dict) else {}
+    )
+    used_as = (
+        declared_equivalent(str(used), sampler_params) if header.get("sampler") == used else None
+    )
+    return SamplerCheck(
+        accounted=str(accounted), used=str(used), allowed_mismatch=True, used_as=used_as
+    )
 
 
-def _sampler_mismatch(metrics: dict[str, dict[str, Any]], details: dict[str, Any]) -> Finding | None:
+def _sampler_mismatch(
+    metrics: dict[str, dict[str, Any]], details: dict[str, Any]
+) -> Finding | None:
     check = sampler_check(metrics, details)
     flagged = metrics.get("train", {}).get("sampler_mismatch")
     mismatch = flagged if isinstance(flagged, bool) else (check is not None and not check.matches)
@@ -158,17 +181,20 @@ def _sampler_mismatch(metrics: dict[str, dict[str, Any]], details: dict[str, Any
         kind="sampler-mismatch",
         severity="warning",
         title="Sampler used ≠ sampler accounted",
-        message=sentence or "Training flagged a sampler mismatch: the claimed epsilon does not describe this run.",
+        message=sentence
+        or "Training flagged a sampler mismatch: the claimed epsilon does not describe this run.",
     )
 
 
 def sigma_sources(
     metrics: dict[str, dict[str, Any]], details: dict[str, Any], train_files: dict[str, Any]
 ) -> dict[str, float]:
-    """The noise multiplier as each output states it: the σ training used (its ledger and metrics), the
-    calibration record's and calibrate's metrics'."""
+    """The noise multiplier as each output states it: the σ training used (its ledger and metrics),
+    the calibration record's and calibrate's metrics'."""
     record = details.get("calibrate") if isinstance(details.get("calibrate"), dict) else {}
-    ledger = train_files.get("ledger.json") if isinstance(train_files.get("ledger.json"), dict) else {}
+    ledger = (
+        train_files.get("ledger.json") if isinstance(train_files.get("ledger.json"), dict) else {}
+    )
     found = {
         "training ledger": ledger.get("noise_multiplier"),
         "train metrics": metrics.get("train", {}).get("noise_multiplier"),
@@ -179,7 +205,10 @@ def sigma_sources(
 
 
 def _sources_disagree(
-    metrics: dict[str, dict[str, Any]], details: dict[str, Any], train_files: dict[str, Any], seals: list[str]
+    metrics: dict[str, dict[str, Any]],
+    details: dict[str, Any],
+    train_files: dict[str, Any],
+    seals: list[str],
 ) -> Finding | None:
     found = seals + disagreements(metrics, details, train_files)
     if not found:
@@ -189,8 +218,10 @@ def _sources_disagree(
         severity="warning",
         title="The outputs disagree with the sealed record",
         message=(
-            "; ".join(found) + ". The numbers shown come from files edited or written by different runs: "
-            "trust the sealed calibration record and re-run the pipeline from the first stage that disagrees."
+            "; ".join(found)
+            + ". The numbers shown come from files edited or written by different runs: "
+            "trust the sealed calibration record and re-run the pipeline from the first stage that "
+            "disagrees."
         ),
     )
 
@@ -207,15 +238,22 @@ def _sigma_disagrees(
         severity="warning",
         title="σ used ≠ σ claimed",
         message=(
-            f"The outputs disagree on the noise multiplier ({stated}): the claimed ε was proven for one σ and "
+            f"The outputs disagree on the noise multiplier ({stated}): the claimed ε was proven "
+            "for one σ and "
             "training may have used another. Re-run the pipeline from calibrate."
         ),
     )
 
 
-def _nonfinite_examples(metrics: dict[str, dict[str, Any]], train_files: dict[str, Any]) -> Finding | None:
-    ledger = train_files.get("ledger.json") if isinstance(train_files.get("ledger.json"), dict) else {}
-    count = _real(metrics.get("train", {}).get("nonfinite_examples", ledger.get("nonfinite_examples")))
+def _nonfinite_examples(
+    metrics: dict[str, dict[str, Any]], train_files: dict[str, Any]
+) -> Finding | None:
+    ledger = (
+        train_files.get("ledger.json") if isinstance(train_files.get("ledger.json"), dict) else {}
+    )
+    count = _real(
+        metrics.get("train", {}).get("nonfinite_examples", ledger.get("nonfinite_examples"))
+    )
     if not count:
         return None
     return Finding(
@@ -223,8 +261,10 @@ def _nonfinite_examples(metrics: dict[str, dict[str, Any]], train_files: dict[st
         severity="warning",
         title="Examples dropped for a non-finite gradient",
         message=(
-            f"{format_value(int(count))} example-step(s) had a NaN or infinite gradient norm and contributed "
-            "nothing (clip factor 0; the privacy claim still holds). Check the data for NaN/inf values."
+            f"{format_value(int(count))} example-step(s) had a NaN or infinite gradient norm and "
+            "contributed "
+            "nothing (clip factor 0; the privacy claim still holds). Check the data for NaN/inf "
+            "values."
         ),
     )
 
@@ -241,25 +281,34 @@ def _loss_diverged(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         severity="warning",
         title="Training loss is not finite",
         message=(
-            "A training or test loss is NaN or infinite: the model diverged or the data holds non-finite "
+            "A training or test loss is NaN or infinite: the model diverged or the data holds "
+            "non-finite "
             "values. Its accuracy numbers mean little."
         ),
     )
 
 
 def _learned_nothing(metrics: dict[str, dict[str, Any]]) -> Finding | None:
-    """Classification no better than its majority baseline or predicting one class; a language model no
-    better than the unigram perplexity of its training tokens."""
+    """Classification no better than its majority baseline or predicting one class; a language model
+    no better than the unigram perplexity of its training tokens."""
     train = metrics.get("train", {})
     accuracy, baseline = _real(train.get("test_accuracy")), _real(train.get("baseline_accuracy"))
-    perplexity, unigram = _real(train.get("test_perplexity")), _real(train.get("baseline_perplexity_unigram"))
+    perplexity, unigram = (
+        _real(train.get("test_perplexity")),
+        _real(train.get("baseline_perplexity_unigram")),
+    )
     if accuracy is not None and baseline is not None:
         p_value = _real(train.get("above_baseline_p_value"))
         one_class = train.get("predicted_classes") == 1
-        if not (one_class or accuracy <= baseline or (p_value is not None and p_value >= UTILITY_SIGNIFICANCE)):
+        if not (
+            one_class
+            or accuracy <= baseline
+            or (p_value is not None and p_value >= UTILITY_SIGNIFICANCE)
+        ):
             return None
         found = (
-            f"test accuracy {format_percent(accuracy)} against {format_percent(baseline)} for the best "
+            f"test accuracy {format_percent(accuracy)} against {format_percent(baseline)} for the "
+            "best "
             "constant guess (always the test split's majority class)"
             + (f", binomial p = {format_value(p_value)}" if p_value is not None else "")
             + ("; it predicts a single class for every test example" if one_class else "")
@@ -268,7 +317,8 @@ def _learned_nothing(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         if math.isfinite(perplexity) and perplexity < unigram:
             return None
         found = (
-            f"test perplexity {format_value(perplexity)} is no better than {format_value(unigram)}, the "
+            f"test perplexity {format_value(perplexity)} is no better than "
+            f"{format_value(unigram)}, the "
             "perplexity of the training split's token frequencies alone (uniform: "
             f"{format_value(train.get('baseline_perplexity_uniform'))})"
         )
@@ -284,16 +334,24 @@ def _learned_nothing(metrics: dict[str, dict[str, Any]]) -> Finding | None:
 
 def _tuning_advice(train: dict[str, Any]) -> str:
     snr = _real(train.get("signal_to_noise"))
-    ratio = f"The per-step signal-to-noise B/(σ·√d) is {format_value(snr)}: the noise" if snr is not None else "Noise"
+    ratio = (
+        f"The per-step signal-to-noise B/(σ·√d) is {format_value(snr)}: the noise"
+        if snr is not None
+        else "Noise"
+    )
     return (
-        f"{ratio} may drown the gradient. Raise it with a larger logical batch (batching.batch_size, with "
-        "train.physical_batch_size to fit memory), more data, fewer trainable parameters (LoRA, a smaller "
-        "model) or a larger ε; clipping: automatic and adam often learn where flat clipping and sgd do not."
+        f"{ratio} may drown the gradient. Raise it with a larger logical batch "
+        "(batching.batch_size, with "
+        "train.physical_batch_size to fit memory), more data, fewer trainable parameters (LoRA, a "
+        "smaller "
+        "model) or a larger ε; clipping: automatic and adam often learn where flat clipping and "
+        "sgd do not."
     )
 
 
 def _utility_unchecked(metrics: dict[str, dict[str, Any]]) -> Finding | None:
-    """Train ran but wrote no baseline (an older train stage): whether the model learned is unknown."""
+    """Train ran but wrote no baseline (an older train stage): whether the model learned is
+    unknown."""
     train = metrics.get("train", {})
     if not train or "baseline" in train:
         return None
@@ -302,13 +360,16 @@ def _utility_unchecked(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         severity="notice",
         title="Utility not checked against a baseline",
         message=(
-            "metrics/train.json has no baseline (majority class or unigram perplexity), so whether the model "
+            "metrics/train.json has no baseline (majority class or unigram perplexity), so whether "
+            "the model "
             "learned anything is unknown; re-run the train stage."
         ),
     )
 
 
-def _sampler_declared(metrics: dict[str, dict[str, Any]], details: dict[str, Any]) -> Finding | None:
+def _sampler_declared(
+    metrics: dict[str, dict[str, Any]], details: dict[str, Any]
+) -> Finding | None:
     check = sampler_check(metrics, details)
     if check is None or not check.matches or check.assumption() is None:
         return None
@@ -329,7 +390,9 @@ def _budget_exceeded(metrics: dict[str, dict[str, Any]]) -> Finding | None:
             f"ε = {format_upper(calibrate['epsilon'])}"
         )
     if _exceeds(train.get("steps_done"), calibrate.get("steps")):
-        problems.append(f"took {train['steps_done']} steps but the accountant covered {calibrate['steps']}")
+        problems.append(
+            f"took {train['steps_done']} steps but the accountant covered {calibrate['steps']}"
+        )
     if not problems:
         return None
     return Finding(
@@ -345,7 +408,11 @@ def _verify_failed(metrics: dict[str, dict[str, Any]], details: dict[str, Any]) 
     failed_count = _real(verify.get("tests_failed")) or 0
     if verify.get("passed") is not False and failed_count <= 0:
         return None
-    tests = (details.get("verify") or {}).get("tests") if isinstance(details.get("verify"), dict) else None
+    tests = (
+        (details.get("verify") or {}).get("tests")
+        if isinstance(details.get("verify"), dict)
+        else None
+    )
     failed = [t for t in tests or [] if isinstance(t, dict) and t.get("passed") is False]
     count = len(failed) or format_value(verify.get("tests_failed"))
     total = verify.get("tests_run")
@@ -377,7 +444,8 @@ def _delta_vacuous(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         title="δ ≥ 1/n",
         message=(
             f"δ = {format_value(calibrate.get('delta'))} is at least 1/n for n = "
-            f"{format_value(calibrate.get('dataset_size'))} examples: a mechanism that publishes one example "
+            f"{format_value(calibrate.get('dataset_size'))} examples: a mechanism that publishes "
+            "one example "
             f"outright meets it, so the (ε, δ) claim says little. Use δ < 1/n."
         ),
     )
@@ -392,7 +460,8 @@ def _mc_failure(metrics: dict[str, dict[str, Any]], threshold: float) -> Finding
         severity="warning",
         title="Monte Carlo failure probability above threshold",
         message=(
-            f"The Monte Carlo accountant's failure probability is {format_value(probability)}, above "
+            f"The Monte Carlo accountant's failure probability is {format_value(probability)}, "
+            "above "
             f"report.mc_failure_warning = {format_value(threshold)}: the claimed ε holds only with "
             f"probability 1 − {format_value(probability)}."
         ),
@@ -421,7 +490,8 @@ def _audit_inconclusive(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         title="Audit inconclusive",
         message=(
             f"The audit neither contradicts nor supports the claim (ε_emp ≥ "
-            f"{format_lower(audit.get('epsilon_emp'))} from {format_value(audit.get('observations'))} "
+            f"{format_lower(audit.get('epsilon_emp'))} from "
+            f"{format_value(audit.get('observations'))} "
             f"observations); more observations would sharpen it."
         ),
     )
@@ -440,5 +510,6 @@ def _metrics_not_flat(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         kind="metrics-not-flat",
         severity="notice",
         title="Metrics not flat",
-        message=f"Nested values in metrics/*.json ({', '.join(nested)}): dvc metrics diff cannot compare them.",
+        message=f"Nested values in metrics/*.json ({', '.join(nested)}): dvc metrics diff cannot "
+        "compare them.",
     )

@@ -1,4 +1,5 @@
-"""Old and new headline side by side, for a pull request: metrics of a git revision against this tree.
+"""Old and new headline side by side, for a pull request: metrics of a git revision against this
+tree.
 
 The old metrics are read with ``git show REV:metrics/<stage>.json``; nothing is recomputed. The
 warnings row runs the same checks as the report on each side's flat metrics.
@@ -49,7 +50,9 @@ HEADLINE_METRICS = (
     HeadlineMetric("Implementation tests passed", "verify", "passed"),
     HeadlineMetric("Implementation tests failed", "verify", "tests_failed"),
     HeadlineMetric("Test accuracy", "train", "test_accuracy", format_percent),
-    HeadlineMetric("Baseline accuracy (best constant guess)", "train", "baseline_accuracy", format_percent),
+    HeadlineMetric(
+        "Baseline accuracy (best constant guess)", "train", "baseline_accuracy", format_percent
+    ),
     HeadlineMetric("Test perplexity", "train", "test_perplexity"),
     HeadlineMetric("Baseline perplexity (unigram)", "train", "baseline_perplexity_unigram"),
     HeadlineMetric("Signal-to-noise per step", "train", "signal_to_noise"),
@@ -70,10 +73,13 @@ class ComparedRow:
 
 
 def revision_metrics(root: str | Path, revision: str) -> tuple[str, dict[str, dict[str, Any]]]:
-    """(short commit id, stage -> flat metrics) at ``revision``; a stage without metrics there maps to {}."""
+    """(short commit id, stage -> flat metrics) at ``revision``; a stage without metrics there maps
+    to {}."""
     resolved = _git(root, "rev-parse", "--verify", "--quiet", "--short", f"{revision}^{{commit}}")
     if resolved is None:
-        raise DpledgerError(f"report --compare: {revision!r} is not a git revision of the repository at {root}")
+        raise DpledgerError(
+            f"report --compare: {revision!r} is not a git revision of the repository at {root}"
+        )
     metrics = {}
     for stage in UPSTREAM_STAGES:
         shown = _git(root, "show", f"{revision}:./metrics/{stage}.json")
@@ -87,7 +93,9 @@ def revision_metrics(root: str | Path, revision: str) -> tuple[str, dict[str, di
 
 def _git(root: str | Path, *args: str) -> str | None:
     try:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=False)
+        done = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=False
+        )
     except (OSError, subprocess.SubprocessError) as error:
         raise DpledgerError(f"report --compare needs git: {error}") from None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -99,13 +107,18 @@ def compare_headlines(
     """Rows of the side-by-side table, the warnings first."""
     rows = [_warnings_row(old, new, mc_failure_warning), _utility_row(old, new, mc_failure_warning)]
     for metric in HEADLINE_METRICS:
-        old_value, new_value = old.get(metric.stage, {}).get(metric.key), new.get(metric.stage, {}).get(metric.key)
+        old_value, new_value = (
+            old.get(metric.stage, {}).get(metric.key),
+            new.get(metric.stage, {}).get(metric.key),
+        )
         rows.append(
             ComparedRow(
                 metric.label,
                 _shown(metric, old),
                 _shown(metric, new),
-                format_change(old_value, new_value) if old_value is not None and new_value is not None else "",
+                format_change(old_value, new_value)
+                if old_value is not None and new_value is not None
+                else "",
             )
         )
     return rows
@@ -118,9 +131,15 @@ def _shown(metric: HeadlineMetric, metrics: dict[str, dict[str, Any]]) -> str:
     return metric.show(stage[metric.key]) if metric.key in stage else MISSING
 
 
-def _warnings_row(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], threshold: float) -> ComparedRow:
+def _warnings_row(
+    old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], threshold: float
+) -> ComparedRow:
     def kinds(metrics: dict[str, dict[str, Any]]) -> str:
-        found = [f.kind for f in find_findings(metrics, mc_failure_warning=threshold) if f.severity == "warning"]
+        found = [
+            f.kind
+            for f in find_findings(metrics, mc_failure_warning=threshold)
+            if f.severity == "warning"
+        ]
         return ", ".join(found) or "none"
 
     before, after = kinds(old), kinds(new)
@@ -139,12 +158,18 @@ def _utility(metrics: dict[str, dict[str, Any]], threshold: float) -> str:
         points = 100 * (train["test_accuracy"] - train["baseline_accuracy"])
         return f"{format_value(points)} points above baseline"
     if "baseline_perplexity_unigram" in train and "test_perplexity" in train:
-        return f"perplexity {format_value(train['test_perplexity'])} < unigram {format_value(train['baseline_perplexity_unigram'])}"
+        return (
+            f"perplexity {format_value(train['test_perplexity'])} < unigram "
+            f"{format_value(train['baseline_perplexity_unigram'])}"
+        )
     return "no baseline"
 
 
-def _utility_row(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], threshold: float) -> ComparedRow:
-    """Utility beside its baseline on each side; the change column says when ε moved and utility did not."""
+def _utility_row(
+    old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], threshold: float
+) -> ComparedRow:
+    """Utility beside its baseline on each side; the change column says when ε moved and utility did
+    not."""
     before, after = _utility(old, threshold), _utility(new, threshold)
     epsilons = [side.get("calibrate", {}).get("epsilon") for side in (old, new)]
     metric = "test_accuracy" if "test_accuracy" in new.get("train", {}) else "test_perplexity"
@@ -176,4 +201,6 @@ def comparison_document(rows: list[ComparedRow], old_label: str, new_label: str)
             ".",
         )
     )
-    return Document(title="dpledger: headline comparison", blocks=(Heading(2, "Headline"), intro, table))
+    return Document(
+        title="dpledger: headline comparison", blocks=(Heading(2, "Headline"), intro, table)
+    )

@@ -42,7 +42,9 @@ class Provenance:
     commit: str
 
 
-def build_document(title: str, inputs: ReportInputs, findings: list[Finding], provenance: Provenance) -> Document:
+def build_document(
+    title: str, inputs: ReportInputs, findings: list[Finding], provenance: Provenance
+) -> Document:
     """The whole report as blocks; warnings come first, right under the title."""
     blocks: list[Block] = [
         *_findings_blocks(findings, inputs),
@@ -71,12 +73,15 @@ def figure_target(stage: str, png_name: str) -> str:
 
 def _findings_blocks(findings: list[Finding], inputs: ReportInputs) -> list[Block]:
     blocks: list[Block] = [
-        Alert("caution" if f.severity == "warning" else "note", f.title, text(f.message)) for f in findings
+        Alert("caution" if f.severity == "warning" else "note", f.title, text(f.message))
+        for f in findings
     ]
     if not findings and not inputs.not_run():
         all_clear = (
-            "The claimed ε survives every check this report makes: the sampler used is the one accounted, "
-            "training stayed within the accounted steps and ε, every implementation test passed, and the "
+            "The claimed ε survives every check this report makes: the sampler used is the one "
+            "accounted, "
+            "training stayed within the accounted steps and ε, every implementation test passed, "
+            "and the "
             "audit does not contradict the claim."
         )
         blocks.append(Alert("tip", "No warnings", text(all_clear)))
@@ -95,7 +100,12 @@ def _plots_section(inputs: ReportInputs) -> list[Block]:
         if pngs:
             blocks.append(Heading(3, humanize(stage)))
             blocks.extend(
-                Figure(humanize(png.stem), png, figure_target(stage, png.name), f"plots/{stage}/{png.name}")
+                Figure(
+                    humanize(png.stem),
+                    png,
+                    figure_target(stage, png.name),
+                    f"plots/{stage}/{png.name}",
+                )
                 for png in pngs
             )
     return blocks
@@ -109,7 +119,13 @@ def _provenance_section(inputs: ReportInputs, provenance: Provenance) -> list[Bl
         Heading(2, "Provenance"),
         Table(("source", "version"), tuple(rows)),
         Table(("stage", "outputs"), tuple(stages)),
-        Paragraph(text("The exact parameters (", Code("params.yaml"), " after validation, defaults filled in):")),
+        Paragraph(
+            text(
+                "The exact parameters (",
+                Code("params.yaml"),
+                " after validation, defaults filled in):",
+            )
+        ),
         CodeBlock(_params_yaml(provenance.params), "yaml"),
     ]
     if inputs.problems:
@@ -122,7 +138,8 @@ class _ParamsDumper(yaml.SafeDumper):
 
 
 _ParamsDumper.add_representer(
-    list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+    list,
+    lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True),
 )
 
 
@@ -138,7 +155,9 @@ def _reproduce_section(provenance: Provenance) -> list[Block]:
         ("dvc metrics diff main --md", "every metric that changed"),
     ]
     if provenance.commit != UNKNOWN:
-        commands.insert(0, (f"git checkout {provenance.commit}", "the code this report was rendered from"))
+        commands.insert(
+            0, (f"git checkout {provenance.commit}", "the code this report was rendered from")
+        )
     width = max(len(command) for command, _ in commands) + 2
     script = "\n".join(f"{command.ljust(width)}# {comment}" for command, comment in commands)
     return [Heading(2, "Reproduce"), CodeBlock(script, "bash")]

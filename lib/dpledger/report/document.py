@@ -79,8 +79,9 @@ class Table:
 
 @dataclass(frozen=True)
 class Figure:
-    """A PNG made by a stage: ``source`` is read (HTML embeds it), ``target`` is its path beside report.md,
-    ``origin`` the path a reader finds it under in the project (plots/<stage>/<name>.png)."""
+    """A PNG made by a stage: ``source`` is read (HTML embeds it), ``target`` is its path beside
+    report.md, ``origin`` the path a reader finds it under in the project
+    (plots/<stage>/<name>.png)."""
 
     caption: str
     source: Path
@@ -96,7 +97,8 @@ class CodeBlock:
 
 @dataclass(frozen=True)
 class Alert:
-    """A boxed message at the top: ``caution`` for a warning, ``note`` for a notice, ``tip`` for all-clear."""
+    """A boxed message at the top: ``caution`` for a warning, ``note`` for a notice, ``tip`` for
+    all-clear."""
 
     kind: Literal["caution", "note", "tip"]
     title: str

@@ -1,5 +1,5 @@
-"""The evidence behind the headline: the privacy claim and its assumptions, the batches used, the audit,
-the implementation tests, training, group-level epsilon and the noise mechanism.
+"""The evidence behind the headline: the privacy claim and its assumptions, the batches used, the
+audit, the implementation tests, training, group-level epsilon and the noise mechanism.
 
 Detail JSONs are read defensively: a missing or oddly shaped field is skipped or shown as it is.
 """
@@ -8,10 +8,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpledger.report.document import Badge, Block, BulletList, Code, Details, Heading, Paragraph, Table, Text, text
+from dpledger.report.document import (
+    Badge,
+    Block,
+    BulletList,
+    Code,
+    Details,
+    Heading,
+    Paragraph,
+    Table,
+    Text,
+    text,
+)
 from dpledger.report.formatting import flatten, format_upper, format_value, is_table
 from dpledger.report.inputs import ReportInputs
-from dpledger.report.tables import NOT_RUN, json_blocks, key_value_table, metrics_table, records_table
+from dpledger.report.tables import (
+    NOT_RUN,
+    json_blocks,
+    key_value_table,
+    metrics_table,
+    records_table,
+)
 
 
 def _mapping(value: Any) -> dict[str, Any]:
@@ -30,12 +47,16 @@ def privacy_claim(inputs: ReportInputs) -> list[Block]:
         ]
         blocks += _accountants(record)
     else:
-        blocks.append(Paragraph(text(NOT_RUN, " artifacts/calibration/calibration.json is missing.")))
+        blocks.append(
+            Paragraph(text(NOT_RUN, " artifacts/calibration/calibration.json is missing."))
+        )
     blocks += metrics_table("calibrate", inputs, "All calibrate metrics")
     blocks.append(Heading(3, "Batches used"))
     header = inputs.details.get("schedule")
     if isinstance(header, dict):
-        blocks.append(key_value_table([(key, value) for key, value in flatten(header) if value != {}]))
+        blocks.append(
+            key_value_table([(key, value) for key, value in flatten(header) if value != {}])
+        )
     blocks += metrics_table("schedule", inputs, "All schedule metrics")
     return blocks
 
@@ -59,16 +80,28 @@ def _accountants(record: dict[str, Any]) -> list[Block]:
         )
         for a in accountants
     )
-    intro = text("ε of every accountant run (the claim is the ", Code(str(record.get("accountant"))), " one):")
-    return [Paragraph(intro), Table(("accountant", "ε", "δ", "assumptions beyond those above"), rows)]
+    intro = text(
+        "ε of every accountant run (the claim is the ",
+        Code(str(record.get("accountant"))),
+        " one):",
+    )
+    return [
+        Paragraph(intro),
+        Table(("accountant", "ε", "δ", "assumptions beyond those above"), rows),
+    ]
 
 
 def audit_details(inputs: ReportInputs) -> list[Block]:
     """The audit's metrics and, collapsed, whatever artifacts/audit/audit.json holds."""
-    blocks: list[Block] = [Heading(3, "Empirical audit"), *metrics_table("audit", inputs, "All audit metrics")]
+    blocks: list[Block] = [
+        Heading(3, "Empirical audit"),
+        *metrics_table("audit", inputs, "All audit metrics"),
+    ]
     details = inputs.details.get("audit")
     if details is not None:
-        blocks.append(Details("Audit details (artifacts/audit/audit.json)", tuple(json_blocks(details))))
+        blocks.append(
+            Details("Audit details (artifacts/audit/audit.json)", tuple(json_blocks(details)))
+        )
     return blocks
 
 
@@ -93,7 +126,13 @@ def _verify_test_row(test: dict[str, Any]) -> tuple[Text, ...]:
     if test.get("skipped") is True:
         badge = Badge("skipped", "neutral")
     else:
-        badge = Badge("passed", "good") if passed is True else Badge("failed", "bad") if passed is False else NOT_RUN
+        badge = (
+            Badge("passed", "good")
+            if passed is True
+            else Badge("failed", "bad")
+            if passed is False
+            else NOT_RUN
+        )
     return (
         text(Code(format_value(test.get("name")))),
         text(format_value(test.get("p_value"))),
@@ -106,7 +145,10 @@ def _verify_test_row(test: dict[str, Any]) -> tuple[Text, ...]:
 
 def training_details(inputs: ReportInputs) -> list[Block]:
     """Training metrics and, collapsed, each small JSON under artifacts/train/."""
-    blocks: list[Block] = [Heading(3, "Training"), *metrics_table("train", inputs, "All train metrics")]
+    blocks: list[Block] = [
+        Heading(3, "Training"),
+        *metrics_table("train", inputs, "All train metrics"),
+    ]
     for name, content in inputs.train_files.items():
         blocks.append(Details(f"artifacts/train/{name}", tuple(json_blocks(content))))
     return blocks
@@ -120,7 +162,10 @@ def group_section(inputs: ReportInputs) -> list[Block]:
     if not isinstance(record, dict):
         blocks.append(Paragraph(text(NOT_RUN)))
     elif is_table(group):
-        intro = "ε when one user contributes k examples (group privacy), per method, as computed by calibrate:"
+        intro = (
+            "ε when one user contributes k examples (group privacy), per method, as computed "
+            "by calibrate:"
+        )
         blocks += [Paragraph(text(intro)), records_table(group, _group_cell)]
     else:
         blocks.append(Paragraph(text("calibrate reported no group-level ε.")))
@@ -128,28 +173,48 @@ def group_section(inputs: ReportInputs) -> list[Block]:
 
 
 def _group_cell(key: str, value: Any) -> str:
-    """Every real number in the group table is an epsilon: rounded up. Sizes are integers, shown as they are."""
+    """Every real number in the group table is an epsilon: rounded up. Sizes are integers, shown as
+    they are."""
     return format_upper(value) if isinstance(value, float) else format_value(value)
 
 
 def mechanism_section(inputs: ReportInputs) -> list[Block]:
-    """The noise mechanism, its RMSE (from the calibrate metrics or mechanism parameters) and its parameters."""
+    """The noise mechanism, its RMSE (from the calibrate metrics or mechanism parameters) and its
+    parameters."""
     blocks: list[Block] = [Heading(2, "Mechanism")]
     record = inputs.details.get("calibrate")
     if not isinstance(record, dict):
         return [*blocks, Paragraph(text(NOT_RUN))]
     mechanism = str(record.get("mechanism", "identity"))
-    meaning = "independent noise each step (DP-SGD)" if mechanism == "identity" else "correlated noise C⁻¹z"
+    meaning = (
+        "independent noise each step (DP-SGD)"
+        if mechanism == "identity"
+        else "correlated noise C⁻¹z"
+    )
     sigma = format_value(record.get("noise_multiplier"))
-    blocks.append(Paragraph(text("Noise mechanism: ", Code(mechanism), f" — {meaning}; noise multiplier σ = {sigma}.")))
+    blocks.append(
+        Paragraph(
+            text(
+                "Noise mechanism: ", Code(mechanism), f" — {meaning}; noise multiplier σ = {sigma}."
+            )
+        )
+    )
     params = flatten(_mapping(record.get("mechanism_params")))
     calibrate_metrics = inputs.metrics["calibrate"].items()
-    rmse = [(f"metrics/calibrate.json: {k}", v) for k, v in calibrate_metrics if "rmse" in k.lower()]
+    rmse = [
+        (f"metrics/calibrate.json: {k}", v) for k, v in calibrate_metrics if "rmse" in k.lower()
+    ]
     rmse += [(f"mechanism_params.{k}", v) for k, v in params if "rmse" in k.lower()]
     if rmse:
         blocks.append(key_value_table(rmse))
     else:
-        blocks.append(Paragraph(text("RMSE: ", Badge("not reported", "neutral"), " (calibrate wrote no rmse value).")))
+        blocks.append(
+            Paragraph(
+                text(
+                    "RMSE: ", Badge("not reported", "neutral"), " (calibrate wrote no rmse value)."
+                )
+            )
+        )
     other = [(k, v) for k, v in params if "rmse" not in k.lower() and v != {}]
     if other:
         blocks.append(Details("Mechanism parameters", (key_value_table(other),)))

@@ -20,7 +20,8 @@ _GROUPED_FROM = 10_000
 
 
 def format_value(value: Any) -> str:
-    """A scalar (or small JSON value) as short text: 4 significant digits, ints exact, bools yes/no."""
+    """A scalar (or small JSON value) as short text: 4 significant digits, ints exact, bools
+    yes/no."""
     if value is None:
         return MISSING
     if isinstance(value, bool):
@@ -56,7 +57,8 @@ def format_percent(value: Any) -> str:
 
 
 def format_exact(value: Any) -> str:
-    """Every digit of a number (the full-precision metrics listings); other values as format_value."""
+    """Every digit of a number (the full-precision metrics listings); other values as
+    format_value."""
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, int) and not isinstance(value, bool):
@@ -65,7 +67,8 @@ def format_exact(value: Any) -> str:
 
 
 def format_for_key(key: str, value: Any) -> str:
-    """Round by meaning: an empirical or lower-bound epsilon down, any other epsilon up, the rest plainly."""
+    """Round by meaning: an empirical or lower-bound epsilon down, any other epsilon up, the rest
+    plainly."""
     name = key.lower()
     if "epsilon" in name or name in {"ε", "eps"}:
         return format_lower(value) if ("emp" in name or "lower" in name) else format_upper(value)
@@ -111,7 +114,8 @@ def _round_significant(value: float, rounding: str) -> float:
 
 
 def flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """(dotted key, value) pairs of the scalars in nested dicts; lists stay whole (shown compactly)."""
+    """(dotted key, value) pairs of the scalars in nested dicts; lists stay whole (shown
+    compactly)."""
     if not isinstance(value, dict):
         return [(prefix or "value", value)]
     pairs: list[tuple[str, Any]] = []
@@ -129,11 +133,20 @@ def is_table(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(row, dict) for row in value)
 
 
-_WORDS = {"epsilon": "ε", "eps": "ε", "delta": "δ", "sigma": "σ", "rmse": "RMSE", "emp": "(empirical)", "n": "N"}
+_WORDS = {
+    "epsilon": "ε",
+    "eps": "ε",
+    "delta": "δ",
+    "sigma": "σ",
+    "rmse": "RMSE",
+    "emp": "(empirical)",
+    "n": "N",
+}
 
 
 def humanize(name: str) -> str:
-    """'epsilon_vs_step' -> 'ε vs step', 'rmse_vs_epsilon' -> 'RMSE vs ε' (file names as captions)."""
+    """'epsilon_vs_step' -> 'ε vs step', 'rmse_vs_epsilon' -> 'RMSE vs ε' (file names as
+    captions)."""
     words = name.replace("_", " ").replace("-", " ").split()
     if words and words[0].lower() not in _WORDS:
         words[0] = words[0][:1].upper() + words[0][1:]

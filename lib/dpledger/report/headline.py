@@ -1,4 +1,5 @@
-"""The headline table: the claim, the evidence for and against it, utility and cost, each with its verdict."""
+"""The headline table: the claim, the evidence for and against it, utility and cost, each with its
+verdict."""
 
 from __future__ import annotations
 
@@ -28,9 +29,14 @@ from dpledger.report.run_evidence import run_evidence_row
 from dpledger.report.self_check import self_check_row
 from dpledger.report.tables import NOT_RUN
 
-VERDICT_TONES: dict[str, Tone] = {"consistent": "good", "contradicted": "bad", "inconclusive": "warn"}
+VERDICT_TONES: dict[str, Tone] = {
+    "consistent": "good",
+    "contradicted": "bad",
+    "inconclusive": "warn",
+}
 _FROM_RECORD = ("epsilon", "delta", "accountant", "sampler", "mechanism", "steps")
-"""The claim's fields read from the sealed calibration record rather than from metrics/calibrate.json."""
+"""The claim's fields read from the sealed calibration record rather than from
+metrics/calibrate.json."""
 
 
 def headline(inputs: ReportInputs, findings: list[Finding]) -> list[Block]:
@@ -47,15 +53,23 @@ def headline(inputs: ReportInputs, findings: list[Finding]) -> list[Block]:
         _spent_row(inputs, kinds),
         _cost_row(inputs),
     ]
-    return [Heading(2, "Headline"), Table(("", "result", "details", "verdict"), tuple(rows), headline=True)]
+    return [
+        Heading(2, "Headline"),
+        Table(("", "result", "details", "verdict"), tuple(rows), headline=True),
+    ]
 
 
 def _claim_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
     label = text(Strong("Claimed ε"))
     if not inputs.ran("calibrate"):
         return label, text(MISSING), text(), text(NOT_RUN)
-    record = inputs.details.get("calibrate") if isinstance(inputs.details.get("calibrate"), dict) else {}
-    m = {**inputs.metrics["calibrate"], **{k: record[k] for k in _FROM_RECORD if record.get(k) is not None}}
+    record = (
+        inputs.details.get("calibrate") if isinstance(inputs.details.get("calibrate"), dict) else {}
+    )
+    m = {
+        **inputs.metrics["calibrate"],
+        **{k: record[k] for k in _FROM_RECORD if record.get(k) is not None},
+    }
     details = _joined(
         ("accountant", m.get("accountant")),
         ("sampler", m.get("sampler")),
@@ -68,9 +82,13 @@ def _claim_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
     )
     if kinds & {"audit-contradicted", "one-run-contradicted"}:
         verdict = Badge("contradicted", "bad")
-    elif kinds & {"sampler-mismatch", "budget-exceeded", "mc-failure", "sigma-mismatch", "sources-disagree"} or (
-        "self-check-failed" in kinds
-    ):
+    elif kinds & {
+        "sampler-mismatch",
+        "budget-exceeded",
+        "mc-failure",
+        "sigma-mismatch",
+        "sources-disagree",
+    } or ("self-check-failed" in kinds):
         verdict = Badge("does not hold as stated", "bad")
     else:
         verdict = Badge("proven", "good")
@@ -114,7 +132,12 @@ def _audit_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
         ("sampler", m.get("sampler")),
     )
     verdict = "contradicted" if "audit-contradicted" in kinds else str(m.get("verdict", "unknown"))
-    return label, text(Strong(result)), text(details), text(Badge(verdict, VERDICT_TONES.get(verdict, "warn")))
+    return (
+        label,
+        text(Strong(result)),
+        text(details),
+        text(Badge(verdict, VERDICT_TONES.get(verdict, "warn"))),
+    )
 
 
 def _verify_row(inputs: ReportInputs) -> tuple[Text, ...]:
@@ -127,7 +150,11 @@ def _verify_row(inputs: ReportInputs) -> tuple[Text, ...]:
         result = f"{run - failed} / {run} passed"
     else:
         result = f"{format_value(run)} run, {format_value(failed)} failed"
-    p_values = [(key.removeprefix("p_value_"), value) for key, value in m.items() if key.startswith("p_value_")]
+    p_values = [
+        (key.removeprefix("p_value_"), value)
+        for key, value in m.items()
+        if key.startswith("p_value_")
+    ]
     details = ", ".join(f"{name} p = {format_value(value)}" for name, value in p_values)
     if m.get("battery_model"):
         details = f"on {m['battery_model']}: {details}"
@@ -137,8 +164,9 @@ def _verify_row(inputs: ReportInputs) -> tuple[Text, ...]:
 
 
 def _accuracy_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
-    """The task's metric beside its baseline: test accuracy against the majority class, or for a language
-    model test perplexity (exp of the token-weighted mean test loss) against the unigram perplexity."""
+    """The task's metric beside its baseline: test accuracy against the majority class, or for a
+    language model test perplexity (exp of the token-weighted mean test loss) against the unigram
+    perplexity."""
     m = inputs.metrics["train"]
     perplexity = "test_perplexity" in m
     label = text(Strong("Test perplexity" if perplexity else "Test accuracy"))
@@ -147,7 +175,11 @@ def _accuracy_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
     if "learned-nothing" in kinds:
         verdict = text(Badge("learned nothing", "bad"))
     else:
-        verdict = text(Badge("above baseline", "good")) if "baseline" in m else text(Badge("no baseline", "warn"))
+        verdict = (
+            text(Badge("above baseline", "good"))
+            if "baseline" in m
+            else text(Badge("no baseline", "warn"))
+        )
     model = _joined(
         ("model", m.get("model_architecture")),
         ("trainable parameters", m.get("parameters_trainable")),
@@ -169,8 +201,13 @@ def _accuracy_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
         filter(
             None,
             (
-                f"baseline (best constant guess) {format_percent(baseline)}" if baseline is not None else "",
-                _joined(("macro F1", m.get("test_macro_f1")), ("classes predicted", m.get("predicted_classes"))),
+                f"baseline (best constant guess) {format_percent(baseline)}"
+                if baseline is not None
+                else "",
+                _joined(
+                    ("macro F1", m.get("test_macro_f1")),
+                    ("classes predicted", m.get("predicted_classes")),
+                ),
                 _joined(("final train loss", m.get("final_train_loss"))),
                 model,
             ),
@@ -184,7 +221,10 @@ def _spent_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
     if not inputs.ran("train"):
         return label, text(MISSING), text(), text(NOT_RUN)
     m = inputs.metrics["train"]
-    result = f"ε = {format_upper(m.get('epsilon_spent'))} after {format_value(m.get('steps_done'))} steps"
+    result = (
+        f"ε = {format_upper(m.get('epsilon_spent'))} after "
+        f"{format_value(m.get('steps_done'))} steps"
+    )
     if "budget-exceeded" in kinds:
         verdict = Badge("over budget", "bad")
     elif "sources-disagree" in kinds:

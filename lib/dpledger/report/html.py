@@ -108,16 +108,22 @@ class _HtmlRenderer(Renderer):
     def table(self, block: doc.Table) -> str:
         attribute = ' class="headline"' if block.headline else ""
         head = "".join(f"<th>{escape(h)}</th>" for h in block.header)
-        rows = "".join("<tr>" + "".join(f"<td>{self.text(cell)}</td>" for cell in row) + "</tr>" for row in block.rows)
+        rows = "".join(
+            "<tr>" + "".join(f"<td>{self.text(cell)}</td>" for cell in row) + "</tr>"
+            for row in block.rows
+        )
         note = f'<p class="table-note">{escape(block.note)}</p>' if block.note else ""
-        table_html = f"<table{attribute}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        table_html = (
+            f"<table{attribute}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        )
         return f'<div class="table-wrap">{table_html}{note}</div>'
 
     def figure(self, block: doc.Figure) -> str:
         data = base64.b64encode(block.source.read_bytes()).decode("ascii")
         return (
             f'<figure><img src="data:image/png;base64,{data}" alt="{escape(block.caption)}">'
-            f"<figcaption>{escape(block.caption)} <code>{escape(block.origin)}</code></figcaption></figure>"
+            f"<figcaption>{escape(block.caption)} "
+            f"<code>{escape(block.origin)}</code></figcaption></figure>"
         )
 
     def code_block(self, block: doc.CodeBlock) -> str:
@@ -125,7 +131,8 @@ class _HtmlRenderer(Renderer):
 
     def alert(self, block: doc.Alert) -> str:
         return (
-            f'<div class="alert {block.kind}" role="alert"><span class="label">{ALERT_LABELS[block.kind]}</span>'
+            f'<div class="alert {block.kind}" role="alert"><span '
+            f'class="label">{ALERT_LABELS[block.kind]}</span>'
             f"<strong>{escape(block.title)}.</strong> {self.text(block.content)}</div>"
         )
 

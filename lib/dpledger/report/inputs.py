@@ -1,4 +1,5 @@
-"""Everything the report reads, loaded defensively: a missing or unreadable output is 'not run', never a crash.
+"""Everything the report reads, loaded defensively: a missing or unreadable output is 'not run',
+never a crash.
 
 The report reads what the other stages wrote (their flat metrics, detail JSONs and PNG plots) and
 recomputes nothing but the seals of the calibration record and the schedule (``report.sealed``).
@@ -66,21 +67,27 @@ def load_inputs(root: str | Path) -> ReportInputs:
     details = {stage: _read_json(root, path, problems)[0] for stage, path in DETAIL_FILES.items()}
     record = details.get("calibrate")
     if isinstance(record, dict) and isinstance(record.get("description"), dict):
-        details["calibrate"] = {**record["description"], **record}  # σ, sampler, mechanism read at the top level
+        details["calibrate"] = {
+            **record["description"],
+            **record,
+        }  # σ, sampler, mechanism read at the top level
     return ReportInputs(
         root=root,
         metrics=metrics,
         status=status,
         details=details,
         train_files=_read_train_files(root, problems),
-        plots={stage: sorted((root / paths.plots(stage)).glob("*.png")) for stage in UPSTREAM_STAGES},
+        plots={
+            stage: sorted((root / paths.plots(stage)).glob("*.png")) for stage in UPSTREAM_STAGES
+        },
         problems=problems,
         seal_problems=seal_problems(root),
     )
 
 
 def _read_json(root: Path, relative: Path, problems: list[str]) -> tuple[Any, str]:
-    """(content, "ok"), (None, "not run") when absent, or (None, "unreadable: ...") noted in ``problems``."""
+    """(content, "ok"), (None, "not run") when absent, or (None, "unreadable: ...") noted in
+    ``problems``."""
     path = root / relative
     if not path.is_file():
         return None, "not run"

@@ -1,4 +1,5 @@
-"""Render a report document as GitHub-flavoured Markdown: readable in a pull-request diff and on GitHub.
+"""Render a report document as GitHub-flavoured Markdown: readable in a pull-request diff and on
+GitHub.
 
 Warnings use GitHub's alert syntax (``> [!CAUTION]``), verdicts an emoji plus bold text, figures
 relative links into ``figures/`` beside report.md.
@@ -35,20 +36,27 @@ class _MarkdownRenderer(Renderer):
             "| " + " | ".join(_cell(_escape(h)) for h in block.header) + " |",
             "|" + "|".join("---" for _ in block.header) + "|",
         ]
-        lines += ["| " + " | ".join(_cell(self.text(cell)) for cell in row) + " |" for row in block.rows]
+        lines += [
+            "| " + " | ".join(_cell(self.text(cell)) for cell in row) + " |" for row in block.rows
+        ]
         if block.note:
             lines += ["", f"*{_escape(block.note)}*"]
         return "\n".join(lines)
 
     def figure(self, block: doc.Figure) -> str:
-        return f"**{_escape(block.caption)}** (`{block.origin}`)\n\n![{_escape(block.caption)}]({block.target})"
+        return (
+            f"**{_escape(block.caption)}** "
+            f"(`{block.origin}`)\n\n![{_escape(block.caption)}]({block.target})"
+        )
 
     def code_block(self, block: doc.CodeBlock) -> str:
         return f"```{block.language}\n{block.code}\n```"
 
     def alert(self, block: doc.Alert) -> str:
         body = f"**{_escape(block.title)}.** {self.text(block.content)}"
-        return f"> [!{ALERT_MARKS[block.kind]}]\n" + "\n".join(f"> {line}" for line in body.splitlines())
+        return f"> [!{ALERT_MARKS[block.kind]}]\n" + "\n".join(
+            f"> {line}" for line in body.splitlines()
+        )
 
     def details(self, block: doc.Details) -> str:
         inner = "\n\n".join(self.block(b) for b in block.blocks)

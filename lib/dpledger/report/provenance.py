@@ -27,7 +27,12 @@ def git_commit(root: str | Path) -> str:
     """``git rev-parse HEAD`` in ``root``, or 'unknown' outside a repository or without git."""
     try:
         done = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=False
+            ["git", "rev-parse", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return UNKNOWN

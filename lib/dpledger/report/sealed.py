@@ -34,12 +34,17 @@ def seal_problems(root: Path) -> list[str]:
         except (OSError, ValueError, TypeError, KeyError):
             matches = False
         if not matches:
-            problems.append(f"{paths.CALIBRATION.as_posix()} differs from the record calibrate sealed")
+            problems.append(
+                f"{paths.CALIBRATION.as_posix()} differs from the record calibrate sealed"
+            )
     if (root / paths.SCHEDULE_DIR / "schedule.npz").is_file():
         try:
             verified_schedule(root / paths.SCHEDULE_DIR, "report")
         except DpledgerError:
-            problems.append(f"{paths.SCHEDULE_HEADER.as_posix()} does not match its digest (relabelled or edited)")
+            problems.append(
+                f"{paths.SCHEDULE_HEADER.as_posix()} does not match its digest (relabelled or "
+                "edited)"
+            )
     return problems
 
 
@@ -103,7 +108,9 @@ def disagreements(
     for quantity, sources in quantities.items():
         stated = [(source, value) for source, value in sources if value is not None]
         if any(not _same(stated[0][1], value) for _, value in stated[1:]):
-            found.append(f"{quantity}: " + ", ".join(f"{source} {_shown(value)}" for source, value in stated))
+            found.append(
+                f"{quantity}: " + ", ".join(f"{source} {_shown(value)}" for source, value in stated)
+            )
     return found
 
 
@@ -116,14 +123,20 @@ def _spent(record: dict[str, Any], steps_done: Any) -> float | None:
         return None
     if steps <= 0:
         return 0.0
-    points = [p for p in curve if isinstance(p, list) and len(p) == 2 and all(_real(v) is not None for v in p)]
+    points = [
+        p
+        for p in curve
+        if isinstance(p, list) and len(p) == 2 and all(_real(v) is not None for v in p)
+    ]
     at_or_after = [(s, e) for s, e in points if s >= steps]
     return float(min(at_or_after)[1]) if at_or_after else float(record["epsilon"])
 
 
 def _same(a: Any, b: Any) -> bool:
     if _real(a) is not None and _real(b) is not None:
-        return math.isclose(float(a), float(b), rel_tol=_RELATIVE_SLACK) or (math.isnan(a) and math.isnan(b))
+        return math.isclose(float(a), float(b), rel_tol=_RELATIVE_SLACK) or (
+            math.isnan(a) and math.isnan(b)
+        )
     return a == b
 
 

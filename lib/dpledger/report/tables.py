@@ -1,4 +1,5 @@
-"""Tables shared by the report's sections: key/value listings, records, and any JSON document as it is."""
+"""Tables shared by the report's sections: key/value listings, records, and any JSON document as it
+is."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def metrics_table(stage: str, inputs: ReportInputs, summary: str) -> list[Block]
 
 
 def key_value_table(pairs: list[tuple[str, Any]], exact: bool = False) -> Table:
-    """Keys and values; ``exact`` shows every digit (a metrics file), else values are rounded by meaning."""
+    """Keys and values; ``exact`` shows every digit (a metrics file), else values are rounded by
+    meaning."""
     rows = tuple(
         (text(Code(key)), text(format_exact(value) if exact else format_for_key(key, value)))
         for key, value in pairs[:MAX_TABLE_ROWS]
@@ -28,8 +30,11 @@ def key_value_table(pairs: list[tuple[str, Any]], exact: bool = False) -> Table:
     return Table(("key", "value"), rows, note=_left_out(len(pairs)))
 
 
-def records_table(records: list[dict[str, Any]], cell: Callable[[str, Any], str] = format_for_key) -> Table:
-    """A list of dicts as a table, one column per key (in order of first appearance); ``cell(key, value)`` formats."""
+def records_table(
+    records: list[dict[str, Any]], cell: Callable[[str, Any], str] = format_for_key
+) -> Table:
+    """A list of dicts as a table, one column per key (in order of first appearance); ``cell(key,
+    value)`` formats."""
     columns: list[str] = []
     for record in records:
         columns.extend(key for key in record if key not in columns)
@@ -42,7 +47,8 @@ def _left_out(count: int) -> str:
 
 
 def json_blocks(content: Any) -> list[Block]:
-    """Show an arbitrary JSON document as it is: its scalars as one table, each list of records as its own."""
+    """Show an arbitrary JSON document as it is: its scalars as one table, each list of records as
+    its own."""
     if is_table(content):
         return [records_table(content)]
     pairs = flatten(content)

@@ -1,8 +1,9 @@
-"""The report's utility section: the model trained, its metric beside its baseline, per-class precision,
-recall and F1, and DP tuning help (the step's signal-to-noise and what moves it).
+"""The report's utility section: the model trained, its metric beside its baseline, per-class
+precision, recall and F1, and DP tuning help (the step's signal-to-noise and what moves it).
 
-Everything is read from metrics/train.json and artifacts/train/utility.json, which the train stage wrote
-(dpledger.models.utility); nothing is recomputed. The confusion matrix is among the train plots.
+Everything is read from metrics/train.json and artifacts/train/utility.json, which the train stage
+wrote (dpledger.models.utility); nothing is recomputed. The confusion matrix is among the train
+plots.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ def utility_section(inputs: ReportInputs) -> list[Block]:
     blocks.append(Paragraph(_baseline_sentence(m)))
     details = inputs.train_files.get("utility.json")
     per_class = details.get("per_class") if isinstance(details, dict) else None
-    if isinstance(per_class, list) and per_class and all(isinstance(row, dict) for row in per_class):
+    if (
+        isinstance(per_class, list)
+        and per_class
+        and all(isinstance(row, dict) for row in per_class)
+    ):
         blocks += [Paragraph(text("Per class, on the test split:")), records_table(per_class)]
     if "signal_to_noise" in m:
         blocks += tuning_help(m)
@@ -46,28 +51,38 @@ def _model_sentence(m: dict[str, Any]) -> Text:
 def _baseline_sentence(m: dict[str, Any]) -> Text:
     if "baseline_accuracy" in m:
         return text(
-            f"Test accuracy {format_percent(m.get('test_accuracy'))} against {format_percent(m['baseline_accuracy'])} "
-            f"for always predicting class {format_value(m.get('baseline_class'))} (the test split's majority, the "
+            f"Test accuracy {format_percent(m.get('test_accuracy'))} against "
+            f"{format_percent(m['baseline_accuracy'])} "
+            f"for always predicting class {format_value(m.get('baseline_class'))} (the test "
+            "split's majority, the "
             "best constant guess); "
-            f"one-sided binomial p = {format_value(m.get('above_baseline_p_value'))} that a model right at the "
-            f"baseline's rate scores as well, on {format_value(m.get('test_examples'))} test examples; "
+            f"one-sided binomial p = {format_value(m.get('above_baseline_p_value'))} that a model "
+            "right at the "
+            f"baseline's rate scores as well, on {format_value(m.get('test_examples'))} test "
+            "examples; "
             f"classes predicted: {format_value(m.get('predicted_classes'))}; macro F1 "
             f"{format_value(m.get('test_macro_f1'))}."
         )
     if "baseline_perplexity_unigram" in m:
         return text(
             f"Test perplexity {format_value(m.get('test_perplexity'))} against "
-            f"{format_value(m['baseline_perplexity_unigram'])} for the training split's token frequencies "
-            f"(unigram, add-one smoothed) and {format_value(m.get('baseline_perplexity_uniform'))} for a uniform "
+            f"{format_value(m['baseline_perplexity_unigram'])} for the training split's token "
+            "frequencies "
+            f"(unigram, add-one smoothed) and {format_value(m.get('baseline_perplexity_uniform'))} "
+            "for a uniform "
             "guess over the vocabulary."
         )
-    return text("No baseline was recorded (an older train stage): re-run train to compare the model with one.")
+    return text(
+        "No baseline was recorded (an older train stage): re-run train to compare the model with "
+        "one."
+    )
 
 
 def tuning_help(m: dict[str, Any]) -> list[Block]:
     """The step's signal-to-noise B/(σ·√d) and the levers that move it."""
     intro = text(
-        f"DP tuning: each step adds noise of expected norm σ·R·√d/B = {format_value(m.get('noise_norm'))} to a "
+        "DP tuning: each step adds noise of expected norm σ·R·√d/B = "
+        f"{format_value(m.get('noise_norm'))} to a "
         f"clipped mean of norm at most R = {format_value(m.get('clipped_mean_bound'))} (B = "
         f"{format_value(m.get('expected_batch_size'))} expected examples a step, d = "
         f"{format_value(m.get('parameters_trainable'))} trainable parameters, σ = "
@@ -83,7 +98,10 @@ def tuning_help(m: dict[str, Any]) -> list[Block]:
             " splits it to fit memory): σ grows more slowly than B at the same ε",
         ),
         text("more training data: a smaller sampling rate needs a smaller σ for the same ε"),
-        text("fewer trainable parameters (LoRA, a smaller model, frozen layers): the noise norm grows as √d"),
+        text(
+            "fewer trainable parameters (LoRA, a smaller model, frozen layers): the noise norm "
+            "grows as √d"
+        ),
         text("a larger ε (a smaller σ), when the privacy budget allows"),
         text(
             Code("train.clipping: automatic"),

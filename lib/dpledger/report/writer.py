@@ -54,13 +54,18 @@ def render_report(params: Params, root: str | Path) -> RenderedReport:
         train_files=inputs.train_files,
         seals=inputs.seal_problems,
     )
-    provenance = Provenance(params=params.model_dump(mode="json"), versions=package_versions(), commit=git_commit(root))
+    provenance = Provenance(
+        params=params.model_dump(mode="json"), versions=package_versions(), commit=git_commit(root)
+    )
     document = build_document(params.report.title, inputs, findings, provenance)
-    return RenderedReport(inputs, findings, document, render_markdown(document), render_html(document))
+    return RenderedReport(
+        inputs, findings, document, render_markdown(document), render_html(document)
+    )
 
 
 def write_report(params: Params, root: str | Path) -> RenderedReport:
-    """Render, then write reports/figures/ (as a whole), reports/report.md and reports/report.html."""
+    """Render, then write reports/figures/ (as a whole), reports/report.md and
+    reports/report.html."""
     root = Path(root)
     report = render_report(params, root)
     out = root / REPORT_DIR

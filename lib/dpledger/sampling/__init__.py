@@ -1,9 +1,11 @@
-"""Batch samplers and the schedule artifact: the batches actually used, and the check that they were accounted.
+"""Batch samplers and the schedule artifact: the batches actually used, and the check that they were
+accounted.
 
 ``build_sampler(name, dataset_size=, batch_size=, epochs=, seed=, **options)`` streams batches
 (usable as a ``torch.utils.data.DataLoader`` ``batch_sampler``); ``build_schedule`` materializes
-them as a :class:`Schedule`; :func:`check_schedule` is the guard train and audit share. Each sampler class says what it is
-(name, ``accounted_as``, audit law): every list of samplers elsewhere is derived from :data:`SAMPLERS`.
+them as a :class:`Schedule`; :func:`check_schedule` is the guard train and audit share. Each sampler
+class says what it is (name, ``accounted_as``, audit law): every list of samplers elsewhere is
+derived from :data:`SAMPLERS`.
 """
 
 from dpledger.sampling.base import Batch, BatchSampler, steps_per_epoch

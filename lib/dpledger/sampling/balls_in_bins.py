@@ -1,9 +1,11 @@
-"""Balls-in-bins batching (004 §3, Def. 3.1): every example lands in one of b bins, uniformly and independently.
+"""Balls-in-bins batching (004 §3, Def. 3.1): every example lands in one of b bins, uniformly and
+independently.
 
 Implemented as the paper does: bin sizes (c_1..c_b) ~ Multinomial(n, 1/b each), one shuffle of the
 data, and bin i is the next c_i examples of the shuffled stream. ``balls-in-bins`` draws this once
 and reuses the same bins, in the same order, every epoch (each example at a fixed in-epoch slot);
-``balls-in-bins-redrawn`` draws fresh bins every epoch. Default b = ⌈n/B⌉, so bins hold ≤ B on average.
+``balls-in-bins-redrawn`` draws fresh bins every epoch. Default b = ⌈n/B⌉, so bins hold ≤ B on
+average.
 
 ``pad_truncate`` (004 §5.2.1) makes every batch exactly B rows: a bin with c < B gets B − c padding
 rows (index 0, marked, zero gradient), a bin with c > B keeps its first B examples; the gradient
@@ -19,12 +21,22 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from dpledger.sampling.base import INDEX_DTYPE, Batch, BatchSampler, Membership, permutation, real_batch, require_int
+from dpledger.sampling.base import (
+    INDEX_DTYPE,
+    Batch,
+    BatchSampler,
+    Membership,
+    permutation,
+    real_batch,
+    require_int,
+)
 
 PADDING_INDEX = 0
 
 
-def draw_bins(rng: np.random.Generator, dataset_size: int, bins: int) -> tuple[np.ndarray, np.ndarray]:
+def draw_bins(
+    rng: np.random.Generator, dataset_size: int, bins: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(shuffled order, offsets): bin i is ``order[offsets[i]:offsets[i+1]]``."""
     sizes = rng.multinomial(dataset_size, np.full(bins, 1.0 / bins))
     order = permutation(rng, dataset_size)
@@ -41,7 +53,8 @@ def pad_or_truncate(members: np.ndarray, size: int) -> Batch:
 
 
 class BallsInBinsSampler(BatchSampler):
-    """Balls-in-bins with bins fixed across epochs (004's implementation: one multinomial, one shuffle)."""
+    """Balls-in-bins with bins fixed across epochs (004's implementation: one multinomial, one
+    shuffle)."""
 
     name = "balls-in-bins"
     accounted_as = "balls-in-bins"
@@ -50,10 +63,16 @@ class BallsInBinsSampler(BatchSampler):
     same_bins_every_epoch = True
     OPTIONS = ("bins", "pad_truncate")
 
-    def __init__(self, *, bins: int | None = None, pad_truncate: bool = False, **sizes: Any) -> None:
+    def __init__(
+        self, *, bins: int | None = None, pad_truncate: bool = False, **sizes: Any
+    ) -> None:
         super().__init__(**sizes)
         default_bins = super().steps_per_epoch
-        self.bins = default_bins if bins is None else require_int("bins", bins, 1, what=" (bins per epoch, b)")
+        self.bins = (
+            default_bins
+            if bins is None
+            else require_int("bins", bins, 1, what=" (bins per epoch, b)")
+        )
         self.pad_truncate = bool(pad_truncate)
 
     @property
@@ -68,11 +87,15 @@ class BallsInBinsSampler(BatchSampler):
         return {"bins": self.bins, "pad_truncate": self.pad_truncate}
 
     def membership(self) -> Membership | None:
-        """One uniform bin; pad/truncate has no closed form (a truncated record sits out its epoch)."""
+        """One uniform bin; pad/truncate has no closed form (a truncated record sits out its
+        epoch)."""
         if self.pad_truncate:
             return None
         return Membership(
-            self.placement, False, slot_weights=(1.0,) * self.bins, same_slot_every_epoch=self.same_bins_every_epoch
+            self.placement,
+            False,
+            slot_weights=(1.0,) * self.bins,
+            same_slot_every_epoch=self.same_bins_every_epoch,
         )
 
     def epoch_bins(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -86,7 +109,11 @@ class BallsInBinsSampler(BatchSampler):
         order, offsets = self.epoch_bins(epoch)
         for lo, hi in zip(offsets[:-1], offsets[1:]):
             members = order[lo:hi]
-            yield pad_or_truncate(members, self.batch_size) if self.pad_truncate else real_batch(members)
+            yield (
+                pad_or_truncate(members, self.batch_size)
+                if self.pad_truncate
+                else real_batch(members)
+            )
 
 
 class BallsInBinsRedrawnSampler(BallsInBinsSampler):

@@ -1,4 +1,5 @@
-"""What every batch sampler shares: sizes, seeding, the streaming interface and the DataLoader protocol.
+"""What every batch sampler shares: sizes, seeding, the streaming interface and the DataLoader
+protocol.
 
 A sampler streams one :class:`Batch` per step. It is deterministic given its seed, and any step can
 be regenerated without replaying the run: randomness comes from independent streams keyed by
@@ -23,7 +24,8 @@ INDEX_DTYPE = np.int64
 
 
 class Batch(NamedTuple):
-    """One step's rows: example indices and a mask marking padding rows (zero weight in training)."""
+    """One step's rows: example indices and a mask marking padding rows (zero weight in
+    training)."""
 
     indices: np.ndarray
     padding: np.ndarray
@@ -35,7 +37,8 @@ def real_batch(indices: np.ndarray) -> Batch:
 
 
 def permutation(rng: np.random.Generator, size: int) -> np.ndarray:
-    """A uniformly random permutation of 0..size-1, in int32 where it fits (half the memory of int64)."""
+    """A uniformly random permutation of 0..size-1, in int32 where it fits (half the memory of
+    int64)."""
     dtype = np.int32 if size <= np.iinfo(np.int32).max else np.int64
     order = np.arange(size, dtype=dtype)
     rng.shuffle(order)
@@ -45,7 +48,8 @@ def permutation(rng: np.random.Generator, size: int) -> np.ndarray:
 def steps_per_epoch(dataset_size: int, batch_size: int, *, drop_last: bool = False) -> int:
     """Steps (batches, bins) per epoch: ⌈n/B⌉, or ⌊n/B⌋ when an incomplete last batch is dropped.
 
-    The accounted samplers always use ⌈n/B⌉, so the accountant needs only the shared ``batching`` sizes.
+    The accounted samplers always use ⌈n/B⌉, so the accountant needs only the shared ``batching``
+    sizes.
     """
     return dataset_size // batch_size if drop_last else math.ceil(dataset_size / batch_size)
 
@@ -63,13 +67,15 @@ def require_int(name: str, value: Any, low: int, high: int | None = None, *, wha
 
 @dataclass(frozen=True)
 class Membership:
-    """Where one example (the audited record) lands under a sampler: the law the audit's closed form uses.
+    """Where one example (the audited record) lands under a sampler: the law the audit's closed form
+    uses.
 
     Either each step independently with ``step_probability``, or one slot per epoch drawn with
-    ``slot_weights`` (the same slot every epoch when ``same_slot_every_epoch``). ``fixed_batch_size``:
-    batch sizes do not depend on which examples are drawn (002 §3.2: the audit's pair then has a −1
-    background). ``moves_with_batch``: the size of the batch the record always shares, where batches
-    are fixed once and only reordered (002 §7.2), else None. ``placement`` says it in words.
+    ``slot_weights`` (the same slot every epoch when ``same_slot_every_epoch``).
+    ``fixed_batch_size``: batch sizes do not depend on which examples are drawn (002 §3.2: the
+    audit's pair then has a −1 background). ``moves_with_batch``: the size of the batch the record
+    always shares, where batches are fixed once and only reordered (002 §7.2), else None.
+    ``placement`` says it in words.
     """
 
     placement: str
@@ -81,12 +87,12 @@ class Membership:
 
 
 class BatchSampler(ABC):
-    """A batch sampler over ``dataset_size`` examples for ``epochs`` epochs, and the one place that says
-    what it is: ``name``, ``description`` (in words), ``accounted_as`` (the accounted sampling law of
-    :data:`dpledger.accounting.description.ACCOUNTED_SAMPLINGS` it is, whose sentence the ledger
-    prints; None with ``unaccounted_reason`` when no sound accountant exists), :meth:`mechanism_description`
-    (the run as its accountant reads it) and :meth:`membership` (the audit's closed-form model). Every list
-    of samplers elsewhere is derived from these.
+    """A batch sampler over ``dataset_size`` examples for ``epochs`` epochs, and the one place that
+    says what it is: ``name``, ``description`` (in words), ``accounted_as`` (the accounted sampling
+    law of :data:`dpledger.accounting.description.ACCOUNTED_SAMPLINGS` it is, whose sentence the
+    ledger prints; None with ``unaccounted_reason`` when no sound accountant exists),
+    :meth:`mechanism_description` (the run as its accountant reads it) and :meth:`membership` (the
+    audit's closed-form model). Every list of samplers elsewhere is derived from these.
 
     Iterating yields each step's real (non-padding) indices as a list, so an instance is a
     ``torch.utils.data.DataLoader`` ``batch_sampler``; :meth:`batches` yields full :class:`Batch`
@@ -111,15 +117,21 @@ class BatchSampler(ABC):
     def __init__(self, *, dataset_size: int, batch_size: int, epochs: int, seed: int) -> None:
         self.dataset_size = require_int("dataset_size", dataset_size, 1)
         self.batch_size = require_int(
-            "batch_size", batch_size, 1, self.dataset_size, what=f" (the dataset has {self.dataset_size} examples)"
+            "batch_size",
+            batch_size,
+            1,
+            self.dataset_size,
+            what=f" (the dataset has {self.dataset_size} examples)",
         )
         self.epochs = require_int("epochs", epochs, 1)
         self.seed = require_int("seed", seed, 0)
 
     def random_stream(self, *key: int) -> np.random.Generator:
-        """The independent random stream of this sampler's seed named by ``key`` (a SeedSequence spawn key:
-        the epoch or step), so every draw is reproducible from (seed, key) alone."""
-        return np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=key)))
+        """The independent random stream of this sampler's seed named by ``key`` (a SeedSequence
+        spawn key: the epoch or step), so every draw is reproducible from (seed, key) alone."""
+        return np.random.Generator(
+            np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=key))
+        )
 
     @property
     def steps_per_epoch(self) -> int:
@@ -138,16 +150,23 @@ class BatchSampler(ABC):
         return {}
 
     def membership(self) -> Membership | None:
-        """The audited record's law of membership in closed form, or None: the audit then runs the sampler."""
+        """The audited record's law of membership in closed form, or None: the audit then runs the
+        sampler."""
         return None
 
     def mechanism_description(self, **accounted: Any) -> MechanismDescription:
-        """This sampler's run (its n, B and epochs) as its accountant reads it, under the law it is accounted
-        as; ``accounted`` adds σ, the group size or the mechanism as :func:`describe` takes them. A sampler no
-        sound accountant covers is refused with the reason."""
+        """This sampler's run (its n, B and epochs) as its accountant reads it, under the law it is
+        accounted as; ``accounted`` adds σ, the group size or the mechanism as :func:`describe`
+        takes them. A sampler no sound accountant covers is refused with the reason."""
         if self.accounted_as is None:
-            raise ParamsError(f"sampler = {self.name!r} cannot be accounted: {self.unaccounted_reason}")
-        sizes = {"dataset_size": self.dataset_size, "batch_size": self.batch_size, "epochs": self.epochs}
+            raise ParamsError(
+                f"sampler = {self.name!r} cannot be accounted: {self.unaccounted_reason}"
+            )
+        sizes = {
+            "dataset_size": self.dataset_size,
+            "batch_size": self.batch_size,
+            "epochs": self.epochs,
+        }
         return describe(sampler=self.accounted_as, **sizes, **accounted)
 
     def params(self) -> dict[str, Any]:
@@ -174,7 +193,10 @@ class BatchSampler(ABC):
         return self.num_steps
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(dataset_size={self.dataset_size}, seed={self.seed}, {self.params()})"
+        return (
+            f"{type(self).__name__}(dataset_size={self.dataset_size}, seed={self.seed}, "
+            f"{self.params()})"
+        )
 
 
 class PerStepSampler(BatchSampler):

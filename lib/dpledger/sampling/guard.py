@@ -2,12 +2,12 @@
 
 Accounted samplers (what ``calibrate.sampler`` may name) are the accounting vocabulary's laws
 (:data:`dpledger.accounting.description.ACCOUNTED_SAMPLINGS`). A schedule is described in that
-vocabulary (:func:`schedule_description`): its law is the ``accounted_as`` its sampler class declares
-(None, for samplers no sound accountant covers: then its own name), or the declared ``accounted_as`` of a
-plugin; its sizes are those it was built with. :func:`check_schedule` compares that description with the
-record's in one comparison naming every field that differs. Pad/truncate is a variant of balls-in-bins
-and keeps that law: the accounting concerns the summed gradient, where a padding or truncated row is a
-zero gradient (004 §5.2.1).
+vocabulary (:func:`schedule_description`): its law is the ``accounted_as`` its sampler class
+declares (None, for samplers no sound accountant covers: then its own name), or the declared
+``accounted_as`` of a plugin; its sizes are those it was built with. :func:`check_schedule` compares
+that description with the record's in one comparison naming every field that differs. Pad/truncate
+is a variant of balls-in-bins and keeps that law: the accounting concerns the summed gradient, where
+a padding or truncated row is a zero gradient (004 §5.2.1).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class SamplerCheck:
 
     @property
     def effective(self) -> str:
-        """The name compared with the accountant's: the plugin's declaration, else the sampler itself."""
+        """The name compared with the accountant's: the plugin's declaration, else the sampler
+        itself."""
         return self.used_as or self.used
 
     @property
@@ -51,9 +52,14 @@ class SamplerCheck:
         """The sentence the report puts at the top when the two differ, else None."""
         if self.matches:
             return None
-        reason = "" if self.effective in ACCOUNTED_SAMPLERS else f" No sound accountant exists for '{self.effective}'."
+        reason = (
+            ""
+            if self.effective in ACCOUNTED_SAMPLERS
+            else f" No sound accountant exists for '{self.effective}'."
+        )
         return (
-            f"The accountant assumed the '{self.accounted}' sampler but training used {self.describe_used()}: "
+            f"The accountant assumed the '{self.accounted}' sampler but training used "
+            f"{self.describe_used()}: "
             f"the claimed epsilon does not describe this run.{reason}"
         )
 
@@ -64,17 +70,24 @@ class SamplerCheck:
         return f"'{self.used}' (declared equivalent to '{self.used_as}')"
 
     def assumption(self) -> str | None:
-        """For a plugin matched through its declaration: the sentence saying the match rests on it."""
+        """For a plugin matched through its declaration: the sentence saying the match rests on
+        it."""
         if self.used_as is None:
             return None
         return (
-            f"The batches came from the plugin sampler '{self.used}', which declares itself equivalent to "
-            f"'{self.used_as}'; dpledger does not prove this declaration (the audit tests it empirically)."
+            f"The batches came from the plugin sampler '{self.used}', which declares itself "
+            "equivalent to "
+            f"'{self.used_as}'; dpledger does not prove this declaration (the audit tests it "
+            "empirically)."
         )
 
     def to_metrics(self) -> dict[str, Any]:
         """Flat keys for metrics/train.json: sampler_accounted, sampler_used, sampler_mismatch."""
-        return {"sampler_accounted": self.accounted, "sampler_used": self.used, "sampler_mismatch": not self.matches}
+        return {
+            "sampler_accounted": self.accounted,
+            "sampler_used": self.used,
+            "sampler_mismatch": not self.matches,
+        }
 
 
 def declared_equivalent(sampler: str, sampler_params: dict[str, Any]) -> str | None:
@@ -85,8 +98,9 @@ def declared_equivalent(sampler: str, sampler_params: dict[str, Any]) -> str | N
 
 
 def schedule_description(schedule: "Schedule") -> MechanismDescription:
-    """The run the schedule's batches make, in the accountants' vocabulary (σ unknown: 0): its law and its
-    sizes as built (q = the Poisson rate it drew with, else B/n; b = its steps per epoch)."""
+    """The run the schedule's batches make, in the accountants' vocabulary (σ unknown: 0): its law
+    and its sizes as built (q = the Poisson rate it drew with, else B/n; b = its steps per
+    epoch)."""
     params = schedule.sampler_params
     built = SAMPLERS.get(schedule.sampler)
     law = built.accounted_as if built is not None else declared_equivalent(schedule.sampler, params)
@@ -104,13 +118,16 @@ def schedule_description(schedule: "Schedule") -> MechanismDescription:
     )
 
 
-def check_schedule(accounted: MechanismDescription, schedule: "Schedule", *, allow_mismatch: bool) -> SamplerCheck:
-    """Compare the schedule's description with the accounted one; refuse, naming every field that differs,
-    unless only the sampler differs and the mismatch is explicitly allowed (the report then flags it).
+def check_schedule(
+    accounted: MechanismDescription, schedule: "Schedule", *, allow_mismatch: bool
+) -> SamplerCheck:
+    """Compare the schedule's description with the accounted one; refuse, naming every field that
+    differs, unless only the sampler differs and the mismatch is explicitly allowed (the report then
+    flags it).
 
-    The sampler name alone does not pin the claim down: a schedule of the right sampler at a larger B
-    (a larger q, fewer bins) within the accounted number of steps spends more privacy than proven, so a
-    size that differs is never allowed: no report could say what ε such a run has.
+    The sampler name alone does not pin the claim down: a schedule of the right sampler at a larger
+    B (a larger q, fewer bins) within the accounted number of steps spends more privacy than proven,
+    so a size that differs is never allowed: no report could say what ε such a run has.
     """
     used = schedule_description(schedule)
     check = SamplerCheck(
@@ -127,10 +144,12 @@ def check_schedule(accounted: MechanismDescription, schedule: "Schedule", *, all
         hint = (
             "re-run the schedule and calibrate stages with the same data and batching"
             if sizes_differ
-            else "make calibrate.sampler and schedule.sampler equal, or set train.allow_sampler_mismatch: true to "
+            else "make calibrate.sampler and schedule.sampler equal, or set "
+            "train.allow_sampler_mismatch: true to "
             "train anyway and have the report flag the mismatch"
         )
         raise SamplerMismatchError(
-            f"the schedule was built with {', '.join(differences)}: the claimed epsilon does not describe it; {hint}"
+            f"the schedule was built with {', '.join(differences)}: the claimed epsilon does not "
+            f"describe it; {hint}"
         )
     return check

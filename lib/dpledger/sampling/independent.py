@@ -1,4 +1,5 @@
-"""Samplers that draw every step independently: Poisson and fixed-size uniform subsets. O(batch) memory."""
+"""Samplers that draw every step independently: Poisson and fixed-size uniform subsets. O(batch)
+memory."""
 
 from __future__ import annotations
 
@@ -29,21 +30,27 @@ class PoissonSampler(PerStepSampler):
 
     name = "poisson"
     accounted_as = "poisson"
-    description = "each example included independently with probability q = B/n every step (variable size)"
+    description = (
+        "each example included independently with probability q = B/n every step (variable size)"
+    )
     OPTIONS = ("sample_rate",)
 
     def __init__(self, *, sample_rate: float | None = None, **sizes: Any) -> None:
         super().__init__(**sizes)
         rate = self.batch_size / self.dataset_size if sample_rate is None else sample_rate
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 < rate <= 1.0:
-            raise ParamsError(f"sample_rate = {rate!r} is invalid: the Poisson rate q must be in (0, 1]")
+            raise ParamsError(
+                f"sample_rate = {rate!r} is invalid: the Poisson rate q must be in (0, 1]"
+            )
         self.sample_rate = float(rate)
 
     def options(self) -> dict[str, Any]:
         return {"sample_rate": self.sample_rate}
 
     def membership(self) -> Membership:
-        return Membership("each step independently with probability q", False, step_probability=self.sample_rate)
+        return Membership(
+            "each step independently with probability q", False, step_probability=self.sample_rate
+        )
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
         size = int(rng.binomial(self.dataset_size, self.sample_rate))
@@ -59,7 +66,9 @@ class FixedSizeSampler(PerStepSampler):
 
     def membership(self) -> Membership:
         return Membership(
-            "each step independently with probability B/n", True, step_probability=self.batch_size / self.dataset_size
+            "each step independently with probability B/n",
+            True,
+            step_probability=self.batch_size / self.dataset_size,
         )
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:

@@ -1,11 +1,11 @@
 """Plugin samplers given as ``module:callable``.
 
-Protocol: ``callable(dataset_size: int, batch_size: int, epochs: int, seed: int) -> Iterable[np.ndarray]``
-yields each step's batch indices (distinct integers in [0, dataset_size)), deterministically for a
-given seed. The callable may carry ``accounted_as``, the accounted sampler (one of
-:data:`dpledger.accounting.description.SAMPLERS`) it declares itself equivalent to, and ``description``,
-a sentence saying what it does; the guard then compares by the declared name, and the report states
-that the equivalence is declared, not proven.
+Protocol: ``callable(dataset_size: int, batch_size: int, epochs: int, seed: int) ->
+Iterable[np.ndarray]`` yields each step's batch indices (distinct integers in [0, dataset_size)),
+deterministically for a given seed. The callable may carry ``accounted_as``, the accounted sampler
+(one of :data:`dpledger.accounting.description.SAMPLERS`) it declares itself equivalent to, and
+``description``, a sentence saying what it does; the guard then compares by the declared name, and
+the report states that the equivalence is declared, not proven.
 """
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ __all__ = ["PluginSampler", "checked_batch", "is_plugin_name", "load_plugin"]
 
 
 def load_plugin(name: str) -> Callable[..., Iterable[Any]]:
-    """Import the callable ``module:attr``; a missing module or attribute is a one-line ParamsError."""
+    """Import the callable ``module:attr``; a missing module or attribute is a one-line
+    ParamsError."""
     target = load_callable(name, "sampler", "a plugin sampler")
     try:
         inspect.signature(target).bind(0, 0, 0, 0)
     except TypeError:
         raise ParamsError(
-            f"sampler = {name!r} is invalid: {name.split(':')[1]}{inspect.signature(target)} cannot be called as "
+            f"sampler = {name!r} is invalid: {name.split(':')[1]}{inspect.signature(target)} "
+            "cannot be called as "
             "(dataset_size, batch_size, epochs, seed)"
         ) from None
     except ValueError:
@@ -39,25 +41,33 @@ def load_plugin(name: str) -> Callable[..., Iterable[Any]]:
     declared = getattr(target, "accounted_as", None)
     if declared is not None and declared not in ACCOUNTED_SAMPLERS:
         raise ParamsError(
-            f"sampler = {name!r} is invalid: its accounted_as = {declared!r} is not one of {', '.join(ACCOUNTED_SAMPLERS)}"
+            f"sampler = {name!r} is invalid: its accounted_as = {declared!r} is not one of "
+            f"{', '.join(ACCOUNTED_SAMPLERS)}"
         )
     return target
 
 
 def checked_batch(name: str, step: int, raw: Any, dataset_size: int) -> Batch:
-    """Step ``step``'s indices from a plugin, refused unless 1-D distinct integers in [0, dataset_size)."""
+    """Step ``step``'s indices from a plugin, refused unless 1-D distinct integers in [0,
+    dataset_size)."""
     indices = np.asarray(raw)
     if indices.size == 0:
         return real_batch(np.zeros(0, dtype=np.int64))
     if indices.ndim != 1 or not np.issubdtype(indices.dtype, np.integer):
         raise ParamsError(
-            f"sampler = {name!r} is invalid: step {step} yielded {indices.dtype} array of shape {indices.shape}; "
+            f"sampler = {name!r} is invalid: step {step} yielded {indices.dtype} array of shape "
+            f"{indices.shape}; "
             f"each step must be a 1-D integer array"
         )
     if indices.min() < 0 or indices.max() >= dataset_size:
-        raise ParamsError(f"sampler = {name!r} is invalid: step {step} yielded an index outside [0, {dataset_size})")
+        raise ParamsError(
+            f"sampler = {name!r} is invalid: step {step} yielded an index outside [0, "
+            f"{dataset_size})"
+        )
     if np.unique(indices).size != indices.size:
-        raise ParamsError(f"sampler = {name!r} is invalid: step {step} yielded the same example twice")
+        raise ParamsError(
+            f"sampler = {name!r} is invalid: step {step} yielded the same example twice"
+        )
     return real_batch(indices)
 
 
@@ -78,7 +88,9 @@ class PluginSampler(BatchSampler):
 
     @property
     def steps_per_epoch(self) -> int:
-        raise TypeError(f"plugin sampler {self.name!r} has no steps_per_epoch before its batches are drawn")
+        raise TypeError(
+            f"plugin sampler {self.name!r} has no steps_per_epoch before its batches are drawn"
+        )
 
     def __len__(self) -> int:
         raise TypeError(f"plugin sampler {self.name!r} has no length before its batches are drawn")
@@ -88,7 +100,8 @@ class PluginSampler(BatchSampler):
         stream = self.plugin(self.dataset_size, self.batch_size, self.epochs, self.seed)
         if not isinstance(stream, Iterable):
             raise ParamsError(
-                f"sampler = {self.name!r} is invalid: it returned {type(stream).__name__}, not an iterable of index arrays"
+                f"sampler = {self.name!r} is invalid: it returned {type(stream).__name__}, not an "
+                "iterable of index arrays"
             )
         for step, raw in enumerate(islice(stream, start, None), start=start):
             yield checked_batch(self.name, step, raw, self.dataset_size)

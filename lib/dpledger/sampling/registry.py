@@ -43,11 +43,15 @@ def sampler_class(name: str) -> type[BatchSampler]:
         return SAMPLERS[name]
     if is_plugin_name(name):
         return PluginSampler
-    raise ParamsError(f"sampler = {name!r} is invalid: allowed values are {', '.join(SAMPLERS)} or module:callable")
+    raise ParamsError(
+        f"sampler = {name!r} is invalid: allowed values are {', '.join(SAMPLERS)} or "
+        "module:callable"
+    )
 
 
 def options_for(name: str, **candidates: Any) -> dict[str, Any]:
-    """The candidates sampler ``name`` takes, without unset (None) ones: how params feed any sampler."""
+    """The candidates sampler ``name`` takes, without unset (None) ones: how params feed any
+    sampler."""
     taken = sampler_class(name).OPTIONS
     return {key: value for key, value in candidates.items() if key in taken and value is not None}
 
@@ -60,7 +64,10 @@ def build_sampler(
     unknown = sorted(set(options) - set(cls.OPTIONS))
     if unknown:
         taken = ", ".join(cls.OPTIONS) or "none"
-        raise ParamsError(f"{unknown[0]} = {options[unknown[0]]!r} is invalid: sampler {name!r} takes options: {taken}")
+        raise ParamsError(
+            f"{unknown[0]} = {options[unknown[0]]!r} is invalid: sampler {name!r} takes options: "
+            f"{taken}"
+        )
     sizes = {"dataset_size": dataset_size, "batch_size": batch_size, "epochs": epochs, "seed": seed}
     if cls is PluginSampler:
         return PluginSampler(name, **sizes)
@@ -68,7 +75,8 @@ def build_sampler(
 
 
 class _RowBuffer:
-    """Growable (indices, padding) arrays: the CSR rows of a schedule, filled without per-step lists."""
+    """Growable (indices, padding) arrays: the CSR rows of a schedule, filled without per-step
+    lists."""
 
     def __init__(self, capacity: int) -> None:
         self.indices = np.empty(capacity, dtype=INDEX_DTYPE)
@@ -87,7 +95,8 @@ class _RowBuffer:
 
 
 def materialize(sampler: BatchSampler, *, progress: bool = False) -> Schedule:
-    """Draw every batch of ``sampler`` into a :class:`Schedule` (memory: the schedule plus the sampler's own)."""
+    """Draw every batch of ``sampler`` into a :class:`Schedule` (memory: the schedule plus the
+    sampler's own)."""
     plugin = isinstance(sampler, PluginSampler)
     total = None if plugin else sampler.num_steps
     expected_rows = (
@@ -125,16 +134,32 @@ def materialize(sampler: BatchSampler, *, progress: bool = False) -> Schedule:
 
 
 def build_schedule(
-    name: str, *, dataset_size: int, batch_size: int, epochs: int, seed: int, progress: bool = False, **options: Any
+    name: str,
+    *,
+    dataset_size: int,
+    batch_size: int,
+    epochs: int,
+    seed: int,
+    progress: bool = False,
+    **options: Any,
 ) -> Schedule:
-    """The schedule of sampler ``name``: every step's batch, materialized (see :func:`build_sampler`)."""
-    sampler = build_sampler(name, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, seed=seed, **options)
+    """The schedule of sampler ``name``: every step's batch, materialized (see
+    :func:`build_sampler`)."""
+    sampler = build_sampler(
+        name, dataset_size=dataset_size, batch_size=batch_size, epochs=epochs, seed=seed, **options
+    )
     return materialize(sampler, progress=progress)
 
 
 def describe_samplers() -> list[dict[str, Any]]:
-    """Each built-in sampler: name, the accounted sampler it is (None: no sound accountant), options, description."""
+    """Each built-in sampler: name, the accounted sampler it is (None: no sound accountant),
+    options, description."""
     return [
-        {"name": name, "accounted_as": cls.accounted_as, "options": list(cls.OPTIONS), "description": cls.description}
+        {
+            "name": name,
+            "accounted_as": cls.accounted_as,
+            "options": list(cls.OPTIONS),
+            "description": cls.description,
+        }
         for name, cls in SAMPLERS.items()
     ]

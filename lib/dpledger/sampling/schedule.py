@@ -17,7 +17,8 @@ import numpy as np
 from dpledger import io
 
 SAVED_ARRAYS = {"indices": np.int64, "offsets": np.int64, "padding": bool}
-"""The fields saved in ``schedule.npz``, with their dtypes; every other field goes to ``schedule.json``."""
+"""The fields saved in ``schedule.npz``, with their dtypes; every other field goes to
+``schedule.json``."""
 DIGEST_KEY = "sha256"
 """The key in the header's metadata of :meth:`Schedule.digest` (arrays and header fields)."""
 
@@ -63,7 +64,10 @@ class Schedule:
 
     def saved_arrays(self) -> dict[str, np.ndarray]:
         """The index, offset and padding arrays as ``schedule.npz`` holds them."""
-        return {name: np.ascontiguousarray(getattr(self, name), dtype=dtype) for name, dtype in SAVED_ARRAYS.items()}
+        return {
+            name: np.ascontiguousarray(getattr(self, name), dtype=dtype)
+            for name, dtype in SAVED_ARRAYS.items()
+        }
 
     def save(self, folder: str | Path) -> None:
         """Write ``schedule.npz`` and ``schedule.json`` into ``folder`` (each atomically)."""
@@ -72,9 +76,10 @@ class Schedule:
         io.write_json(folder / "schedule.json", self.header())
 
     def digest(self) -> str:
-        """SHA-256 of the arrays as saved and of every header field (sampler, its parameters, seed, sizes,
-        normalizer, metadata): the header records it so a reader can refuse an edited ``schedule.npz`` and a
-        relabelled ``schedule.json`` (e.g. a shuffle schedule renamed ``poisson``) alike."""
+        """SHA-256 of the arrays as saved and of every header field (sampler, its parameters, seed,
+        sizes, normalizer, metadata): the header records it so a reader can refuse an edited
+        ``schedule.npz`` and a relabelled ``schedule.json`` (e.g. a shuffle schedule renamed
+        ``poisson``) alike."""
         digest = hashlib.sha256()
         for array in self.saved_arrays().values():
             digest.update(array.tobytes())
@@ -82,12 +87,15 @@ class Schedule:
         return digest.hexdigest()
 
     def _sealed_fields(self) -> dict[str, Any]:
-        scalars = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in SAVED_ARRAYS}
+        scalars = {
+            f.name: getattr(self, f.name) for f in fields(self) if f.name not in SAVED_ARRAYS
+        }
         scalars["metadata"] = {k: v for k, v in scalars["metadata"].items() if k != DIGEST_KEY}
         return {**scalars, "num_steps": self.num_steps}
 
     def header(self) -> dict[str, Any]:
-        """Every field but the arrays (what produced the schedule), the step count and the digest."""
+        """Every field but the arrays (what produced the schedule), the step count and the
+        digest."""
         header = self._sealed_fields()
         header["metadata"] = {**header["metadata"], DIGEST_KEY: self.digest()}
         return header

@@ -1,14 +1,17 @@
-"""Samplers that cut an epoch's ordering of the data into consecutive batches (no sound accountant exists).
+"""Samplers that cut an epoch's ordering of the data into consecutive batches (no sound accountant
+exists).
 
 - ``shuffle``: one uniform permutation per epoch, then fixed-size batches; O(n) memory for the
   permutation (int32 below 2³¹ examples), the one sampler here that cannot stream in O(batch).
 - ``sequential``: dataset order, the same every epoch.
 - ``partial-shuffle``: each window of K consecutive examples shuffled on its own, then batched
-  (002 §7.1 / digest §3.6: the buffer bug; a target among the first K lands only in the first ⌈K/B⌉ batches).
+  (002 §7.1 / digest §3.6: the buffer bug; a target among the first K lands only in the first ⌈K/B⌉
+  batches).
 - ``batch-then-shuffle``: batches cut in dataset order, only their order shuffled each epoch
   (002 §7.2 / digest §3.7).
 
-Each takes ``last_batch``: ``keep`` an incomplete last batch (⌈n/B⌉ steps per epoch) or ``drop`` it (⌊n/B⌋).
+Each takes ``last_batch``: ``keep`` an incomplete last batch (⌈n/B⌉ steps per epoch) or ``drop`` it
+(⌊n/B⌋).
 """
 
 from __future__ import annotations
@@ -31,13 +34,18 @@ from dpledger.sampling.base import (
 
 LAST_BATCH_POLICIES = ("keep", "drop")
 SHUFFLE_REASON = (
-    "shuffling (one permutation per epoch) has no tight accountant and audits show Poisson accounting "
-    "under-states its epsilon several-fold; build batches with balls-in-bins (accountant allocation) or poisson"
+    "shuffling (one permutation per epoch) has no tight accountant and audits show Poisson "
+    "accounting "
+    "under-states its epsilon several-fold; build batches with balls-in-bins (accountant "
+    "allocation) or poisson"
 )
 
 
-def batched(chunks: Iterable[np.ndarray], batch_size: int, *, drop_last: bool) -> Iterator[np.ndarray]:
-    """Cut the concatenation of ``chunks`` into batches of ``batch_size`` without materializing it."""
+def batched(
+    chunks: Iterable[np.ndarray], batch_size: int, *, drop_last: bool
+) -> Iterator[np.ndarray]:
+    """Cut the concatenation of ``chunks`` into batches of ``batch_size`` without materializing
+    it."""
     pending: list[np.ndarray] = []
     pending_size = 0
     for chunk in chunks:
@@ -62,7 +70,9 @@ class OrderedSampler(BatchSampler):
     def __init__(self, *, last_batch: str = "keep", **sizes: Any) -> None:
         super().__init__(**sizes)
         if last_batch not in LAST_BATCH_POLICIES:
-            raise ParamsError(f"last_batch = {last_batch!r} is invalid: allowed values are 'keep', 'drop'")
+            raise ParamsError(
+                f"last_batch = {last_batch!r} is invalid: allowed values are 'keep', 'drop'"
+            )
         self.last_batch = last_batch
 
     @property
@@ -86,12 +96,14 @@ class OrderedSampler(BatchSampler):
         return [self.batch_size] * full + ([] if self.drop_last or rest == 0 else [rest])
 
     def slot_weights(self, positions: int) -> tuple[float, ...] | None:
-        """Weights of the batches a record at a uniform position in [0, positions) of the epoch's order
-        lands in; None if some position falls in a dropped batch."""
+        """Weights of the batches a record at a uniform position in [0, positions) of the epoch's
+        order lands in; None if some position falls in a dropped batch."""
         slots = np.arange(positions) // self.batch_size
         if slots.max() >= self.steps_per_epoch:
             return None
-        return tuple(np.bincount(slots, minlength=self.steps_per_epoch).astype(np.float64) / positions)
+        return tuple(
+            np.bincount(slots, minlength=self.steps_per_epoch).astype(np.float64) / positions
+        )
 
     def epoch_batches(self, epoch: int) -> Iterator[Batch]:
         for indices in batched(self.epoch_order(epoch), self.batch_size, drop_last=self.drop_last):
@@ -102,7 +114,10 @@ class ShuffleSampler(OrderedSampler):
     """One fresh uniform permutation per epoch, cut into fixed batches."""
 
     name = "shuffle"
-    description = "one permutation per epoch, fixed batches (no tight accountant; Poisson accounting understates ε)"
+    description = (
+        "one permutation per epoch, fixed batches (no tight accountant; Poisson "
+        "accounting understates ε)"
+    )
     unaccounted_reason = SHUFFLE_REASON
 
     def membership(self) -> Membership | None:
@@ -110,7 +125,9 @@ class ShuffleSampler(OrderedSampler):
         return (
             None
             if weights is None
-            else Membership("one slot per epoch, probability ∝ batch size", True, slot_weights=weights)
+            else Membership(
+                "one slot per epoch, probability ∝ batch size", True, slot_weights=weights
+            )
         )
 
     def epoch_order(self, epoch: int) -> Iterable[np.ndarray]:
@@ -125,7 +142,9 @@ class SequentialSampler(OrderedSampler):
 
     def membership(self) -> Membership:
         weights = (1.0,) + (0.0,) * (self.steps_per_epoch - 1)
-        return Membership("the first batch of every epoch", True, slot_weights=weights, same_slot_every_epoch=True)
+        return Membership(
+            "the first batch of every epoch", True, slot_weights=weights, same_slot_every_epoch=True
+        )
 
     def epoch_order(self, epoch: int) -> Iterable[np.ndarray]:
         n, size = self.dataset_size, self.batch_size
@@ -133,22 +152,29 @@ class SequentialSampler(OrderedSampler):
 
 
 class PartialShuffleSampler(OrderedSampler):
-    """Known-bad: each window of ``buffer_size`` (K) consecutive examples shuffled separately, then batched."""
+    """Known-bad: each window of ``buffer_size`` (K) consecutive examples shuffled separately, then
+    batched."""
 
     name = "partial-shuffle"
-    description = "known-bad: shuffles only within windows of K consecutive examples (buffer bug, 002 §7.1)"
+    description = (
+        "known-bad: shuffles only within windows of K consecutive examples (buffer bug, 002 §7.1)"
+    )
     OPTIONS = ("last_batch", "buffer_size")
 
     def __init__(self, *, buffer_size: int, **options: Any) -> None:
         super().__init__(**options)
-        self.buffer_size = require_int("buffer_size", buffer_size, 1, what=" (the shuffle buffer K)")
+        self.buffer_size = require_int(
+            "buffer_size", buffer_size, 1, what=" (the shuffle buffer K)"
+        )
 
     def options(self) -> dict[str, Any]:
         return {**super().options(), "buffer_size": self.buffer_size}
 
     def membership(self) -> Membership | None:
         weights = self.slot_weights(min(self.buffer_size, self.dataset_size))
-        where = f"a uniform position among the first K = {self.buffer_size} of every epoch (002 §7.1)"
+        where = (
+            f"a uniform position among the first K = {self.buffer_size} of every epoch (002 §7.1)"
+        )
         return None if weights is None else Membership(where, True, slot_weights=weights)
 
     def epoch_order(self, epoch: int) -> Iterable[np.ndarray]:
@@ -159,13 +185,15 @@ class PartialShuffleSampler(OrderedSampler):
 
 
 class BatchThenShuffleSampler(OrderedSampler):
-    """Known-bad: batches cut in dataset order once; only the order of the batches is shuffled each epoch."""
+    """Known-bad: batches cut in dataset order once; only the order of the batches is shuffled each
+    epoch."""
 
     name = "batch-then-shuffle"
     description = "known-bad: fixed consecutive batches, only their order shuffled (002 §7.2)"
 
     def membership(self) -> Membership | None:
-        """The record's whole batch moves with it; closed form only where all batches have one size."""
+        """The record's whole batch moves with it; closed form only where all batches have one
+        size."""
         sizes = self.epoch_sizes()
         if len(set(sizes)) != 1:
             return None
@@ -180,4 +208,6 @@ class BatchThenShuffleSampler(OrderedSampler):
         order = self.random_stream(epoch).permutation(self.steps_per_epoch)
         for slot in order:
             lo = int(slot) * self.batch_size
-            yield real_batch(np.arange(lo, min(lo + self.batch_size, self.dataset_size), dtype=INDEX_DTYPE))
+            yield real_batch(
+                np.arange(lo, min(lo + self.batch_size, self.dataset_size), dtype=INDEX_DTYPE)
+            )

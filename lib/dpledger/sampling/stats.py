@@ -11,11 +11,12 @@ from dpledger.sampling.schedule import Schedule
 
 
 def schedule_stats(schedule: Schedule) -> dict[str, Any]:
-    """Flat (scalar-only) description of a schedule: sizes, batch-size moments, padding and coverage.
+    """Flat (scalar-only) description of a schedule: sizes, batch-size moments, padding and
+    coverage.
 
     ``truncated_examples`` counts (example, epoch) participations dropped by pad/truncate: every
-    example is in exactly one bin per epoch before truncation, so it is epochs·n minus the real rows.
-    ``examples_never_used`` counts examples that appear in no batch at all.
+    example is in exactly one bin per epoch before truncation, so it is epochs·n minus the real
+    rows. ``examples_never_used`` counts examples that appear in no batch at all.
     """
     sizes = schedule.batch_sizes()
     real_rows = int(sizes.sum())

@@ -1,11 +1,13 @@
-"""The debugging battery: every test on one trainer, with Holm's correction over the stochastic tests.
+"""The debugging battery: every test on one trainer, with Holm's correction over the stochastic
+tests.
 
-Family-wise error: the tests whose rejection signals a bug from a random sample (KS, noise scale, noise
-independence) are corrected together with Holm's step-down procedure, and a rejection must be confirmed
-by Holm on an independent replicate, so a correct trainer fails one of them with probability at most
-``significance`` (about ``significance``² with the confirmation). The σ = 0 tests (T1, T2, sensitivity, T3 control) are
-deterministic and use a floating-point tolerance; T3 passes by rejecting "slope = 0", which a correct
-trainer does with p ≈ 0 under common random numbers.
+Family-wise error: the tests whose rejection signals a bug from a random sample (KS, noise scale,
+noise independence) are corrected together with Holm's step-down procedure, and a rejection must be
+confirmed by Holm on an independent replicate, so a correct trainer fails one of them with
+probability at most ``significance`` (about ``significance``² with the confirmation). The σ = 0
+tests (T1, T2, sensitivity, T3 control) are deterministic and use a floating-point tolerance; T3
+passes by rejecting "slope = 0", which a correct trainer does with p ≈ 0 under common random
+numbers.
 """
 
 from __future__ import annotations
@@ -59,12 +61,22 @@ def run_battery(
     progress: bool = True,
     task: SyntheticTask | None = None,
 ) -> BatteryResult:
-    """Run every test on ``trainer`` (see :mod:`dpledger.verify.protocol`) and return the verdicts; ``task``
-    is the model and rows to train (default: the synthetic task of ``seed``, :func:`make_task`)."""
+    """Run every test on ``trainer`` (see :mod:`dpledger.verify.protocol`) and return the verdicts;
+    ``task`` is the model and rows to train (default: the synthetic task of ``seed``,
+    :func:`make_task`)."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer {optimizer!r} is not supported; use one of {OPTIMIZERS}")
     with _single_thread():
-        return _run(trainer, trainer_name, seed, optimizer, significance, config, progress, task or make_task(seed))
+        return _run(
+            trainer,
+            trainer_name,
+            seed,
+            optimizer,
+            significance,
+            config,
+            progress,
+            task or make_task(seed),
+        )
 
 
 @contextmanager
@@ -103,10 +115,16 @@ def _run(
     t1, c_star = step("T1", lambda: run_t1(runner, config, trainer_seed, significance))
     t2 = step("T2", lambda: run_t2(runner, config, trainer_seed, significance))
     sensitivity = step("sensitivity", lambda: run_sensitivity(runner, config, trainer_seed))
-    heuristics = step("σ heuristic", lambda: run_sigma_heuristic(runner, config, c_star, trainer_seed + 50))
-    t3, control = step("T3", lambda: run_t3(runner, config, heuristics, trainer_seed + 100, significance))
+    heuristics = step(
+        "σ heuristic", lambda: run_sigma_heuristic(runner, config, c_star, trainer_seed + 50)
+    )
+    t3, control = step(
+        "T3", lambda: run_t3(runner, config, heuristics, trainer_seed + 100, significance)
+    )
     if optimizer == "sgd":
-        noise_results = step("noise", lambda: _noise_family(runner, config, c_star, trainer_seed, significance))
+        noise_results = step(
+            "noise", lambda: _noise_family(runner, config, c_star, trainer_seed, significance)
+        )
     else:
         noise_results = skipped_noise_tests()
         bar.update()
@@ -136,7 +154,9 @@ def _run(
     )
 
 
-def _measure_noise_family(runner: Runner, config: BatteryConfig, c_star: float, seed: int) -> list[PendingResult]:
+def _measure_noise_family(
+    runner: Runner, config: BatteryConfig, c_star: float, seed: int
+) -> list[PendingResult]:
     ks, scale, one_step = run_noise_distribution(runner, config, c_star, seed + 200)
     independence = run_noise_independence(runner, config, c_star, one_step, seed + 300)
     return [ks, scale, independence]
@@ -145,14 +165,18 @@ def _measure_noise_family(runner: Runner, config: BatteryConfig, c_star: float, 
 def _noise_family(
     runner: Runner, config: BatteryConfig, c_star: float, seed: int, significance: float
 ) -> list[TestResult]:
-    """KS, noise scale and noise independence, decided by Holm and confirmed on an independent replicate.
+    """KS, noise scale and noise independence, decided by Holm and confirmed on an independent
+    replicate.
 
-    A test that Holm rejects is measured again with fresh seeds and fails only if Holm rejects the replicate
-    too: a correct trainer then fails with probability about ``significance``², while a real bug (p ≈ 0 in
-    both) still fails. The replicate costs steps only when a first-stage test rejects.
+    A test that Holm rejects is measured again with fresh seeds and fails only if Holm rejects the
+    replicate too: a correct trainer then fails with probability about ``significance``², while a
+    real bug (p ≈ 0 in both) still fails. The replicate costs steps only when a first-stage test
+    rejects.
     """
     first = _measure_noise_family(runner, config, c_star, seed)
-    first_rejected = holm_thresholds({result.name: result.p_value for result in first}, significance)
+    first_rejected = holm_thresholds(
+        {result.name: result.p_value for result in first}, significance
+    )
     if not any(first_rejected.values()):
         return [result.finish(passed=True) for result in first]
     steps_before = runner.steps_used
@@ -165,14 +189,17 @@ def _noise_family(
         failed = rejected and confirmed[stage_one.name]
         finished = (stage_one if failed or not rejected else stage_two).finish(passed=not failed)
         note = (
-            f" (a first sample gave p = {stage_one.p_value:.3g}; an independent replicate did not confirm it)"
+            f" (a first sample gave p = {stage_one.p_value:.3g}; an independent replicate did not "
+            "confirm it)"
             if rejected and not failed
             else ""
         )
         results.append(
             dataclasses.replace(
                 finished,
-                p_value=max(stage_one.p_value, stage_two.p_value) if rejected else stage_one.p_value,
+                p_value=max(stage_one.p_value, stage_two.p_value)
+                if rejected
+                else stage_one.p_value,
                 diagnosis=finished.diagnosis + note,
                 steps=stage_one.steps + stage_two.steps,
                 details={

@@ -1,4 +1,5 @@
-"""Clipping tests (σ = 0, deterministic): the paper's T1 and T2, and the per-example sensitivity bound."""
+"""Clipping tests (σ = 0, deterministic): the paper's T1 and T2, and the per-example sensitivity
+bound."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ fraction."""
 LINEARITY_SHRINKS = 3
 """T1/T2: the probe's step is shrunk tenfold at most this many times (to 0.01 % of its loss)."""
 SENSITIVITY_TOLERANCE = 1e-3
-"""Relative slack for the sensitivity bound: float32 rounding, far below any clipping bug's excess."""
+"""Relative slack for the sensitivity bound: float32 rounding, far below any clipping bug's
+excess."""
 
 T1 = Check(
     "t1_no_clipping",
@@ -73,8 +75,11 @@ def probe_first_order_error(task: SyntheticTask, length: float) -> float:
     return abs(change + first_order) / first_order
 
 
-def run_t1(runner: Runner, config: BatteryConfig, seed: int, significance: float) -> tuple[TestResult, float]:
-    """T1 (000 §3.1): one step on the probe alone (B = 1, σ = 0) for C on a log grid; returns (result, C*)."""
+def run_t1(
+    runner: Runner, config: BatteryConfig, seed: int, significance: float
+) -> tuple[TestResult, float]:
+    """T1 (000 §3.1): one step on the probe alone (B = 1, σ = 0) for C on a log grid; returns
+    (result, C*)."""
     task = runner.task
     low, high = np.log10(config.t1_grid_span)
     grid = task.probe_norm * np.logspace(low, high, config.t1_grid_size)
@@ -104,16 +109,19 @@ def run_t1(runner: Runner, config: BatteryConfig, seed: int, significance: float
     c_star = float(grid[plateau])
     if passed:
         diagnosis = (
-            f"the loss change depends on C below C* = {c_star:.3g} (probe gradient norm {task.probe_norm:.3g}) "
+            f"the loss change depends on C below C* = {c_star:.3g} (probe gradient norm "
+            f"{task.probe_norm:.3g}) "
             "and is constant above: gradients are clipped"
         )
     elif varies:
         diagnosis = (
-            "the loss change varies with C but not as clipping predicts (ΔL not monotone in C below the plateau)"
+            "the loss change varies with C but not as clipping predicts (ΔL not monotone "
+            "in C below the plateau)"
         )
     else:
         diagnosis = (
-            "the loss change is the same for every C (σ = 0, B = 1): gradients are not clipped, so one "
+            "the loss change is the same for every C (σ = 0, B = 1): gradients are not clipped, so "
+            "one "
             "example's influence is unbounded and no ε holds"
         )
     figure = Figure(
@@ -122,7 +130,9 @@ def run_t1(runner: Runner, config: BatteryConfig, seed: int, significance: float
         ylabel="ΔL on the probe",
         curves=(
             Curve("trainer under test", tuple(grid), tuple(changes)),
-            Curve("C* (plateau start)", (c_star, c_star), (float(changes.min()), float(changes.max()))),
+            Curve(
+                "C* (plateau start)", (c_star, c_star), (float(changes.min()), float(changes.max()))
+            ),
         ),
         log_x=True,
     )
@@ -136,7 +146,8 @@ def run_t1(runner: Runner, config: BatteryConfig, seed: int, significance: float
             "loss_changes": changes.tolist(),
             "c_star": c_star,
             "lr": lr,
-            "decision": "pass iff ΔL is not flat below the plateau (SGD: and the slope's p < the significance)",
+            "decision": "pass iff ΔL is not flat below the plateau (SGD: and the slope's p < the "
+            "significance)",
         },
         figure=figure,
     )
@@ -144,7 +155,8 @@ def run_t1(runner: Runner, config: BatteryConfig, seed: int, significance: float
 
 
 def run_t2(runner: Runner, config: BatteryConfig, seed: int, significance: float) -> TestResult:
-    """T2 (000 §3.1, App. A): B − 1 zero-gradient rows plus the probe, σ = 0, C ≪ ‖g‖/max B; ΔL vs B."""
+    """T2 (000 §3.1, App. A): B − 1 zero-gradient rows plus the probe, σ = 0, C ≪ ‖g‖/max B; ΔL vs
+    B."""
     task = runner.task
     batch_sizes = np.array(config.t2_batch_sizes)
     clip_norm = task.probe_norm / (4.0 * batch_sizes.max())
@@ -172,7 +184,10 @@ def run_t2(runner: Runner, config: BatteryConfig, seed: int, significance: float
     test = slope_test(1.0 / batch_sizes, changes)
     passed = not test.flat and (runner.optimizer == "adam" or test.p_value < significance)
     if passed:
-        diagnosis = "the loss change shrinks with B as per-example clipping predicts (update ∝ C/B, 000 Eq. 6)"
+        diagnosis = (
+            "the loss change shrinks with B as per-example clipping predicts (update ∝ "
+            "C/B, 000 Eq. 6)"
+        )
     elif test.flat:
         diagnosis = (
             "the loss change does not depend on B: clipping happens after averaging (mini-batch "
@@ -199,7 +214,9 @@ def run_t2(runner: Runner, config: BatteryConfig, seed: int, significance: float
             title="T2: loss change vs batch size (σ = 0)",
             xlabel="batch size B",
             ylabel="ΔL on the probe",
-            curves=(Curve("trainer under test", tuple(float(b) for b in batch_sizes), tuple(changes)),),
+            curves=(
+                Curve("trainer under test", tuple(float(b) for b in batch_sizes), tuple(changes)),
+            ),
         ),
     )
 
@@ -207,10 +224,11 @@ def run_t2(runner: Runner, config: BatteryConfig, seed: int, significance: float
 def _sensitivity_contexts(
     runner: Runner, batch_size: int
 ) -> list[tuple[str, torch.Tensor, torch.Tensor, int, torch.Tensor]]:
-    """Batches with the probe at some row: (label, inputs, targets, probe row, neighbour's inputs); the neighbour
-    zeroes that row's weight. In the last context the neighbour's row also holds another input: a zero-weight
-    row contributes nothing whatever its input, unless the model mixes the batch (e.g. subtracts the batch mean
-    before its first layer), where the other rows' gradients change with it and the ratio exceeds 1."""
+    """Batches with the probe at some row: (label, inputs, targets, probe row, neighbour's inputs);
+    the neighbour zeroes that row's weight. In the last context the neighbour's row also holds
+    another input: a zero-weight row contributes nothing whatever its input, unless the model mixes
+    the batch (e.g. subtracts the batch mean before its first layer), where the other rows'
+    gradients change with it and the ratio exceeds 1."""
     task = runner.task
     ordinary_inputs, ordinary_targets = task.ordinary_rows(0, batch_size)
     zero_inputs, zero_targets = task.zero_rows(batch_size)
@@ -220,7 +238,13 @@ def _sensitivity_contexts(
         (f"B={batch_size}, ordinary rows", ordinary_inputs, ordinary_targets, 0, False),
         (f"B={batch_size}, zero-gradient rows", zero_inputs, zero_targets, batch_size // 2, False),
         ("B=1", zero_inputs[:1], zero_targets[:1], 0, False),
-        (f"B={batch_size}, ordinary rows, neighbour's input replaced", ordinary_inputs, ordinary_targets, 0, True),
+        (
+            f"B={batch_size}, ordinary rows, neighbour's input replaced",
+            ordinary_inputs,
+            ordinary_targets,
+            0,
+            True,
+        ),
     ):
         inputs, targets = inputs.clone(), targets.clone()
         inputs[row], targets[row] = task.probe_input[0], task.probe_target[0]
@@ -232,20 +256,28 @@ def _sensitivity_contexts(
 
 
 def run_sensitivity(runner: Runner, config: BatteryConfig, seed: int) -> TestResult:
-    """Beyond the paper: with σ = 0 one example may move an SGD model by at most η·C/B (zero-out neighbours).
+    """Beyond the paper: with σ = 0 one example may move an SGD model by at most η·C/B (zero-out
+    neighbours).
 
-    The probe's gradient is far above C, so a correct trainer moves the model by exactly η·C/B; any clipping
-    bug (none, after averaging, per tensor, wrong threshold, missing 1/B) shows as a ratio above 1.
+    The probe's gradient is far above C, so a correct trainer moves the model by exactly η·C/B; any
+    clipping bug (none, after averaging, per tensor, wrong threshold, missing 1/B) shows as a ratio
+    above 1.
     """
     task = runner.task
     if runner.optimizer == "adam":
-        return skipped_result(SENSITIVITY.name, "Adam normalises its update, so no η·C/B bound exists (000 App. E)")
+        return skipped_result(
+            SENSITIVITY.name, "Adam normalises its update, so no η·C/B bound exists (000 App. E)"
+        )
     clip_norm = float(torch.median(task.ordinary_norms))
     lr = 0.05
     steps_before = runner.steps_used
     labels, ratios = [], []
-    for label, inputs, targets, row, neighbour_inputs in _sensitivity_contexts(runner, config.sensitivity_batch_size):
-        settings = dict(clip_norm=clip_norm, noise_multiplier=0.0, batch_size=inputs.shape[0], lr=lr, seed=seed)
+    for label, inputs, targets, row, neighbour_inputs in _sensitivity_contexts(
+        runner, config.sensitivity_batch_size
+    ):
+        settings = dict(
+            clip_norm=clip_norm, noise_multiplier=0.0, batch_size=inputs.shape[0], lr=lr, seed=seed
+        )
         with_probe = runner.parameters_after(inputs, targets, **settings)
         neighbour_targets = targets.clone()
         neighbour_targets[row] = 0.0
@@ -258,20 +290,26 @@ def run_sensitivity(runner: Runner, config: BatteryConfig, seed: int) -> TestRes
     passed = ratio <= 1.0 + SENSITIVITY_TOLERANCE
     if passed:
         diagnosis = (
-            f"one example moves the model by at most {ratio:.4g}× η·C/B: per-example sensitivity is bounded by C"
+            f"one example moves the model by at most {ratio:.4g}× η·C/B: per-example "
+            "sensitivity is bounded by C"
         )
         if ratio < 1.0 - SENSITIVITY_TOLERANCE:
-            diagnosis += " (less than the bound: clipped to less than C or over-normalised, so accuracy is lost)"
+            diagnosis += (
+                " (less than the bound: clipped to less than C or over-normalised, so "
+                "accuracy is lost)"
+            )
     else:
         cause = (
             "the update is not divided by B, or clipping happens after averaging"
             if abs(ratio - config.sensitivity_batch_size) < 0.05 * config.sensitivity_batch_size
-            else "the model mixes the examples of a batch, so one example moves the others' gradients"
+            else "the model mixes the examples of a batch, so one example moves the others' "
+            "gradients"
             if "input replaced" in labels[worst]
             else "clipping does not bound each example's gradient norm by C"
         )
         diagnosis = (
-            f"one example moves the model by {ratio:.4g}× the bound η·C/B ({labels[worst]}): {cause}; "
+            f"one example moves the model by {ratio:.4g}× the bound η·C/B ({labels[worst]}): "
+            f"{cause}; "
             f"the true sensitivity is {ratio:.3g}× the one the accountant assumes"
         )
     return SENSITIVITY.deterministic(
@@ -282,5 +320,7 @@ def run_sensitivity(runner: Runner, config: BatteryConfig, seed: int) -> TestRes
         note=" (σ = 0)",
         diagnosis=diagnosis,
         steps=runner.steps_used - steps_before,
-        figure=ratio_figure("Sensitivity: influence of one example / (η·C/B)", "context", "ratio", ratios, "bound"),
+        figure=ratio_figure(
+            "Sensitivity: influence of one example / (η·C/B)", "context", "ratio", ratios, "bound"
+        ),
     )

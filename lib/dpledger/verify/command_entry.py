@@ -1,11 +1,12 @@
 """Wrap a protocol trainer as an external command, to test the command template end to end.
 
-    python -m dpledger.verify.command_entry --trainer reference --init {init} --data {data} --out {out} \\
+    python -m dpledger.verify.command_entry --trainer reference --init {init} --data {data} --out
+    {out} \\
         --clip-norm {clip_norm} --noise-multiplier {noise_multiplier} --batch-size {batch_size} \\
         --steps {steps} --lr {lr} --seed {seed}
 
-It does what any training script under test must do: rebuild the model from ``{init}``, read the rows and
-the loss from ``{data}``, train, and save the final ``state_dict`` to ``{out}``.
+It does what any training script under test must do: rebuild the model from ``{init}``, read the
+rows and the loss from ``{data}``, train, and save the final ``state_dict`` to ``{out}``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ LOSSES = {"weighted_half_mse": weighted_half_mse}
 
 
 def mlp_from_state(state: dict[str, torch.Tensor]) -> nn.Module:
-    """``Sequential(Linear, Tanh, Linear)`` with the sizes of ``state`` (the battery's model), loaded."""
+    """``Sequential(Linear, Tanh, Linear)`` with the sizes of ``state`` (the battery's model),
+    loaded."""
     hidden, inputs = state["0.weight"].shape
     outputs = state["2.weight"].shape[0]
     model = nn.Sequential(nn.Linear(inputs, hidden), nn.Tanh(), nn.Linear(hidden, outputs))

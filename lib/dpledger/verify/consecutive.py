@@ -27,8 +27,8 @@ def consecutive_indices(step: int, batch_size: int, dataset_size: int) -> np.nda
 def consecutive_batches(
     inputs: Tensor, targets: Tensor, batch_size: int, steps: int
 ) -> Iterator[tuple[Tensor, Tensor]]:
-    """The protocol's batches: ``(inputs[rows], targets[rows])`` for step t = 0 … steps − 1, rows as in
-    :func:`consecutive_indices` (no sampling, so runs differ only in the noise)."""
+    """The protocol's batches: ``(inputs[rows], targets[rows])`` for step t = 0 … steps − 1, rows as
+    in :func:`consecutive_indices` (no sampling, so runs differ only in the noise)."""
     for step in range(steps):
         rows = consecutive_indices(step, batch_size, inputs.shape[0])
         yield inputs[rows], targets[rows]
@@ -44,8 +44,8 @@ Trainer = Callable[..., None]
 
 @dataclass(frozen=True)
 class ConsecutiveRun:
-    """The settings of one protocol run: clipping norm C, noise multiplier σ, batch size B, steps, learning
-    rate, noise seed and optimizer name."""
+    """The settings of one protocol run: clipping norm C, noise multiplier σ, batch size B, steps,
+    learning rate, noise seed and optimizer name."""
 
     clip_norm: float
     noise_multiplier: float
@@ -57,10 +57,11 @@ class ConsecutiveRun:
 
 
 def protocol_trainer(body: Callable[..., None]) -> Callable[..., None]:
-    """Give ``body(model, inputs, targets, loss_fn, run, **options)`` the keyword signature of the verify
-    protocol (:mod:`dpledger.verify.protocol`): ``train(model, inputs, targets, *, loss_fn, clip_norm,
-    noise_multiplier, batch_size, steps, lr, seed, optimizer="sgd", **options)``, the settings gathered into
-    a :class:`ConsecutiveRun`. The signature is real (no ``__wrapped__``), so it can be inspected."""
+    """Give ``body(model, inputs, targets, loss_fn, run, **options)`` the keyword signature of the
+    verify protocol (:mod:`dpledger.verify.protocol`): ``train(model, inputs, targets, *, loss_fn,
+    clip_norm, noise_multiplier, batch_size, steps, lr, seed, optimizer="sgd", **options)``, the
+    settings gathered into a :class:`ConsecutiveRun`. The signature is real (no ``__wrapped__``), so
+    it can be inspected."""
 
     def train(
         model: nn.Module,
@@ -87,15 +88,23 @@ def protocol_trainer(body: Callable[..., None]) -> Callable[..., None]:
 
 @protocol_trainer
 def train_consecutive(
-    model: nn.Module, inputs: Tensor, targets: Tensor, loss_fn: LossFn, run: ConsecutiveRun, reference: bool = False
+    model: nn.Module,
+    inputs: Tensor,
+    targets: Tensor,
+    loss_fn: LossFn,
+    run: ConsecutiveRun,
+    reference: bool = False,
 ) -> None:
-    """Train ``model`` in place with DP-SGD (the BK engine; ``reference=True``: the per-example reference).
+    """Train ``model`` in place with DP-SGD (the BK engine; ``reference=True``: the per-example
+    reference).
 
     ``loss_fn(outputs, targets)`` returns per-example losses; each step's update is
     lr · (Σ clipped per-example gradients + σ·C·N(0, I)) / batch_size, noise seeded by ``seed``.
     """
     model.train()
-    torch_optimizer = make_optimizer(run.optimizer, [p for p in model.parameters() if p.requires_grad], run.lr)
+    torch_optimizer = make_optimizer(
+        run.optimizer, [p for p in model.parameters() if p.requires_grad], run.lr
+    )
     settings = {
         "clip_norm": run.clip_norm,
         "noise_multiplier": run.noise_multiplier,
@@ -109,7 +118,9 @@ def train_consecutive(
             trainer.step(batch_inputs, batch_targets)
         return
     engine = BKEngine(model, torch_optimizer, **settings)
-    state = state_snapshot(model, torch_optimizer)  # a model changing its own state is refused (validators)
+    state = state_snapshot(
+        model, torch_optimizer
+    )  # a model changing its own state is refused (validators)
     try:
         for batch_inputs, batch_targets in batches:
             engine.private_step(loss_fn(model(batch_inputs), batch_targets))

@@ -1,17 +1,21 @@
-"""The engine's data-parallel path as a protocol trainer (``verify.trainer: distributed``), and two wrong builds of it.
+"""The engine's data-parallel path as a protocol trainer (``verify.trainer: distributed``), and two
+wrong builds of it.
 
-:func:`train` runs the protocol's DP-SGD (consecutive batches, see :mod:`dpledger.verify.protocol`) on
-:data:`WORLD_SIZE` ranks of a ``gloo`` process group: each rank takes its contiguous share of every batch
-(``dpledger.engine.distributed.share_bounds``; a batch of one row leaves a rank empty), runs a
-``BKEngine(process_group=...)`` on it, and the ranks all-reduce once per step. So the battery tests what a
-multi-process run computes — a per-rank noise or clipping bug fails it like any other trainer's.
+:func:`train` runs the protocol's DP-SGD (consecutive batches, see :mod:`dpledger.verify.protocol`)
+on :data:`WORLD_SIZE` ranks of a ``gloo`` process group: each rank takes its contiguous share of
+every batch (``dpledger.engine.distributed.share_bounds``; a batch of one row leaves a rank empty),
+runs a ``BKEngine(process_group=...)`` on it, and the ranks all-reduce once per step. So the battery
+tests what a multi-process run computes — a per-rank noise or clipping bug fails it like any other
+trainer's.
 
-The ranks are spawned once and kept for the whole battery (each call ships the model and rows to them and
-takes rank 0's trained state back); every rank's final parameters must be equal, or the call fails.
+The ranks are spawned once and kept for the whole battery (each call ships the model and rows to
+them and takes rank 0's trained state back); every rank's final parameters must be equal, or the
+call fails.
 
-Two deliberately wrong builds, which the battery must catch (tests/test_distributed_verify.py), show it can:
-:func:`train_noise_on_every_rank` (every rank adds σ·C·z_t, so the sum holds √N times the noise) and
-:func:`train_clipping_after_all_reduce` (the ranks sum unclipped gradients and the sum is clipped).
+Two deliberately wrong builds, which the battery must catch (tests/test_distributed_verify.py), show
+it can: :func:`train_noise_on_every_rank` (every rank adds σ·C·z_t, so the sum holds √N times the
+noise) and :func:`train_clipping_after_all_reduce` (the ranks sum unclipped gradients and the sum is
+clipped).
 """
 
 from __future__ import annotations
@@ -40,12 +44,14 @@ from dpledger.verify.errors import TrainerError
 
 WORLD_SIZE = 2
 CALL_TIMEOUT_S = 120.0
-"""A call whose ranks have not all answered by then fails (a hung or dead rank), instead of waiting forever."""
+"""A call whose ranks have not all answered by then fails (a hung or dead rank), instead of waiting
+forever."""
 FLAWS = ("none", "noise_on_every_rank", "clipping_after_all_reduce")
 
 
 class _NoiseOnEveryRank(GroupSum):
-    """Wrong: every rank's buffer starts with the noise, so the all-reduced sum has N noise draws."""
+    """Wrong: every rank's buffer starts with the noise, so the all-reduced sum has N noise
+    draws."""
 
     @property
     def adds_noise(self) -> bool:
@@ -53,9 +59,12 @@ class _NoiseOnEveryRank(GroupSum):
 
 
 class _ClipAfterAllReduce(GroupSum):
-    """Wrong: the ranks' unclipped sums are all-reduced, then the total is clipped to C and the noise added."""
+    """Wrong: the ranks' unclipped sums are all-reduced, then the total is clipped to C and the
+    noise added."""
 
-    def __init__(self, clip_norm: float, noise_multiplier: float, normalizer: float, noise: NoiseSource) -> None:
+    def __init__(
+        self, clip_norm: float, noise_multiplier: float, normalizer: float, noise: NoiseSource
+    ) -> None:
         super().__init__(dist.group.WORLD)
         self.clip_norm, self.noise_multiplier, self.normalizer, self.noise = (
             clip_norm,
@@ -69,15 +78,20 @@ class _ClipAfterAllReduce(GroupSum):
         super().all_reduce(buffer)
         norm = float(buffer.norm()) * self.normalizer
         buffer.mul_(min(1.0, self.clip_norm / max(norm, 1e-12)))
-        buffer.add_(self.noise.draw(self.step), alpha=self.noise_multiplier * self.clip_norm / self.normalizer)
+        buffer.add_(
+            self.noise.draw(self.step),
+            alpha=self.noise_multiplier * self.clip_norm / self.normalizer,
+        )
         self.step += 1
 
 
 class _UnclippedEngine(BKEngine):
-    """Per-example factors 1 / normalizer (0 for weight-0 and non-finite rows, which ``dropped`` marks): the
-    clipping is left to :class:`_ClipAfterAllReduce`."""
+    """Per-example factors 1 / normalizer (0 for weight-0 and non-finite rows, which ``dropped``
+    marks): the clipping is left to :class:`_ClipAfterAllReduce`."""
 
-    def _factors(self, norm_sq: dict[int, Tensor], flat: Tensor, dropped: Tensor) -> dict[int, Tensor]:
+    def _factors(
+        self, norm_sq: dict[int, Tensor], flat: Tensor, dropped: Tensor
+    ) -> dict[int, Tensor]:
         return dict.fromkeys(self._owners, (~dropped).to(flat.dtype) / self.normalizer)
 
 
@@ -94,10 +108,18 @@ def _engine(
     settings = dict(clip_norm=clip_norm, normalizer=batch_size, seed=seed)
     if flaw == "clipping_after_all_reduce":
         numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        reducer = _ClipAfterAllReduce(clip_norm, noise_multiplier, batch_size, NoiseSource(numel, seed=seed))
-        return _UnclippedEngine(model, optimizer, noise_multiplier=0.0, process_group=reducer, **settings)
-    group = _NoiseOnEveryRank(dist.group.WORLD) if flaw == "noise_on_every_rank" else dist.group.WORLD
-    return BKEngine(model, optimizer, noise_multiplier=noise_multiplier, process_group=group, **settings)
+        reducer = _ClipAfterAllReduce(
+            clip_norm, noise_multiplier, batch_size, NoiseSource(numel, seed=seed)
+        )
+        return _UnclippedEngine(
+            model, optimizer, noise_multiplier=0.0, process_group=reducer, **settings
+        )
+    group = (
+        _NoiseOnEveryRank(dist.group.WORLD) if flaw == "noise_on_every_rank" else dist.group.WORLD
+    )
+    return BKEngine(
+        model, optimizer, noise_multiplier=noise_multiplier, process_group=group, **settings
+    )
 
 
 def _train_share(
@@ -111,9 +133,12 @@ def _train_share(
     run: ConsecutiveRun,
     flaw: str,
 ) -> nn.Module:
-    """One rank's part of the protocol run: its share of every consecutive batch, the engine all-reducing."""
+    """One rank's part of the protocol run: its share of every consecutive batch, the engine
+    all-reducing."""
     model.train()
-    torch_optimizer = make_optimizer(run.optimizer, [p for p in model.parameters() if p.requires_grad], run.lr)
+    torch_optimizer = make_optimizer(
+        run.optimizer, [p for p in model.parameters() if p.requires_grad], run.lr
+    )
     engine = _engine(
         flaw,
         model,
@@ -150,21 +175,28 @@ def _serve(rank: int, world_size: int, init_method: str, jobs: Any, results: Any
     """A pool rank: join the gloo group, then train every job it is sent until it gets None."""
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=CALL_TIMEOUT_S)
+        "gloo",
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=CALL_TIMEOUT_S),
     )
     try:
         while (payload := jobs.get()) is not None:
             try:
                 model = _train_share(rank, world_size, **_from_bytes(payload))
                 results.put((rank, None, _to_bytes(model.state_dict())))
-            except Exception as error:  # reported to the caller in one line, which then closes the pool
+            except (
+                Exception
+            ) as error:  # reported to the caller in one line, which then closes the pool
                 results.put((rank, f"{type(error).__name__}: {error}".splitlines()[0], None))
     finally:
         dist.destroy_process_group()
 
 
 class RankPool:
-    """``world_size`` spawned gloo ranks that train protocol jobs; closed at exit or on the first failure."""
+    """``world_size`` spawned gloo ranks that train protocol jobs; closed at exit or on the first
+    failure."""
 
     def __init__(self, world_size: int = WORLD_SIZE) -> None:
         context = mp.get_context("spawn")
@@ -175,7 +207,9 @@ class RankPool:
         self.results = context.Queue()
         self.processes = [
             context.Process(
-                target=_serve, args=(rank, world_size, init_method, self.jobs[rank], self.results), daemon=True
+                target=_serve,
+                args=(rank, world_size, init_method, self.jobs[rank], self.results),
+                daemon=True,
             )
             for rank in range(world_size)
         ]
@@ -194,14 +228,17 @@ class RankPool:
             except queue.Empty:
                 dead = [rank for rank, p in enumerate(self.processes) if not p.is_alive()]
                 raise TrainerError(
-                    f"distributed trainer: no answer within {CALL_TIMEOUT_S:.0f} s (dead ranks: {dead})"
+                    f"distributed trainer: no answer within {CALL_TIMEOUT_S:.0f} s (dead ranks: "
+                    f"{dead})"
                 ) from None
             if error is not None:
                 raise TrainerError(f"distributed trainer: rank {rank} failed: {error}")
             states[rank] = _from_bytes(state)
         for rank in range(1, self.world_size):
             if any(not torch.equal(states[0][name], states[rank][name]) for name in states[0]):
-                raise TrainerError(f"distributed trainer: rank {rank} ended with other parameters than rank 0")
+                raise TrainerError(
+                    f"distributed trainer: rank {rank} ended with other parameters than rank 0"
+                )
         return states[0]
 
     def close(self) -> None:
@@ -243,7 +280,8 @@ def train(
     run: ConsecutiveRun,
     flaw: str = "none",
 ) -> None:
-    """The protocol trainer on :data:`WORLD_SIZE` gloo ranks (see the module docstring); trains ``model`` in place."""
+    """The protocol trainer on :data:`WORLD_SIZE` gloo ranks (see the module docstring); trains
+    ``model`` in place."""
     if flaw not in FLAWS:
         raise ValueError(f"flaw {flaw!r} is unknown; use one of {FLAWS}")
     job = dict(model=model, inputs=inputs, targets=targets, loss_fn=loss_fn, run=run, flaw=flaw)

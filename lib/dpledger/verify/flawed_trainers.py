@@ -1,8 +1,9 @@
 """The zoo (``zoo:NAME``): deliberately flawed trainers, each the verify stage's reference trainer
 (:mod:`dpledger.verify.functorch_trainer`) with one flaw, and the tests meant to catch it.
 
-It lives in the library (not only in tests) so that ``dpledger verify --self-check`` can show, on the
-user's own machine and torch version, that the battery flags every known bug and passes correct trainers.
+It lives in the library (not only in tests) so that ``dpledger verify --self-check`` can show, on
+the user's own machine and torch version, that the battery flags every known bug and passes correct
+trainers.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ class ZooMember:
 
 ZOO = {
     "no_clipping": ZooMember(
-        Flaws(clipping="none"), "per-example gradients are never clipped", ("t1_no_clipping", "sensitivity")
+        Flaws(clipping="none"),
+        "per-example gradients are never clipped",
+        ("t1_no_clipping", "sensitivity"),
     ),
     "mini_batch_clipping": ZooMember(
         Flaws(clipping="mini_batch"),
@@ -40,7 +43,9 @@ ZOO = {
         ("sensitivity",),
     ),
     "uncalibrated_noise": ZooMember(
-        Flaws(noise_std="uncalibrated"), "noise std σ instead of σ·C", ("t3_noise_calibration", "noise_scale")
+        Flaws(noise_std="uncalibrated"),
+        "noise std σ instead of σ·C",
+        ("t3_noise_calibration", "noise_scale"),
     ),
     "noise_divided_twice": ZooMember(
         Flaws(noise_std="divided_twice"),
@@ -51,10 +56,14 @@ ZOO = {
         Flaws(noise_seed="fixed"), "the noise generator ignores the seed", ("t3_noise_calibration",)
     ),
     "noise_reused_every_step": ZooMember(
-        Flaws(noise_steps="reused"), "the same noise vector is added at every step", ("noise_independence",)
+        Flaws(noise_steps="reused"),
+        "the same noise vector is added at every step",
+        ("noise_independence",),
     ),
     "noise_first_step_only": ZooMember(
-        Flaws(noise_steps="first_step_only"), "noise is added at the first step only", ("noise_independence",)
+        Flaws(noise_steps="first_step_only"),
+        "noise is added at the first step only",
+        ("noise_independence",),
     ),
 }
 """The zoo by trainer name (``zoo:<name>`` on the command line)."""

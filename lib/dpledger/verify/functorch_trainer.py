@@ -30,7 +30,8 @@ class Flaws:
     """Which bugs to reproduce; every field's first value is the correct behaviour."""
 
     clipping: Literal["per_example", "none", "mini_batch", "per_tensor"] = "per_example"
-    """per_tensor: each parameter tensor of an example clipped to C on its own (total norm up to C·√tensors)."""
+    """per_tensor: each parameter tensor of an example clipped to C on its own (total norm up to
+    C·√tensors)."""
     noise_std: Literal["calibrated", "uncalibrated", "divided_twice"] = "calibrated"
     """Noise std on the clipped sum: σC (correct), σ, or σC/B (then divided by B again)."""
     noise_seed: Literal["per_run", "fixed"] = "per_run"
@@ -43,10 +44,14 @@ CORRECT = Flaws()
 
 
 def _clip_factors(norms: torch.Tensor, clip_norm: float) -> torch.Tensor:
-    return torch.where(norms > clip_norm, clip_norm / norms.clamp_min(1e-30), torch.ones_like(norms))
+    return torch.where(
+        norms > clip_norm, clip_norm / norms.clamp_min(1e-30), torch.ones_like(norms)
+    )
 
 
-def _clipped_sum(grads: dict[str, torch.Tensor], clip_norm: float, clipping: str) -> dict[str, torch.Tensor]:
+def _clipped_sum(
+    grads: dict[str, torch.Tensor], clip_norm: float, clipping: str
+) -> dict[str, torch.Tensor]:
     """Σ_b of the per-example gradients after the chosen clipping (000 Eq. 2)."""
     batch = next(iter(grads.values())).shape[0]
     if clipping == "per_example":
@@ -55,7 +60,9 @@ def _clipped_sum(grads: dict[str, torch.Tensor], clip_norm: float, clipping: str
         return {name: torch.einsum("b,b...->...", factors, g) for name, g in grads.items()}
     if clipping == "per_tensor":
         return {
-            name: torch.einsum("b,b...->...", _clip_factors(g.reshape(batch, -1).norm(dim=1), clip_norm), g)
+            name: torch.einsum(
+                "b,b...->...", _clip_factors(g.reshape(batch, -1).norm(dim=1), clip_norm), g
+            )
             for name, g in grads.items()
         }
     summed = {name: g.sum(dim=0) for name, g in grads.items()}
@@ -91,9 +98,12 @@ def train_with_flaws(
     run: ConsecutiveRun,
     flaws: Flaws = CORRECT,
 ) -> None:
-    """DP-SGD on consecutive batches (the protocol of :mod:`dpledger.verify.protocol`), with ``flaws``."""
+    """DP-SGD on consecutive batches (the protocol of :mod:`dpledger.verify.protocol`), with
+    ``flaws``."""
 
-    def example_loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def example_loss(
+        params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
         return loss_fn(functional_call(model, params, (x.unsqueeze(0),)), y.unsqueeze(0)).sum()
 
     per_example_grads = vmap(grad(example_loss), in_dims=(None, 0, 0))
@@ -107,7 +117,9 @@ def train_with_flaws(
         consecutive_batches(inputs, targets, run.batch_size, run.steps)
     ):
         params = {name: p.detach() for name, p in trainable.items()}
-        summed = _clipped_sum(per_example_grads(params, batch_inputs, batch_targets), run.clip_norm, flaws.clipping)
+        summed = _clipped_sum(
+            per_example_grads(params, batch_inputs, batch_targets), run.clip_norm, flaws.clipping
+        )
         if flaws.noise_steps == "reused":
             generator.manual_seed(noise_seed)
         add_noise = std > 0 and not (flaws.noise_steps == "first_step_only" and step > 0)

@@ -23,7 +23,8 @@ class Heuristics:
 
 
 def plateau_start(values: np.ndarray, relative_tolerance: float = FLAT_RELATIVE_TOLERANCE) -> int:
-    """Smallest index k such that every value from k on equals the last one (up to rounding): App. B step 3."""
+    """Smallest index k such that every value from k on equals the last one (up to rounding): App. B
+    step 3."""
     values = np.asarray(values, dtype=np.float64)
     tolerance = relative_tolerance * max(float(np.max(np.abs(values))), 1e-300)
     start = len(values) - 1
@@ -39,7 +40,8 @@ def noise_onset(
     scale: float | None = None,
     relative_tolerance: float = FLAT_RELATIVE_TOLERANCE,
 ) -> float | None:
-    """Smallest σ_i such that the value differs from the σ = 0 one for it and every larger σ (App. B, σ step 3).
+    """Smallest σ_i such that the value differs from the σ = 0 one for it and every larger σ (App.
+    B, σ step 3).
 
     A difference counts when it exceeds ``relative_tolerance`` × ``scale`` (default: |noiseless|).
     """

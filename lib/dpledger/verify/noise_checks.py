@@ -1,8 +1,9 @@
-"""Noise tests: the paper's σ heuristic, T3 with its σ = 0 control, the KS test, and two tests beyond the paper.
+"""Noise tests: the paper's σ heuristic, T3 with its σ = 0 control, the KS test, and two tests
+beyond the paper.
 
-Noisy runs of the same test share their data, initial model and hyper-parameters and differ only in the
-trainer's ``seed``; the same seeds are reused for every C (common random numbers), so a trainer whose noise
-ignores C gives exactly equal distances at every C.
+Noisy runs of the same test share their data, initial model and hyper-parameters and differ only in
+the trainer's ``seed``; the same seeds are reused for every C (common random numbers), so a trainer
+whose noise ignores C gives exactly equal distances at every C.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ import numpy as np
 import torch
 
 from dpledger.verify.heuristics import Heuristics, noise_onset
-from dpledger.verify.result import Check, Curve, Figure, PendingResult, TestResult, ratio_figure, skipped_result
+from dpledger.verify.result import (
+    Check,
+    Curve,
+    Figure,
+    PendingResult,
+    TestResult,
+    ratio_figure,
+    skipped_result,
+)
 from dpledger.verify.runner import BatteryConfig, Runner
 from dpledger.verify.stats import (
     f_test_two_sided,
@@ -29,7 +38,8 @@ factor."""
 CLIP_REFERENCE = 1e3
 """T3: the σ = 0 run whose gradient norms are measured has C = this × max(C*, the probe's norm)."""
 CONTROL_TOLERANCE = 1e-3
-"""T3 control: σ = 0 models at different C may differ by this fraction of their update (rounding only)."""
+"""T3 control: σ = 0 models at different C may differ by this fraction of their update (rounding
+only)."""
 
 T3 = Check(
     "t3_noise_calibration",
@@ -56,19 +66,28 @@ NOISE_INDEPENDENCE = "noise_independence"
 
 
 def noise_lr(
-    runner: Runner, config: BatteryConfig, clip_norm: float, noise_multiplier: float, batch_size: int
+    runner: Runner,
+    config: BatteryConfig,
+    clip_norm: float,
+    noise_multiplier: float,
+    batch_size: int,
 ) -> float:
-    """SGD: the learning rate giving one step's noise std ``config.noise_step_std`` per coordinate (η·σC/B)."""
+    """SGD: the learning rate giving one step's noise std ``config.noise_step_std`` per coordinate
+    (η·σC/B)."""
     if runner.optimizer == "adam":
         return config.adam_lr
     return config.noise_step_std * batch_size / (noise_multiplier * clip_norm)
 
 
-def run_sigma_heuristic(runner: Runner, config: BatteryConfig, c_star: float, seed: int) -> Heuristics:
-    """000 App. B: one step at C = C* for σ on a log grid; σ* is where the noise starts to change the result.
+def run_sigma_heuristic(
+    runner: Runner, config: BatteryConfig, c_star: float, seed: int
+) -> Heuristics:
+    """000 App. B: one step at C = C* for σ on a log grid; σ* is where the noise starts to change
+    the result.
 
-    "Change" is read on the parameters (‖θ_σ − θ_0‖ above rounding) rather than on ΔL as in the paper:
-    a noisy ΔL can land on the noiseless value by chance, the parameters cannot. ΔL is still recorded.
+    "Change" is read on the parameters (‖θ_σ − θ_0‖ above rounding) rather than on ΔL as in the
+    paper: a noisy ΔL can land on the noiseless value by chance, the parameters cannot. ΔL is still
+    recorded.
     """
     batch_size = config.t3_batch_size
     inputs, targets = runner.task.ordinary_rows(0, batch_size)
@@ -88,16 +107,20 @@ def run_sigma_heuristic(runner: Runner, config: BatteryConfig, c_star: float, se
         distances.append(float(distance))
     return Heuristics(
         c_star=c_star,
-        sigma_star=noise_onset(config.sigma_grid, np.array(distances), 0.0, scale=max(update, 1e-30)),
+        sigma_star=noise_onset(
+            config.sigma_grid, np.array(distances), 0.0, scale=max(update, 1e-30)
+        ),
         sigma_grid=config.sigma_grid,
         sigma_loss_changes=tuple(changes),
-        sigma_zero_loss_change=float(runner.task.losses(noiseless, inputs, targets).sum()) - initial_loss,
+        sigma_zero_loss_change=float(runner.task.losses(noiseless, inputs, targets).sum())
+        - initial_loss,
         steps=runner.steps_used - steps_before,
     )
 
 
 def t3_noise_multiplier(runner: Runner, config: BatteryConfig, heuristics: Heuristics) -> float:
-    """σ for T3: the usual 1 under SGD; under Adam a small multiple of σ* so the noise does not saturate (App. E)."""
+    """σ for T3: the usual 1 under SGD; under Adam a small multiple of σ* so the noise does not
+    saturate (App. E)."""
     if runner.optimizer == "adam" and heuristics.sigma_star is not None:
         return config.adam_sigma_factor * heuristics.sigma_star
     return config.sgd_t3_noise_multiplier
@@ -152,18 +175,22 @@ def run_t3(
     passed = not no_noise and not test.flat and test.slope > 0 and test.p_value < significance
     if passed:
         diagnosis = (
-            f"the distance between noisy runs grows with C (slope p = {test.p_value:.2g}): the noise "
+            f"the distance between noisy runs grows with C (slope p = {test.p_value:.2g}): the "
+            "noise "
             "scales with the clip norm"
         )
     elif no_noise:
         diagnosis = (
-            "runs with different seeds end at the same model: there is no noise, or it ignores the seed "
+            "runs with different seeds end at the same model: there is no noise, or it ignores the "
+            "seed "
             "(a fixed noise seed is no noise to anyone who knows it)"
         )
     else:
         diagnosis = (
-            f"the distance between noisy runs does not grow with C (slope p = {test.p_value:.2g}): the noise "
-            "is not multiplied by C (uncalibrated), so the accountant's ε, which assumes std σ·C, is wrong "
+            f"the distance between noisy runs does not grow with C (slope p = {test.p_value:.2g}): "
+            "the noise "
+            "is not multiplied by C (uncalibrated), so the accountant's ε, which assumes std σ·C, "
+            "is wrong "
             "whenever C ≠ 1"
         )
     means = [float(pair_distance[pair_c == c].mean()) for c in clip_values]
@@ -216,7 +243,13 @@ def _run_t3_control(
     initial = runner.task.flat(runner.task.model)
     finals = [
         runner.parameters_after(
-            inputs, targets, clip_norm=c, noise_multiplier=0.0, batch_size=batch_size, lr=lr, seed=seed
+            inputs,
+            targets,
+            clip_norm=c,
+            noise_multiplier=0.0,
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
         )
         for c in clip_values
     ]
@@ -259,7 +292,8 @@ def _run_t3_control(
 def run_noise_distribution(
     runner: Runner, config: BatteryConfig, c_star: float, seed: int
 ) -> tuple[PendingResult, PendingResult, np.ndarray]:
-    """000 App. C (KS) and the noise-scale test on one-step runs: (θ_σ − θ_0)·B/(ησC) must be N(0, 1) exactly."""
+    """000 App. C (KS) and the noise-scale test on one-step runs: (θ_σ − θ_0)·B/(ησC) must be N(0,
+    1) exactly."""
     batch_size = config.ks_batch_size
     inputs, targets = runner.task.ordinary_rows(0, batch_size)
     lr = noise_lr(runner, config, c_star, 1.0, batch_size)
@@ -269,7 +303,13 @@ def run_noise_distribution(
     unit = lr * c_star / batch_size
     z = torch.cat(
         [
-            (runner.parameters_after(inputs, targets, noise_multiplier=1.0, seed=seed + r, **settings) - base) / unit
+            (
+                runner.parameters_after(
+                    inputs, targets, noise_multiplier=1.0, seed=seed + r, **settings
+                )
+                - base
+            )
+            / unit
             for r in range(config.ks_seeds)
         ]
     ).numpy()
@@ -281,22 +321,29 @@ def run_noise_distribution(
 
     def explain_ks(passed: bool) -> str:
         if passed:
-            return f"the update noise standardized by η·σ·C/B is consistent with N(0, 1) (KS D = {d_statistic:.3g})"
+            return (
+                "the update noise standardized by η·σ·C/B is consistent with N(0, 1) (KS D = "
+                f"{d_statistic:.3g})"
+            )
         shape = "its scale is off" if abs(std_ratio - 1) > 0.1 else "its shape is not Gaussian"
         return (
-            f"the update noise standardized by η·σ·C/B is not N(0, 1) (KS D = {d_statistic:.3g}; std ratio "
-            f"{std_ratio:.3g}): {shape}, so the Gaussian mechanism the accountant assumes is not what runs"
+            f"the update noise standardized by η·σ·C/B is not N(0, 1) (KS D = {d_statistic:.3g}; "
+            "std ratio "
+            f"{std_ratio:.3g}): {shape}, so the Gaussian mechanism the accountant assumes is not "
+            "what runs"
         )
 
     def explain_scale(passed: bool) -> str:
         if not passed:
             return (
-                f"the update noise is {std_ratio:.3g}× the std σ·C/B the accountant assumes: the real noise "
+                f"the update noise is {std_ratio:.3g}× the std σ·C/B the accountant assumes: the "
+                "real noise "
                 f"multiplier is about {std_ratio:.3g}·σ, so the reported ε is too small"
             )
         if upper_p < 1e-6:
             return (
-                f"the update noise is {std_ratio:.3g}× σ·C/B, more than claimed: the guarantee holds, but accuracy "
+                f"the update noise is {std_ratio:.3g}× σ·C/B, more than claimed: the guarantee "
+                "holds, but accuracy "
                 "is lost (or the noise is not what the code intends)"
             )
         return f"the update noise has std {std_ratio:.4g}× σ·C/B, as the accountant assumes"
@@ -307,13 +354,22 @@ def run_noise_distribution(
         p_value=ks_p,
         steps=steps,
         explain=explain_ks,
-        details={"samples": int(z.size), "std_ratio": std_ratio, "clip_norm": c_star, "noise_multiplier": 1.0},
+        details={
+            "samples": int(z.size),
+            "std_ratio": std_ratio,
+            "clip_norm": c_star,
+            "noise_multiplier": 1.0,
+        },
         figure=Figure(
             title="KS: standardized update noise vs N(0, 1)",
             xlabel="z",
             ylabel="empirical CDF",
             kind="cdf",
-            curves=(Curve("trainer under test", tuple(sample), tuple((np.arange(z.size) + 0.5) / z.size)),),
+            curves=(
+                Curve(
+                    "trainer under test", tuple(sample), tuple((np.arange(z.size) + 0.5) / z.size)
+                ),
+            ),
         ),
     )
     scale = NOISE_SCALE.pending(
@@ -321,8 +377,14 @@ def run_noise_distribution(
         p_value=lower_p,
         steps=0,
         explain=explain_scale,
-        details={"samples": int(z.size), "p_value_more_noise": upper_p, "steps_note": "shares the KS test's runs"},
-        figure=_std_ratio_figure("Noise scale: std per seed / (η·σ·C/B)", z, config.ks_seeds, "claimed"),
+        details={
+            "samples": int(z.size),
+            "p_value_more_noise": upper_p,
+            "steps_note": "shares the KS test's runs",
+        },
+        figure=_std_ratio_figure(
+            "Noise scale: std per seed / (η·σ·C/B)", z, config.ks_seeds, "claimed"
+        ),
     )
     return ks, scale, z
 
@@ -330,9 +392,11 @@ def run_noise_distribution(
 def run_noise_independence(
     runner: Runner, config: BatteryConfig, c_star: float, one_step_noise: np.ndarray, seed: int
 ) -> PendingResult:
-    """Beyond 000: T steps on zero-gradient rows accumulate pure noise whose variance must be T × one step's.
+    """Beyond 000: T steps on zero-gradient rows accumulate pure noise whose variance must be T ×
+    one step's.
 
-    Noise reused across steps gives T² (consecutive iterates then cancel it); noise added once gives 1.
+    Noise reused across steps gives T² (consecutive iterates then cancel it); noise added once gives
+    1.
     """
     batch_size = config.ks_batch_size
     steps = config.independence_steps
@@ -345,7 +409,13 @@ def run_noise_independence(
         [
             (
                 runner.parameters_after(
-                    inputs, targets, clip_norm=c_star, noise_multiplier=1.0, batch_size=batch_size, lr=lr, seed=seed + r
+                    inputs,
+                    targets,
+                    clip_norm=c_star,
+                    noise_multiplier=1.0,
+                    batch_size=batch_size,
+                    lr=lr,
+                    seed=seed + r,
                 )
                 - initial
             )
@@ -357,20 +427,27 @@ def run_noise_independence(
 
     def explain(passed: bool) -> str:
         if passed:
-            return f"noise accumulated over {steps} steps has {ratio:.3g}× the variance of {steps} independent steps"
+            return (
+                f"noise accumulated over {steps} steps has {ratio:.3g}× the variance of {steps} "
+                "independent steps"
+            )
         if ratio > 1:
             return (
-                f"after {steps} steps the noise variance is {ratio * steps:.3g}× one step's instead of {steps}×: "
-                "the same noise is reused across steps, so the difference of consecutive iterates carries no noise"
+                f"after {steps} steps the noise variance is {ratio * steps:.3g}× one step's "
+                f"instead of {steps}×: "
+                "the same noise is reused across steps, so the difference of consecutive iterates "
+                "carries no noise"
             )
         return (
-            f"after {steps} steps the noise variance is {ratio * steps:.3g}× one step's instead of {steps}×: "
+            f"after {steps} steps the noise variance is {ratio * steps:.3g}× one step's instead of "
+            f"{steps}×: "
             "noise is added on fewer steps than trained, so later steps are unprotected"
         )
 
     check = Check(
         NOISE_INDEPENDENCE,
-        f"beyond 000: pure-noise runs of {steps} steps must carry {steps}× one step's noise variance (F-test)",
+        f"beyond 000: pure-noise runs of {steps} steps must carry {steps}× one step's noise "
+        "variance (F-test)",
         f"variance after {steps} steps / ({steps} × one step's)",
     )
     return check.pending(
@@ -395,6 +472,9 @@ def _std_ratio_figure(title: str, z: np.ndarray, runs: int, reference: str) -> F
 
 
 def skipped_noise_tests() -> list[TestResult]:
-    """Under Adam the update is normalised, so the exact-scale noise tests do not apply (000 App. C)."""
+    """Under Adam the update is normalised, so the exact-scale noise tests do not apply (000 App.
+    C)."""
     reason = "Adam normalises the update, so the noise's exact scale is not observable (000 App. C)"
-    return [skipped_result(name, reason) for name in (KS.name, NOISE_SCALE.name, NOISE_INDEPENDENCE)]
+    return [
+        skipped_result(name, reason) for name in (KS.name, NOISE_SCALE.name, NOISE_INDEPENDENCE)
+    ]

@@ -1,7 +1,7 @@
 """Opacus 1.6 used correctly, as a protocol trainer: GradSampleModule + DPOptimizer, seeded noise.
 
-No one here wrote Opacus, so it is the independent correct trainer the battery must pass. Batches are
-the protocol's consecutive slices (no Poisson loader), so runs differ only in the noise.
+No one here wrote Opacus, so it is the independent correct trainer the battery must pass. Batches
+are the protocol's consecutive slices (no Poisson loader), so runs differ only in the noise.
 """
 
 from __future__ import annotations
@@ -20,8 +20,15 @@ from dpledger.verify.consecutive import (
 
 
 @protocol_trainer
-def train(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn, run: ConsecutiveRun) -> None:
-    """DP-SGD with Opacus: noise σC on the clipped sum, divided by the batch size ("mean" reduction)."""
+def train(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss_fn: LossFn,
+    run: ConsecutiveRun,
+) -> None:
+    """DP-SGD with Opacus: noise σC on the clipped sum, divided by the batch size ("mean"
+    reduction)."""
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer
 
@@ -38,7 +45,9 @@ def train(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn
         generator=torch.Generator().manual_seed(run.seed),
     )
     try:
-        for batch_inputs, batch_targets in consecutive_batches(inputs, targets, run.batch_size, run.steps):
+        for batch_inputs, batch_targets in consecutive_batches(
+            inputs, targets, run.batch_size, run.steps
+        ):
             private.zero_grad(set_to_none=True)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")

@@ -1,4 +1,5 @@
-"""One CSV (for ``dvc plots``) and one PNG (for the report) per test, plus the σ heuristic's curve."""
+"""One CSV (for ``dvc plots``) and one PNG (for the report) per test, plus the σ heuristic's
+curve."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def heuristic_figure(result: BatteryResult) -> Figure:
 
 
 def write_plots(result: BatteryResult, folder: Path) -> list[Path]:
-    """Write ``<test>.csv`` and ``<test>.png`` for every test with a figure; returns the PNG paths."""
+    """Write ``<test>.csv`` and ``<test>.png`` for every test with a figure; returns the PNG
+    paths."""
     figures = {test.name: test.figure for test in result.tests if test.figure is not None}
     figures["heuristic_sigma"] = heuristic_figure(result)
     written = []

@@ -1,4 +1,5 @@
-"""Records of a battery run: one :class:`TestResult` per test, a :class:`BatteryResult` with the verdict."""
+"""Records of a battery run: one :class:`TestResult` per test, a :class:`BatteryResult` with the
+verdict."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ class Figure:
     """line | scatter (first curve as points) | cdf (an empirical CDF, drawn against N(0, 1)'s)."""
 
 
-def ratio_figure(title: str, xlabel: str, ylabel: str, ratios: Sequence[float], reference: str) -> Figure:
+def ratio_figure(
+    title: str, xlabel: str, ylabel: str, ratios: Sequence[float], reference: str
+) -> Figure:
     """A ratio per context or run (points), against the line at 1 that a correct trainer gives."""
     return Figure(
         title=title,
@@ -46,25 +49,36 @@ def ratio_figure(title: str, xlabel: str, ylabel: str, ratios: Sequence[float], 
 
 @dataclass(frozen=True)
 class Check:
-    """What a test is, the same on every trainer: its name, what it requires and what its statistic measures."""
+    """What a test is, the same on every trainer: its name, what it requires and what its statistic
+    measures."""
 
     name: str
     description: str
     statistic_name: str
 
     def result(self, **outcome: Any) -> TestResult:
-        """This check's :class:`TestResult`; ``outcome`` holds every field but the check's own three."""
+        """This check's :class:`TestResult`; ``outcome`` holds every field but the check's own
+        three."""
         return TestResult(**asdict(self), **outcome)
 
     def slope(self, test: SlopeTest | None, **outcome: Any) -> TestResult:
-        """A slope test's outcome: its t statistic and p-value (no test, too few points to fit: t = 0, p = 1)."""
+        """A slope test's outcome: its t statistic and p-value (no test, too few points to fit: t =
+        0, p = 1)."""
         if test is None:
             return self.result(statistic=0.0, p_value=1.0, **outcome)
         return self.result(statistic=test.t_statistic, p_value=test.p_value, **outcome)
 
-    def deterministic(self, *, passed: bool, tolerance: float, details: dict[str, Any], note: str = "", **outcome: Any):
-        """A check with no sampling noise: its p-value is 1 if it holds within ``tolerance``, else 0, and its
-        details say so (``note`` qualifies "deterministic check")."""
+    def deterministic(
+        self,
+        *,
+        passed: bool,
+        tolerance: float,
+        details: dict[str, Any],
+        note: str = "",
+        **outcome: Any,
+    ):
+        """A check with no sampling noise: its p-value is 1 if it holds within ``tolerance``, else
+        0, and its details say so (``note`` qualifies "deterministic check")."""
         noted = {
             **details,
             "tolerance": tolerance,
@@ -139,13 +153,18 @@ class BatteryResult:
         """One plain-language line per test, failures first."""
         ordered = sorted(self.tests, key=lambda test: test.passed)
         return [
-            f"{test.name}: {'skipped' if test.skipped else 'passed' if test.passed else 'FAILED'} — {test.diagnosis}"
+            f"{test.name}: {'skipped' if test.skipped else 'passed' if test.passed else 'FAILED'} "
+            f"— {test.diagnosis}"
             for test in ordered
         ]
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "verdict": {"passed": self.passed, "findings": self.findings, "failed_tests": self.failed_tests},
+            "verdict": {
+                "passed": self.passed,
+                "findings": self.findings,
+                "failed_tests": self.failed_tests,
+            },
             "tests": [test.to_json() for test in self.tests],
             "trainer": self.trainer,
             "optimizer": self.optimizer,
@@ -169,13 +188,16 @@ class BatteryResult:
             "significance": self.significance,
             "battery_wall_time_s": round(self.wall_time_s, 3),
         }
-        flat.update({f"p_value_{test.name}": test.p_value for test in self.tests if not test.skipped})
+        flat.update(
+            {f"p_value_{test.name}": test.p_value for test in self.tests if not test.skipped}
+        )
         return flat
 
 
 @dataclass(frozen=True)
 class PendingResult:
-    """A test whose p-value joins the Holm family; its verdict is decided once every p-value is known."""
+    """A test whose p-value joins the Holm family; its verdict is decided once every p-value is
+    known."""
 
     name: str
     description: str
@@ -194,7 +216,8 @@ class PendingResult:
 
 
 def skipped_result(name: str, reason: str) -> TestResult:
-    """A test that does not apply to this trainer's optimizer; it counts as passed and says why it was skipped."""
+    """A test that does not apply to this trainer's optimizer; it counts as passed and says why it
+    was skipped."""
     return TestResult(
         name=name,
         description=reason,

@@ -1,4 +1,5 @@
-"""Calls the trainer under test on fresh copies of the initial model and counts the training steps used."""
+"""Calls the trainer under test on fresh copies of the initial model and counts the training steps
+used."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from dpledger.verify.task import SyntheticTask, per_example_gradient_norms
 
 @dataclass(frozen=True)
 class BatteryConfig:
-    """Sizes of every test; the defaults keep the SGD battery near 150 training steps (000 App. D costs 500+)."""
+    """Sizes of every test; the defaults keep the SGD battery near 150 training steps (000 App. D
+    costs 500+)."""
 
     t1_grid_size: int = 8
     t1_grid_span: tuple[float, float] = (1e-3, 10.0)
@@ -34,7 +36,8 @@ class BatteryConfig:
     sigma_grid: tuple[float, ...] = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
     """000 App. B's σ grid."""
     noise_step_std: float = 0.01
-    """Learning rates of the noisy SGD tests are set so one step's noise has this std per coordinate."""
+    """Learning rates of the noisy SGD tests are set so one step's noise has this std per
+    coordinate."""
     adam_warmup_steps: int = 5
     """000 App. B/E: Adam needs a few steps before its state reflects the gradients' scale."""
     adam_lr: float = 0.01
@@ -43,9 +46,12 @@ class BatteryConfig:
 
 
 class Runner:
-    """Runs the trainer on copies of ``task.model``; under Adam every run starts with the same warm-up steps."""
+    """Runs the trainer on copies of ``task.model``; under Adam every run starts with the same
+    warm-up steps."""
 
-    def __init__(self, trainer: Trainer, task: SyntheticTask, optimizer: str, config: BatteryConfig) -> None:
+    def __init__(
+        self, trainer: Trainer, task: SyntheticTask, optimizer: str, config: BatteryConfig
+    ) -> None:
         self.trainer = trainer
         self.task = task
         self.optimizer = optimizer
@@ -53,10 +59,13 @@ class Runner:
         self.steps_used = 0
 
     def _warmup_rows(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every warm-up batch is B copies of one ordinary row, so its clipped mean does not depend on B."""
+        """Every warm-up batch is B copies of one ordinary row, so its clipped mean does not depend
+        on B."""
         count = self.warmup_steps * batch_size
         inputs, targets = self.task.inputs[:1], self.task.targets[:1]
-        return inputs.repeat(count, *[1] * (inputs.ndim - 1)), targets.repeat(count, *[1] * (targets.ndim - 1))
+        return inputs.repeat(count, *[1] * (inputs.ndim - 1)), targets.repeat(
+            count, *[1] * (targets.ndim - 1)
+        )
 
     def train(
         self,
@@ -138,7 +147,9 @@ class Runner:
             )
         except TrainerError:
             raise
-        except Exception as error:  # the trainer under test is foreign code: report its failure in one line
+        except (
+            Exception
+        ) as error:  # the trainer under test is foreign code: report its failure in one line
             raise TrainerError(
                 f"the trainer under test raised {type(error).__name__}: {error}".splitlines()[0]
             ) from None
@@ -151,7 +162,9 @@ class Runner:
             )
         return model
 
-    def parameters_after(self, inputs: torch.Tensor, targets: torch.Tensor, **settings) -> torch.Tensor:
+    def parameters_after(
+        self, inputs: torch.Tensor, targets: torch.Tensor, **settings
+    ) -> torch.Tensor:
         """Flat float64 trainable parameters after training (see :meth:`train`)."""
         return self.task.flat(self.train(inputs, targets, **settings))
 
@@ -163,7 +176,8 @@ class Runner:
         eval_targets: torch.Tensor,
         **settings,
     ) -> float:
-        """ΔL (000 Eq. 3): summed loss on the evaluation rows after the test steps minus before them.
+        """ΔL (000 Eq. 3): summed loss on the evaluation rows after the test steps minus before
+        them.
 
         "Before" is the initial model, or under Adam the model after the same warm-up steps alone.
         """

@@ -1,4 +1,5 @@
-"""Statistics of the battery: the paper's slope t-test, the noise tests, and Holm's step-down correction."""
+"""Statistics of the battery: the paper's slope t-test, the noise tests, and Holm's step-down
+correction."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 from scipy import stats
 
 FLAT_RELATIVE_TOLERANCE = 1e-4
-"""Curves from σ = 0 runs are deterministic: a spread below this fraction of their size is floating-point noise."""
+"""Curves from σ = 0 runs are deterministic: a spread below this fraction of their size is
+floating-point noise."""
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,11 @@ def is_flat(y: np.ndarray, relative_tolerance: float = FLAT_RELATIVE_TOLERANCE) 
 
 
 def slope_test(x: np.ndarray, y: np.ndarray) -> SlopeTest:
-    """Regression t-test of the slope; a curve that is flat up to rounding gets p = 1 (no evidence of a slope).
+    """Regression t-test of the slope; a curve that is flat up to rounding gets p = 1 (no evidence
+    of a slope).
 
-    With σ = 0 the curves are deterministic, so a bug shows as an exactly flat line whose residuals are
-    rounding noise; testing that noise would give an arbitrary p, hence the flatness rule.
+    With σ = 0 the curves are deterministic, so a bug shows as an exactly flat line whose residuals
+    are rounding noise; testing that noise would give an arbitrary p, hence the flatness rule.
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
@@ -44,17 +47,21 @@ def slope_test(x: np.ndarray, y: np.ndarray) -> SlopeTest:
     if fit.stderr == 0.0:
         return SlopeTest(slope=float(fit.slope), t_statistic=float("inf"), p_value=0.0, flat=False)
     t_statistic = float(fit.slope / fit.stderr)
-    return SlopeTest(slope=float(fit.slope), t_statistic=t_statistic, p_value=float(fit.pvalue), flat=False)
+    return SlopeTest(
+        slope=float(fit.slope), t_statistic=t_statistic, p_value=float(fit.pvalue), flat=False
+    )
 
 
 def ks_standard_normal(z: np.ndarray) -> tuple[float, float]:
-    """One-sample Kolmogorov–Smirnov test of ``z`` against N(0, 1) (000 App. C): (D statistic, p-value)."""
+    """One-sample Kolmogorov–Smirnov test of ``z`` against N(0, 1) (000 App. C): (D statistic,
+    p-value)."""
     result = stats.kstest(np.asarray(z, dtype=np.float64), "norm")
     return float(result.statistic), float(result.pvalue)
 
 
 def variance_ratio_lower_p(z: np.ndarray) -> tuple[float, float]:
-    """Test that standardized noise ``z`` has variance 1 against 'less': (ratio mean z², p = P(χ²_n ≤ Σz²))."""
+    """Test that standardized noise ``z`` has variance 1 against 'less': (ratio mean z², p = P(χ²_n
+    ≤ Σz²))."""
     z = np.asarray(z, dtype=np.float64)
     sum_squares = float(np.sum(z * z))
     return sum_squares / z.size, float(stats.chi2.cdf(sum_squares, df=z.size))
@@ -76,7 +83,8 @@ def f_test_two_sided(numerator: np.ndarray, denominator: np.ndarray) -> tuple[fl
 
 
 def holm_thresholds(p_values: dict[str, float], significance: float) -> dict[str, bool]:
-    """Holm's step-down procedure: which hypotheses are rejected with family-wise error ≤ ``significance``."""
+    """Holm's step-down procedure: which hypotheses are rejected with family-wise error ≤
+    ``significance``."""
     ordered = sorted(p_values, key=p_values.get)
     rejected: dict[str, bool] = {name: False for name in p_values}
     for rank, name in enumerate(ordered):

@@ -1,11 +1,12 @@
 """The task the battery trains on: the synthetic MLP (default) or the train stage's own model
 (``verify.model: train``), a weighted per-example loss and the probe rows.
 
-Every row of ``targets`` is ``(label_1, …, label_O, weight)``: the per-example loss is ``weight · ℓ(output,
-label)``, with ℓ = ½‖output − label‖² for the synthetic task and the train stage's task loss (cross-entropy,
-or the causal LM's mean next-token loss with the token ids as labels) for the user's model. A zero weight
-gives a row whose gradient is exactly zero for every parameter value (the paper's zero-gradient points,
-000 §3.1, without floating-point residue); a large weight gives the large-gradient probe.
+Every row of ``targets`` is ``(label_1, …, label_O, weight)``: the per-example loss is ``weight ·
+ℓ(output, label)``, with ℓ = ½‖output − label‖² for the synthetic task and the train stage's task
+loss (cross-entropy, or the causal LM's mean next-token loss with the token ids as labels) for the
+user's model. A zero weight gives a row whose gradient is exactly zero for every parameter value
+(the paper's zero-gradient points, 000 §3.1, without floating-point residue); a large weight gives
+the large-gradient probe.
 """
 
 from __future__ import annotations
@@ -29,15 +30,17 @@ PROBE_NORM_FACTOR = 20.0
 
 
 def weighted_half_mse(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-example loss ``w·½‖outputs − y‖²`` with ``targets = [y, w]`` (the protocol's ``loss_fn``)."""
+    """Per-example loss ``w·½‖outputs − y‖²`` with ``targets = [y, w]`` (the protocol's
+    ``loss_fn``)."""
     labels, weights = targets[:, :-1], targets[:, -1]
     return 0.5 * weights * ((outputs - labels) ** 2).sum(dim=1)
 
 
 @dataclass(frozen=True)
 class WeightedTaskLoss:
-    """``weight · task loss`` with ``targets = [labels, weight]``: labels are the class (one column) or, for a
-    causal LM, the row's token ids (float columns, exact below 2²⁴). The battery's loss for the user's model."""
+    """``weight · task loss`` with ``targets = [labels, weight]``: labels are the class (one column)
+    or, for a causal LM, the row's token ids (float columns, exact below 2²⁴). The battery's loss
+    for the user's model."""
 
     task: Task
 
@@ -47,8 +50,8 @@ class WeightedTaskLoss:
 
 
 class TaskLogits(nn.Module):
-    """``model(x)`` for the battery's trainers: the wrapped model's logits as its task calls it (token ids
-    with their attention mask, ``pixel_values=``, or a plain call)."""
+    """``model(x)`` for the battery's trainers: the wrapped model's logits as its task calls it
+    (token ids with their attention mask, ``pixel_values=``, or a plain call)."""
 
     def __init__(self, model: nn.Module, task: Task) -> None:
         super().__init__()
@@ -63,7 +66,9 @@ def build_mlp(seed: int) -> nn.Module:
     """``Sequential(Linear(8, 16), Tanh(), Linear(16, 2))`` with a seeded initialisation."""
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(INPUT_DIM, HIDDEN_DIM), nn.Tanh(), nn.Linear(HIDDEN_DIM, OUTPUT_DIM))
+    model = nn.Sequential(
+        nn.Linear(INPUT_DIM, HIDDEN_DIM), nn.Tanh(), nn.Linear(HIDDEN_DIM, OUTPUT_DIM)
+    )
     torch.random.set_rng_state(generator_state)
     return model
 
@@ -92,7 +97,10 @@ def engine_parameter_names(model: nn.Module) -> tuple[str, ...]:
 
 
 def per_example_losses(
-    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn = weighted_half_mse
+    model: nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss_fn: LossFn = weighted_half_mse,
 ) -> torch.Tensor:
     """The loss of each row under ``model`` (float64, no gradient)."""
     with torch.no_grad():
@@ -100,14 +108,22 @@ def per_example_losses(
 
 
 def per_example_gradient_norms(
-    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn = weighted_half_mse
+    model: nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss_fn: LossFn = weighted_half_mse,
 ) -> torch.Tensor:
-    """‖∇_θ loss_i‖ for each row, computed by an explicit loop (the harness's own reference, not the trainer's)."""
+    """‖∇_θ loss_i‖ for each row, computed by an explicit loop (the harness's own reference, not the
+    trainer's)."""
     norms = []
     for row in range(inputs.shape[0]):
         model.zero_grad(set_to_none=True)
         loss_fn(model(inputs[row : row + 1]), targets[row : row + 1]).sum().backward()
-        norms.append(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters() if p.grad is not None)))
+        norms.append(
+            torch.sqrt(
+                sum((p.grad.double() ** 2).sum() for p in model.parameters() if p.grad is not None)
+            )
+        )
     model.zero_grad(set_to_none=True)
     return torch.stack(norms)
 
@@ -169,8 +185,8 @@ class SyntheticTask:
 
 
 def make_task(seed: int, rows: int = 64) -> SyntheticTask:
-    """The synthetic task of ``seed``: the MLP, Gaussian rows with labels near its output, and a probe whose
-    label −α·M(x) (000 App. A) and weight make its gradient dominate."""
+    """The synthetic task of ``seed``: the MLP, Gaussian rows with labels near its output, and a
+    probe whose label −α·M(x) (000 App. A) and weight make its gradient dominate."""
     model = build_mlp(seed)
     generator = torch.Generator().manual_seed(seed + 1)
     inputs = torch.randn(rows, INPUT_DIM, generator=generator)
@@ -181,17 +197,22 @@ def make_task(seed: int, rows: int = 64) -> SyntheticTask:
     probe_input = 2.0 * torch.randn(1, INPUT_DIM, generator=generator)
     with torch.no_grad():
         probe_label = -PROBE_ALPHA * model(probe_input)
-    return with_probe(model, inputs, targets, probe_input, probe_label, weighted_half_mse, "synthetic MLP")
+    return with_probe(
+        model, inputs, targets, probe_input, probe_label, weighted_half_mse, "synthetic MLP"
+    )
 
 
 def model_task(
     model: nn.Module, task: Task, x: torch.Tensor, y: torch.Tensor, description: str, rows: int = 64
 ) -> SyntheticTask:
-    """The battery's task on the train stage's model: ``rows`` training examples (weight 1) and the next one
-    as the probe (its weight scaled up as in :func:`make_task`). The model runs in float32 with its dropout
-    off (p = 0; the σ = 0 tests need a deterministic model); the loss is ``task``'s per-example loss."""
+    """The battery's task on the train stage's model: ``rows`` training examples (weight 1) and the
+    next one as the probe (its weight scaled up as in :func:`make_task`). The model runs in float32
+    with its dropout off (p = 0; the σ = 0 tests need a deterministic model); the loss is ``task``'s
+    per-example loss."""
     if x.shape[0] < rows + 1:
-        raise ValueError(f"the training set has {x.shape[0]} examples; the battery needs {rows + 1}")
+        raise ValueError(
+            f"the training set has {x.shape[0]} examples; the battery needs {rows + 1}"
+        )
     for module in model.modules():
         if isinstance(module, nn.modules.dropout._DropoutNd):
             module.p = 0.0
@@ -218,8 +239,9 @@ def with_probe(
     loss_fn: LossFn,
     description: str,
 ) -> SyntheticTask:
-    """The task with the probe's weight chosen so that its gradient norm is at least ``PROBE_NORM_FACTOR`` ×
-    every ordinary row's and at least 10 (a weight scales the gradient exactly).
+    """The task with the probe's weight chosen so that its gradient norm is at least
+    ``PROBE_NORM_FACTOR`` × every ordinary row's and at least 10 (a weight scales the gradient
+    exactly).
 
     A trainable parameter the engine cannot train is refused first, naming its layer."""
     trainable = engine_parameter_names(model)
@@ -227,7 +249,9 @@ def with_probe(
     unit_probe = torch.cat([probe_label, torch.ones(1, 1, dtype=probe_label.dtype)], dim=1)
     unit_norm = float(per_example_gradient_norms(model, probe_input, unit_probe, loss_fn)[0])
     weight = max(1.0, PROBE_NORM_FACTOR * float(ordinary_norms.max()) / unit_norm, 10.0 / unit_norm)
-    probe_target = torch.cat([probe_label, torch.full((1, 1), weight, dtype=probe_label.dtype)], dim=1)
+    probe_target = torch.cat(
+        [probe_label, torch.full((1, 1), weight, dtype=probe_label.dtype)], dim=1
+    )
     return SyntheticTask(
         model=model,
         inputs=inputs,

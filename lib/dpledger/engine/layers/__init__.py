@@ -1,8 +1,8 @@
-"""Registry of per-layer rules: how a layer type turns (activations, output gradients) into per-example
-gradient information. One small module per layer type; the engine's dispatcher knows nothing of
-layer internals (the Opacus ``grad_sample`` layout, STYLE.md). The registry itself is ``registry.py``;
-importing this package registers the rules of ``conv``, ``embedding``, ``hf_conv1d``, ``linear`` and
-``normalization``.
+"""Registry of per-layer rules: how a layer type turns (activations, output gradients) into
+per-example gradient information. One small module per layer type; the engine's dispatcher knows
+nothing of layer internals (the Opacus ``grad_sample`` layout, STYLE.md). The registry itself is
+``registry.py``; importing this package registers the rules of ``conv``, ``embedding``,
+``hf_conv1d``, ``linear`` and ``normalization``.
 """
 
 from dpledger.engine.layers import conv, embedding, hf_conv1d, linear, normalization  # noqa: F401  (registers rules)

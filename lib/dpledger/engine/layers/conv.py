@@ -1,4 +1,5 @@
-"""nn.Conv1d / nn.Conv2d (stride, padding incl. 'same' and non-zero modes, dilation, groups) via unfold.
+"""nn.Conv1d / nn.Conv2d (stride, padding incl. 'same' and non-zero modes, dilation, groups) via
+unfold.
 
 The input is unfolded (im2col) to U(a) of shape (B, groups, d, T) with d = c_in/groups · Πk and
 T = output positions; the output gradient to (B, groups, p, T) with p = c_out/groups. Each group is
@@ -36,7 +37,9 @@ def unfold(layer: nn.Module, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return cols, b.reshape(batch, groups, -1, cols.shape[-1])
 
 
-def per_example_grads(layer: nn.Module, a: Tensor, b: Tensor, names: frozenset) -> dict[str, Tensor]:
+def per_example_grads(
+    layer: nn.Module, a: Tensor, b: Tensor, names: frozenset
+) -> dict[str, Tensor]:
     grads = {}
     if "weight" in names:
         cols, grads_out = unfold(layer, a, b)
@@ -64,7 +67,9 @@ def ghost_cost(layer: nn.Module, a: Tensor) -> tuple[int, int]:
     """Per example: 2·g·T² Gram entries against c_out·(c_in/g)·Πk gradient entries."""
     spatial = a.shape[2:]
     positions = 1
-    for size, k, s, dil, pad in zip(spatial, layer.kernel_size, layer.stride, layer.dilation, _padding_total(layer)):
+    for size, k, s, dil, pad in zip(
+        spatial, layer.kernel_size, layer.stride, layer.dilation, _padding_total(layer)
+    ):
         positions *= (size + pad - dil * (k - 1) - 1) // s + 1
     return 2 * layer.groups * positions * positions, layer.weight.numel()
 
@@ -72,7 +77,8 @@ def ghost_cost(layer: nn.Module, a: Tensor) -> tuple[int, int]:
 def _padding_total(layer: nn.Module) -> tuple[int, ...]:
     if isinstance(layer.padding, str):
         return tuple(
-            layer._reversed_padding_repeated_twice[2 * i] + layer._reversed_padding_repeated_twice[2 * i + 1]
+            layer._reversed_padding_repeated_twice[2 * i]
+            + layer._reversed_padding_repeated_twice[2 * i + 1]
             for i in reversed(range(len(layer.kernel_size)))
         )
     return tuple(2 * p for p in layer.padding)
@@ -81,5 +87,7 @@ def _padding_total(layer: nn.Module) -> tuple[int, ...]:
 RULE = register(
     nn.Conv1d,
     nn.Conv2d,
-    rule=LayerRule(per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost),
+    rule=LayerRule(
+        per_example_grads, ghost_norm=ghost_norm, clipped_sum=clipped_sum, ghost_cost=ghost_cost
+    ),
 )

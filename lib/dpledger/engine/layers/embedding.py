@@ -3,8 +3,8 @@
 Example i's gradient scatters b_i's rows into the rows of its tokens; positions holding
 ``padding_idx`` get no gradient, as in torch's own backward. Its norm never forms the dense
 (vocab × dim) gradient nor a one-hot: 003 §2 writes it as Σ_{t,t'} 1{token_t = token_t'}·(b_t·b_t'),
-which costs T² per example; summing b_i's rows per distinct token first (a segment sum over the sorted
-(example, token) keys) gives the same value in O(T·dim), the gradient's non-zero rows only.
+which costs T² per example; summing b_i's rows per distinct token first (a segment sum over the
+sorted (example, token) keys) gives the same value in O(T·dim), the gradient's non-zero rows only.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ def _tokens_and_grads(layer: nn.Embedding, a: Tensor, b: Tensor) -> tuple[Tensor
     return tokens, grads
 
 
-def per_example_grads(layer: nn.Embedding, a: Tensor, b: Tensor, names: frozenset) -> dict[str, Tensor]:
+def per_example_grads(
+    layer: nn.Embedding, a: Tensor, b: Tensor, names: frozenset
+) -> dict[str, Tensor]:
     tokens, grads = _tokens_and_grads(layer, a, b)
     batch = tokens.shape[0]
     weight = grads.new_zeros(batch, layer.num_embeddings, layer.embedding_dim)
@@ -41,7 +43,9 @@ def ghost_norm(layer: nn.Embedding, a: Tensor, b: Tensor) -> Tensor:
     row_sums = grads.new_zeros(keys.numel(), layer.embedding_dim).index_add_(
         0, rows.reshape(-1), grads.reshape(-1, layer.embedding_dim)
     )
-    return grads.new_zeros(batch).index_add_(0, keys // layer.num_embeddings, row_sums.square().sum(1))
+    return grads.new_zeros(batch).index_add_(
+        0, keys // layer.num_embeddings, row_sums.square().sum(1)
+    )
 
 
 def clipped_sum(layer: nn.Embedding, a: Tensor, b: Tensor, factors: Tensor, out: Tensor) -> None:
@@ -61,7 +65,8 @@ def ghost_cost(layer: nn.Embedding, a: Tensor) -> tuple[int, int]:
 
 
 MAX_NORM_REASON = (
-    "max_norm renormalises, in place and without noise, the rows of the tokens each forward pass looks up, "
+    "max_norm renormalises, in place and without noise, the rows of the tokens each forward pass "
+    "looks up, "
     "so the weights show which tokens the private batch held"
 )
 

@@ -1,22 +1,24 @@
-"""The generic exact rule: per-example gradients of ONE module's own parameters by re-running its forward.
+"""The generic exact rule: per-example gradients of ONE module's own parameters by re-running its
+forward.
 
-For a module that owns trainable parameters no specific rule covers (custom norms such as LlamaRMSNorm or
-T5LayerNorm, ViTEmbeddings' cls token and position embeddings, layer-scale parameters, torch's
-MultiheadAttention and RNNs), example i's gradient is the vector-Jacobian product of the module's forward on
-example i's slice of the saved inputs (every positional and keyword argument) with example i's output
-gradient: ``torch.func.vjp`` under ``vmap`` over the examples, or a loop over them where an operator has no
-batching rule (torch's fused RNN kernels). Only the module's own parameters (and those of children it uses
-functionally, :data:`CLAIMED_CHILDREN`) are differentiated; its child layers run with their real weights and
-keep their own (ghost) rules, so this is never one fallback over the whole model.
+For a module that owns trainable parameters no specific rule covers (custom norms such as
+LlamaRMSNorm or T5LayerNorm, ViTEmbeddings' cls token and position embeddings, layer-scale
+parameters, torch's MultiheadAttention and RNNs), example i's gradient is the vector-Jacobian
+product of the module's forward on example i's slice of the saved inputs (every positional and
+keyword argument) with example i's output gradient: ``torch.func.vjp`` under ``vmap`` over the
+examples, or a loop over them where an operator has no batching rule (torch's fused RNN kernels).
+Only the module's own parameters (and those of children it uses functionally,
+:data:`CLAIMED_CHILDREN`) are differentiated; its child layers run with their real weights and keep
+their own (ghost) rules, so this is never one fallback over the whole model.
 
-Batch layout: each input and output tensor is batched along the module's batch dimension (1 where the module
-says ``batch_first=False``, as torch's RNNs and MultiheadAttention; RNN hidden states always along 1) when its
-size there is B, and otherwise shared by all examples (masks, position ids). The recomputed outputs must equal
-the ones the forward pass produced: a module that mixes examples, or whose layout is not the one assumed, is
-refused naming it rather than given a wrong gradient. That check is formed on the device
-(:attr:`Recomputed.matches`) and read by the engine once for all generic-rule calls of a backward
-pass, before any clipping (issue 30: it was three host syncs per call, about 325 per step of a
-32-layer Llama).
+Batch layout: each input and output tensor is batched along the module's batch dimension (1 where
+the module says ``batch_first=False``, as torch's RNNs and MultiheadAttention; RNN hidden states
+always along 1) when its size there is B, and otherwise shared by all examples (masks, position
+ids). The recomputed outputs must equal the ones the forward pass produced: a module that mixes
+examples, or whose layout is not the one assumed, is refused naming it rather than given a wrong
+gradient. That check is formed on the device (:attr:`Recomputed.matches`) and read by the engine
+once for all generic-rule calls of a backward pass, before any clipping (issue 30: it was three host
+syncs per call, about 325 per step of a 32-layer Llama).
 """
 
 from __future__ import annotations
@@ -37,19 +39,24 @@ CLAIMED_CHILDREN: dict[str, Callable[[nn.Module], tuple[str, ...]]] = {
     ),
     "transformers.models.swin.modeling_swin.SwinLayer": lambda m: ("attention",),
     "transformers.models.deberta_v2.modeling_deberta_v2.DebertaV2Encoder": (
-        lambda m: tuple(c for c in ("rel_embeddings", "LayerNorm") if hasattr(m, c)) if m.relative_attention else ()
+        lambda m: (
+            tuple(c for c in ("rel_embeddings", "LayerNorm") if hasattr(m, c))
+            if m.relative_attention
+            else ()
+        )
     ),
     "transformers.models.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention": (
         lambda m: tuple(c for c in ("pos_key_proj", "pos_query_proj") if hasattr(m, c))
     ),
 }
-"""Children (with all their descendants) whose parameters a module uses functionally, not by calling them
-(MultiheadAttention passes ``out_proj.weight`` to ``F.multi_head_attention_forward``), or on inputs without a
-batch dimension whose outputs are folded with the batch (T5's relative attention bias is looked up from (query,
-key) positions and broadcast over the batch; DeBERTa's relative position projections run on a (1, 2k, d) table
-``repeat``-ed to B·heads rows; Swin's attention sees B·windows rows and adds a (1, heads, N, N) bias): their
-parameters belong to the parent's generic rule, whose forward takes batch-first inputs. Keyed by qualified
-class name so that nothing imports ``transformers``."""
+"""Children (with all their descendants) whose parameters a module uses functionally, not by calling
+them (MultiheadAttention passes ``out_proj.weight`` to ``F.multi_head_attention_forward``), or on
+inputs without a batch dimension whose outputs are folded with the batch (T5's relative attention
+bias is looked up from (query, key) positions and broadcast over the batch; DeBERTa's relative
+position projections run on a (1, 2k, d) table ``repeat``-ed to B·heads rows; Swin's attention sees
+B·windows rows and adds a (1, heads, N, N) bias): their parameters belong to the parent's generic
+rule, whose forward takes batch-first inputs. Keyed by qualified class name so that nothing imports
+``transformers``."""
 
 
 def qualified_name(cls: type) -> str:
@@ -66,7 +73,8 @@ def claimed_children(module: nn.Module) -> tuple[str, ...]:
 
 
 class GenericRuleError(Exception):
-    """The generic rule cannot form exact per-example gradients for this call (the engine names the layer)."""
+    """The generic rule cannot form exact per-example gradients for this call (the engine names the
+    layer)."""
 
 
 @dataclass
@@ -100,15 +108,21 @@ RNN_ARGUMENTS = ("input", "hx")
 ATTENTION_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask")
 
 
-def _leaf_dims(values: list[tuple[int | str, Any]], dim_of: Callable[[int | str], int]) -> list[int]:
-    """One dimension per pytree leaf, the same for every leaf of one argument (in tree_flatten's order)."""
+def _leaf_dims(
+    values: list[tuple[int | str, Any]], dim_of: Callable[[int | str], int]
+) -> list[int]:
+    """One dimension per pytree leaf, the same for every leaf of one argument (in tree_flatten's
+    order)."""
     return [dim_of(key) for key, value in values for _ in tree_flatten(value)[0]]
 
 
-def layout_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Layout:
+def layout_of(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+) -> Layout:
     """Batch dimensions by argument: torch's RNNs have the sequence (input, output) along 0 or 1 by
-    ``batch_first`` and the hidden states (layers, B, H) along 1; MultiheadAttention has query, key, value and
-    its output along 0 or 1 by ``batch_first``, masks and attention weights along 0; any other module 0."""
+    ``batch_first`` and the hidden states (layers, B, H) along 1; MultiheadAttention has query, key,
+    value and its output along 0 or 1 by ``batch_first``, masks and attention weights along 0; any
+    other module 0."""
     main = 0 if getattr(module, "batch_first", True) else 1
     if isinstance(module, nn.RNNBase):
         names, batched, out_dims = RNN_ARGUMENTS, {"input"}, (main, 1)
@@ -129,17 +143,23 @@ def layout_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
 
 def check_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     """Why this call's inputs cannot be split per example, or None."""
-    if isinstance(module, nn.RNNBase) and any(isinstance(a, nn.utils.rnn.PackedSequence) for a in args):
+    if isinstance(module, nn.RNNBase) and any(
+        isinstance(a, nn.utils.rnn.PackedSequence) for a in args
+    ):
         return "a PackedSequence input has no per-example layout; pad the batch instead"
     if isinstance(module, nn.MultiheadAttention):
         mask = kwargs.get("attn_mask", args[5] if len(args) > 5 else None)
         if isinstance(mask, Tensor) and mask.dim() == 3:
-            return "a 3-D attn_mask (batch × heads, L, S) mixes the batch and head dimensions; use a 2-D mask"
+            return (
+                "a 3-D attn_mask (batch × heads, L, S) mixes the batch and head dimensions; use "
+                "a 2-D mask"
+            )
     return None
 
 
 def _batched_dims(leaves: list[Any], candidates: list[int], batch: int) -> list[int | None]:
-    """The vmap dimension of each leaf: its candidate when it has size B there, None (shared) otherwise."""
+    """The vmap dimension of each leaf: its candidate when it has size B there, None (shared)
+    otherwise."""
     dims: list[int | None] = []
     for leaf, dim in zip(leaves, candidates):
         batched = isinstance(leaf, Tensor) and leaf.dim() > dim and leaf.shape[dim] == batch
@@ -160,8 +180,9 @@ def per_example_grads(
     """Per-example gradients of ``params`` (paths relative to ``module``) from the saved call, and
     whether the recomputed outputs match the saved ones (on the device: :class:`Recomputed`).
 
-    ``layout``: :func:`layout_of` the call; ``outputs``/``out_grads``: the forward's flattened output
-    tensors and their gradients (None where the output got none or is not a floating tensor)."""
+    ``layout``: :func:`layout_of` the call; ``outputs``/``out_grads``: the forward's flattened
+    output tensors and their gradients (None where the output got none or is not a floating
+    tensor)."""
     input_leaves, input_spec = tree_flatten((args, kwargs))
     in_dims = _batched_dims(input_leaves, layout.inputs, batch)
     used = [k for k, g in enumerate(out_grads) if g is not None]
@@ -169,15 +190,20 @@ def per_example_grads(
     for k, dim in zip(used, out_dims):
         if outputs[k].dim() <= dim or outputs[k].shape[dim] != batch:
             raise GenericRuleError(
-                f"output {k} has shape {tuple(outputs[k].shape)}, with no batch dimension of size {batch} at {dim}"
+                f"output {k} has shape {tuple(outputs[k].shape)}, with no batch dimension of size "
+                f"{batch} at {dim}"
             )
     tensor_slots = [i for i, d in enumerate(in_dims) if d is not None]
     primals = {name: p.detach() for name, p in params.items()}
-    if not used:  # called, but none of its outputs reached the loss: every example's gradient is zero
+    if (
+        not used
+    ):  # called, but none of its outputs reached the loss: every example's gradient is zero
         zeros = {name: p.new_zeros(batch, *p.shape) for name, p in primals.items()}
         return Recomputed(zeros, [], torch.ones(0, dtype=torch.bool))
 
-    def example(batched: list[Tensor], cotangents: list[Tensor]) -> tuple[dict[str, Tensor], list[Tensor]]:
+    def example(
+        batched: list[Tensor], cotangents: list[Tensor]
+    ) -> tuple[dict[str, Tensor], list[Tensor]]:
         leaves = list(input_leaves)
         for slot, value in zip(tensor_slots, batched):
             leaves[slot] = value.unsqueeze(in_dims[slot])
@@ -188,11 +214,15 @@ def per_example_grads(
             return tuple(flat[k].squeeze(dim) for k, dim in zip(used, out_dims))
 
         recomputed, pullback = vjp(forward, primals)
-        return pullback(tuple(c.to(r.dtype) for c, r in zip(cotangents, recomputed)))[0], list(recomputed)
+        return pullback(tuple(c.to(r.dtype) for c, r in zip(cotangents, recomputed)))[0], list(
+            recomputed
+        )
 
     batched_inputs = [input_leaves[i] for i in tensor_slots]
     cotangents = [out_grads[k] for k in used]
-    if isinstance(module, nn.RNNBase):  # torch's fused RNN kernels have no batching rule: one example at a time
+    if isinstance(
+        module, nn.RNNBase
+    ):  # torch's fused RNN kernels have no batching rule: one example at a time
         results = [
             example(
                 [x.select(in_dims[s], i) for s, x in zip(tensor_slots, batched_inputs)],
@@ -201,7 +231,9 @@ def per_example_grads(
             for i in range(batch)
         ]
         grads = {name: torch.stack([r[0][name] for r in results]) for name in primals}
-        recomputed = [torch.stack([r[1][j] for r in results], dim=d) for j, d in enumerate(out_dims)]
+        recomputed = [
+            torch.stack([r[1][j] for r in results], dim=d) for j, d in enumerate(out_dims)
+        ]
     else:
         grads, recomputed = vmap(
             example,

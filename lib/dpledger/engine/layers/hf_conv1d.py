@@ -1,8 +1,10 @@
-"""transformers' ``Conv1D`` (GPT-2's attention and MLP projections): a Linear with a transposed weight.
+"""transformers' ``Conv1D`` (GPT-2's attention and MLP projections): a Linear with a transposed
+weight.
 
-s = a W + b with W of shape (d, p), so example i's weight gradient is a_iᵀ b_i (d × p), the transpose of
-nn.Linear's: the same ghost norm, and book-keeping with the factors applied the same way (the Linear rule
-with its layout switch). Registered by name, so the engine does not import ``transformers``.
+s = a W + b with W of shape (d, p), so example i's weight gradient is a_iᵀ b_i (d × p), the
+transpose of nn.Linear's: the same ghost norm, and book-keeping with the factors applied the same
+way (the Linear rule with its layout switch). Registered by name, so the engine does not import
+``transformers``.
 """
 
 from __future__ import annotations

@@ -18,29 +18,36 @@ def as_sequences(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def step_sum(b: Tensor) -> Tensor:
-    """Σ_t b[:, t] of a (B, T, p) tensor: example i's bias gradient (a view when T = 1, where torch's
-    ``sum`` over a singleton dimension still makes a slow copy)."""
+    """Σ_t b[:, t] of a (B, T, p) tensor: example i's bias gradient (a view when T = 1, where
+    torch's ``sum`` over a singleton dimension still makes a slow copy)."""
     return b[:, 0] if b.shape[1] == 1 else b.sum(1)
 
 
 GRAM_BLOCK = 32
 """Row-block height of the symmetric Grams on CPU: bmm is slow on heights that are not a multiple of
-32, and smaller blocks lose more to bmm overheads than they save (``benchmarks/bench_engine.py``)."""
+32, and smaller blocks lose more to bmm overheads than they save
+(``benchmarks/bench_engine.py``)."""
 
 
 def sequence_ghost_norm(a: Tensor, b: Tensor) -> Tensor:
-    """‖a_iᵀ b_i‖²_F = Σ_{t,s} (a_t·a_s)(b_t·b_s) for (B, T, d), (B, T, p) without forming it (003 Eq. 2);
-    T = 1 is ‖a_i‖²‖b_i‖².
+    """‖a_iᵀ b_i‖²_F = Σ_{t,s} (a_t·a_s)(b_t·b_s) for (B, T, d), (B, T, p) without forming it (003
+    Eq. 2); T = 1 is ‖a_i‖²‖b_i‖².
 
-    On CPU both Grams are symmetric, so only the blocks on and above the diagonal are formed, row block
-    by row block (a block of 32 rows against every later column): about 5/8 of the flops at T = 128
-    (off-diagonal blocks count twice; timings in benchmarks/RESULTS.md)."""
+    On CPU both Grams are symmetric, so only the blocks on and above the diagonal are formed, row
+    block by row block (a block of 32 rows against every later column): about 5/8 of the flops at T
+    = 128 (off-diagonal blocks count twice; timings in benchmarks/RESULTS.md)."""
     if a.shape[1] == 1:
-        return torch.linalg.vector_norm(a, dim=(1, 2)).square() * torch.linalg.vector_norm(b, dim=(1, 2)).square()
+        return (
+            torch.linalg.vector_norm(a, dim=(1, 2)).square()
+            * torch.linalg.vector_norm(b, dim=(1, 2)).square()
+        )
     steps = a.shape[1]
     blocks = min(steps // GRAM_BLOCK, 8) if a.device.type == "cpu" else 1
     if blocks <= 1:  # Σ of the Grams' product as one batched dot product: three launches
-        grams = torch.bmm(a, a.transpose(1, 2)).view(a.shape[0], 1, -1), torch.bmm(b, b.transpose(1, 2))
+        grams = (
+            torch.bmm(a, a.transpose(1, 2)).view(a.shape[0], 1, -1),
+            torch.bmm(b, b.transpose(1, 2)),
+        )
         return torch.bmm(grams[0], grams[1].view(b.shape[0], -1, 1)).view(-1)
     height = GRAM_BLOCK * -(-steps // (GRAM_BLOCK * blocks))
     total = a.new_zeros(a.shape[0])
@@ -53,16 +60,19 @@ def sequence_ghost_norm(a: Tensor, b: Tensor) -> Tensor:
 
 
 def sequence_rule(transposed: bool) -> LayerRule:
-    """The rule of s = a W + b over (B, ..., d) inputs, for either weight layout: nn.Linear stores W as
-    (p, d), so example i's weight gradient is b_iᵀ a_i; ``transposed`` (transformers' Conv1D) stores it as
-    (d, p), the gradient a_iᵀ b_i. The ghost norm and cost are the same; the factors swap places."""
+    """The rule of s = a W + b over (B, ..., d) inputs, for either weight layout: nn.Linear stores W
+    as (p, d), so example i's weight gradient is b_iᵀ a_i; ``transposed`` (transformers' Conv1D)
+    stores it as (d, p), the gradient a_iᵀ b_i. The ghost norm and cost are the same; the factors
+    swap places."""
 
     def oriented(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
         """(left, right) of the weight gradient leftᵀ right, as (B, T, ·) sequences."""
         a, b = as_sequences(a, b)
         return (a, b) if transposed else (b, a)
 
-    def per_example_grads(layer: nn.Module, a: Tensor, b: Tensor, names: frozenset) -> dict[str, Tensor]:
+    def per_example_grads(
+        layer: nn.Module, a: Tensor, b: Tensor, names: frozenset
+    ) -> dict[str, Tensor]:
         left, right = oriented(a, b)
         grads = {}
         if "weight" in names:

@@ -32,7 +32,9 @@ def layer_norm_grads(layer: nn.Module, a: Tensor, b: Tensor, names: frozenset) -
     return grads
 
 
-def group_norm_grads(layer: nn.GroupNorm, a: Tensor, b: Tensor, names: frozenset) -> dict[str, Tensor]:
+def group_norm_grads(
+    layer: nn.GroupNorm, a: Tensor, b: Tensor, names: frozenset
+) -> dict[str, Tensor]:
     batch, channels = a.shape[0], a.shape[1]
     grads = {}
     if "weight" in names:

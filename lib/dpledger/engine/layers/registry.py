@@ -1,7 +1,7 @@
-"""The registry of per-layer rules: :class:`LayerRule`, the maps from layer classes (or their qualified names) to
-rules, :func:`rule_for`, and the few tensor helpers the rules share. Kept apart from the package's
-``__init__.py``, which imports the rule modules to register them, so that the rule modules import this
-module and nothing imports back in a circle.
+"""The registry of per-layer rules: :class:`LayerRule`, the maps from layer classes (or their
+qualified names) to rules, :func:`rule_for`, and the few tensor helpers the rules share. Kept apart
+from the package's ``__init__.py``, which imports the rule modules to register them, so that the
+rule modules import this module and nothing imports back in a circle.
 
 Every rule works on the activations ``a`` a forward hook saw and the gradient ``b = ∂L/∂s`` of the
 summed loss with respect to the layer output (so ``b[i]`` is example i's output gradient).
@@ -31,21 +31,21 @@ class LayerRule:
 
     ``per_example_grads(layer, a, b, names)`` -> {name: (B, *param.shape)} for the parameters in
     ``names`` (the trainable ones), always available.
-    The ghost branch covers the weight only (003 §2: biases and the like are cheap to instantiate, and the
-    engine does so): ``ghost_norm(layer, a, b)`` -> (B,) squared norms of the per-example weight gradients
-    without instantiating them, ``clipped_sum(layer, a, b, factors, out)`` adds Σ_i factors[i]·g_i of the
-    weight into ``out`` in place (book-keeping, 003 §3.1 step 5; no parameter-sized temporary) and
-    ``ghost_cost(layer, a)`` -> (ghost elements, instantiation elements) per example for the layer-wise
-    decision 2T² < p·d (003 §3.3); all three are None for layers that always instantiate
-    (normalisation layers: tiny per-example gradients).
+    The ghost branch covers the weight only (003 §2: biases and the like are cheap to instantiate,
+    and the engine does so): ``ghost_norm(layer, a, b)`` -> (B,) squared norms of the per-example
+    weight gradients without instantiating them, ``clipped_sum(layer, a, b, factors, out)`` adds Σ_i
+    factors[i]·g_i of the weight into ``out`` in place (book-keeping, 003 §3.1 step 5; no
+    parameter-sized temporary) and ``ghost_cost(layer, a)`` -> (ghost elements, instantiation
+    elements) per example for the layer-wise decision 2T² < p·d (003 §3.3); all three are None for
+    layers that always instantiate (normalisation layers: tiny per-example gradients).
     ``validate(layer)`` returns why this particular layer cannot be handled, or None; ``parameters``
     names the direct parameters the rule produces gradients for (any other one is an error).
-    ``tied_factors(layer, a, b)`` -> (kind, A, M) writes the weight gradient as g_i = M_iᵀ A_i, with M dense
-    (B, T, rows) ("dense") or one-hot given by (B, T) row indices ("onehot"), so that a weight shared by several
-    layers (GPT-2's head tied to its token embedding) keeps the ghost norm: see :func:`ghost_dot`.
-    ``rowwise``: the layer acts on each position of its leading dimensions alone (Linear, LayerNorm), so an input
-    of (B·k, ...) rows proved to be example-major (:func:`validators.flattened_rows`) is given to the rule as
-    (B, k, ...).
+    ``tied_factors(layer, a, b)`` -> (kind, A, M) writes the weight gradient as g_i = M_iᵀ A_i, with
+    M dense (B, T, rows) ("dense") or one-hot given by (B, T) row indices ("onehot"), so that a
+    weight shared by several layers (GPT-2's head tied to its token embedding) keeps the ghost norm:
+    see :func:`ghost_dot`. ``rowwise``: the layer acts on each position of its leading dimensions
+    alone (Linear, LayerNorm), so an input of (B·k, ...) rows proved to be example-major
+    (:func:`validators.flattened_rows`) is given to the rule as (B, k, ...).
     """
 
     per_example_grads: PerExampleGrads
@@ -69,7 +69,8 @@ RULES_BY_NAME: dict[str, LayerRule] = {}
 
 
 def register(*layer_types: type[nn.Module], rule: LayerRule) -> LayerRule:
-    """Map each of ``layer_types`` (and its subclasses, unless they have their own rule) to ``rule``."""
+    """Map each of ``layer_types`` (and its subclasses, unless they have their own rule) to
+    ``rule``."""
     for layer_type in layer_types:
         RULES[layer_type] = rule
     return rule
@@ -87,8 +88,8 @@ def _registered(cls: type) -> LayerRule | None:
 
 
 FORWARD_METHODS = ("forward", "_conv_forward")
-"""The methods that compute a layer's output: a subclass that overrides one (e.g. ``F.linear(2 * x, ...)``,
-torch's QAT layers) no longer computes what its registered base class's rule assumes."""
+"""The methods that compute a layer's output: a subclass that overrides one (e.g. ``F.linear(2 * x,
+...)``, torch's QAT layers) no longer computes what its registered base class's rule assumes."""
 
 
 def registered_base(layer: nn.Module) -> type[nn.Module] | None:
@@ -97,20 +98,24 @@ def registered_base(layer: nn.Module) -> type[nn.Module] | None:
 
 
 def rule_for(layer: nn.Module) -> LayerRule | None:
-    """The rule of the nearest registered class in ``layer``'s MRO, or None — also None when ``layer``'s class
-    overrides how that class computes its output (the rule would then be silently wrong)."""
+    """The rule of the nearest registered class in ``layer``'s MRO, or None — also None when
+    ``layer``'s class overrides how that class computes its output (the rule would then be silently
+    wrong)."""
     base = registered_base(layer)
-    if base is None or any(getattr(type(layer), m, None) is not getattr(base, m, None) for m in FORWARD_METHODS):
+    if base is None or any(
+        getattr(type(layer), m, None) is not getattr(base, m, None) for m in FORWARD_METHODS
+    ):
         return None
     return _registered(base)
 
 
 @exactly
 def ghost_dot(first: tuple[str, Tensor, Tensor], second: tuple[str, Tensor, Tensor]) -> Tensor:
-    """⟨g_i, g'_i⟩ per example for two calls' gradients of ONE shared weight, g = Mᵀ A (``tied_factors``), without
-    forming them: Σ_{s,t} (A_s·A'_t)(M_s·M'_t), where M_s·M'_t is a dot product of dense rows, the entry
-    M_s[row'_t] of a dense row at a one-hot row index, or 1{row_s = row'_t} for two one-hot rows. Then
-    ‖Σ_c g_c‖² = Σ_c ‖g_c‖² + 2 Σ_{c<c'} ⟨g_c, g_c'⟩ (norms of tied weights combine before squaring, 003 §5)."""
+    """⟨g_i, g'_i⟩ per example for two calls' gradients of ONE shared weight, g = Mᵀ A
+    (``tied_factors``), without forming them: Σ_{s,t} (A_s·A'_t)(M_s·M'_t), where M_s·M'_t is a dot
+    product of dense rows, the entry M_s[row'_t] of a dense row at a one-hot row index, or 1{row_s =
+    row'_t} for two one-hot rows. Then ‖Σ_c g_c‖² = Σ_c ‖g_c‖² + 2 Σ_{c<c'} ⟨g_c, g_c'⟩ (norms of
+    tied weights combine before squaring, 003 §5)."""
     (kind, a, m), (other_kind, a2, m2) = first, second
     gram_a = torch.bmm(a, a2.transpose(1, 2))
     if kind == other_kind == "dense":
@@ -125,8 +130,11 @@ def ghost_dot(first: tuple[str, Tensor, Tensor], second: tuple[str, Tensor, Tens
 
 
 def add_weighted_sum(out: Tensor, factors: Tensor, per_example: Tensor) -> None:
-    """out += Σ_i factors[i] · per_example[i] (module 5 of 003 §3.4), as one matrix-vector product in place."""
-    out.view(-1).addmv_(per_example.reshape(per_example.shape[0], -1).T, factors.to(per_example.dtype))
+    """out += Σ_i factors[i] · per_example[i] (module 5 of 003 §3.4), as one matrix-vector product
+    in place."""
+    out.view(-1).addmv_(
+        per_example.reshape(per_example.shape[0], -1).T, factors.to(per_example.dtype)
+    )
 
 
 def add_scaled_product(out: Tensor, factors: Tensor, b: Tensor, a: Tensor) -> None:
