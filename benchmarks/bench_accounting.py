@@ -187,7 +187,8 @@ def bench_baselines(epsilons: list[float]) -> list[str]:
     as the banded C (its geometric tail's cost: the BLT cannot end at lag b as a b-banded C
     does)."""
     lines = [
-        "| ε | unamplified (w) | optimized banded + cyclic Poisson (w) | unamplified 3-buffer BLT |",
+        "| ε | unamplified (w) | optimized banded + cyclic Poisson (w) "
+        "| unamplified 3-buffer BLT |",
         "|---|---|---|---|",
     ]
     blt = optimize_blt_unamplified(3, BINS, EPOCHS, init_bands=BINS)

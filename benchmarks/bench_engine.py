@@ -231,7 +231,9 @@ def _method_step(
             outputs = wrapped(x)
         if y.dim() == 1:
             criterion(outputs, y).backward()
-        else:  # language modelling: Opacus takes the flattened tokens and the logits' shape (per-sequence mean)
+        else:
+            # language modelling: Opacus takes the flattened tokens and the logits' shape
+            # (per-sequence mean)
             criterion(
                 outputs.reshape(-1, outputs.shape[-1]), y.reshape(-1), shape=outputs.shape
             ).backward()
@@ -533,6 +535,12 @@ def _cpu_parts(args: argparse.Namespace, results: dict, micro: bool) -> None:
     )
 
 
+def _verdict(method: str, error: float | str, wrong: list[str]) -> str:
+    """Clipped-sum error as printed: FAILED (why), or the error (WRONG beyond tolerance)."""
+    shown = f"FAILED ({error})" if isinstance(error, str) else f"{error:.2e}"
+    return f"{method} {shown}{' WRONG' if method in wrong else ''}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
@@ -584,10 +592,7 @@ def main() -> None:
             row["failed"] = [m for m, e in errors.items() if isinstance(e, str)]
             print(
                 f"{workload}: clipped sum vs float64 naive loop (tolerance {tolerance:g}): "
-                + ", ".join(
-                    f"{m} {f'FAILED ({e})' if isinstance(e, str) else f'{e:.2e}'}{' WRONG' if m in row['wrong'] else ''}"
-                    for m, e in errors.items()
-                ),
+                + ", ".join(_verdict(m, e, row["wrong"]) for m, e in errors.items()),
                 flush=True,
             )
             methods = tuple(m for m in methods if not isinstance(errors.get(m, 0.0), str))

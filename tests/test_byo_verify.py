@@ -135,7 +135,7 @@ def test_a_broken_engine_fails_the_tests_meant_for_its_bug_on_the_lm(tmp_path, l
     assert caught <= failed
 
 
-def test_weighted_task_loss_is_weight_times_the_naive_token_loss_and_zero_weight_gives_zero_gradient(
+def test_weighted_token_loss_is_weight_times_the_naive_loss_and_zero_weight_gives_zero_gradient(
     tmp_path, lm
 ):
     model, task, x, y = _task(_project(tmp_path, lm, model="train"))

@@ -14,7 +14,8 @@ from dpledger.engine import retain_freed_memory
 CYCLES = """
 import ctypes, resource, sys
 from dpledger.engine import retain_freed_memory
-libc = ctypes.CDLL(None)   # the malloc torch's CPU allocator uses, called directly: nothing else interleaves
+# the malloc torch's CPU allocator uses, called directly: nothing else interleaves
+libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 applied = retain_freed_memory() if sys.argv[1] == "retain" else None
@@ -22,7 +23,8 @@ SIZE = 4 << 20
 
 def cycle():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    blocks = [libc.malloc(SIZE) for _ in range(40)]   # 160 MiB, written, then freed together like a BK step's keep
+    # 160 MiB, written, then freed together like a BK step's keep
+    blocks = [libc.malloc(SIZE) for _ in range(40)]
     for block in blocks:
         ctypes.memset(block, 1, SIZE)
     for block in blocks:

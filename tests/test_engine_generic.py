@@ -313,7 +313,7 @@ def test_generic_rule_refuses_layers_it_cannot_split_per_example_naming_them(lay
         engine.backward(sum_loss(model(torch.randn(4, 3)), torch.ones(4, 2)))
 
 
-def test_attention_with_a_batch_times_heads_mask_and_packed_sequences_are_refused_naming_the_layer():
+def test_attention_with_a_batch_times_heads_mask_and_packed_sequences_are_refused_by_name():
     attention = nn.MultiheadAttention(4, 2, batch_first=True)
     BKEngine(attention, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
     x = torch.randn(3, 5, 4)

@@ -77,7 +77,8 @@ class _Payload:
         return (
             exec,
             (
-                "import pathlib; pathlib.Path(__import__('os').environ['PAYLOAD_MARK']).write_text('ran')",
+                "import pathlib; "
+                "pathlib.Path(__import__('os').environ['PAYLOAD_MARK']).write_text('ran')",
             ),
         )
 

@@ -177,7 +177,7 @@ def test_optimized_banded_is_a_local_minimum_of_the_unamplified_rmse_below_the_s
             assert _dense_unamplified_factor(nudged, bins, epochs) >= best - 1e-9
 
 
-def test_unamplified_blt_is_a_local_minimum_below_its_start_and_above_the_best_banded_at_period_bins():
+def test_unamplified_blt_is_a_local_minimum_below_its_start_above_the_best_banded_at_period_bins():
     """The BLT optimized without amplification beats the fit it starts from and no nudge of its
     parameters improves it (dense objective); at bands = bins the optimized banded C, whose columns
     of the same slot never overlap, still beats it: the geometric tail's cost."""

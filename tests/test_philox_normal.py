@@ -181,7 +181,8 @@ def test_the_thread_pool_draws_the_same_values(threads):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_does_not_use_the_numba_pool():
-    pn.pool_is_usable()  # the parent has launched the pool (GNU OpenMP would abort a child using it)
+    # the parent has launched the pool (GNU OpenMP would abort a child using it)
+    pn.pool_is_usable()
     child = os.fork()
     if child == 0:
         os._exit(0 if pn.pool_is_usable() is False else 1)

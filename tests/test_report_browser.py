@@ -139,7 +139,8 @@ class DevTools:
 
 
 PAGE_FACTS = """JSON.stringify({
-  images: Array.from(document.images).map(i => ({alt: i.alt, complete: i.complete, width: i.naturalWidth})),
+  images: Array.from(document.images).map(
+    i => ({alt: i.alt, complete: i.complete, width: i.naturalWidth})),
   resources: performance.getEntriesByType('resource').map(e => e.name),
   firstBlock: (document.querySelector('main > h1 + *') || {}).className || '',
   firstText: ((document.querySelector('main > h1 + *') || {}).innerText || '').slice(0, 200),

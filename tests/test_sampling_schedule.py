@@ -18,8 +18,9 @@ from dpledger.sampling import SAMPLERS, Schedule, build_sampler, build_schedule,
 from dpledger.sampling.stats import batch_size_histogram, schedule_stats
 
 CONTRACT_METRICS = {
-    "sampler", "num_steps", "dataset_size", "batch_size_mean", "batch_size_std", "batch_size_min",
-    "batch_size_max", "padding_rows", "epochs", "steps_per_epoch", "pad_truncate", "truncated_examples",
+    "sampler", "num_steps", "dataset_size", "batch_size_mean", "batch_size_std",
+    "batch_size_min", "batch_size_max", "padding_rows", "epochs", "steps_per_epoch",
+    "pad_truncate", "truncated_examples",
 }  # fmt: skip
 
 

@@ -473,7 +473,9 @@ class MonteCarloAccountant:
             "verification": "plain" if plan is None else "importance",
             "verify_samples": fresh if plan is None else sum(plan[1]),
             "verify_samples_plain": fresh,
-            "failure_bound": "Chernoff-Hoeffding (KL) for [0, 1] variables, union over EVR attempts",
+            "failure_bound": (
+                "Chernoff-Hoeffding (KL) for [0, 1] variables, union over EVR attempts"
+            ),
             "evr_attempts": attempt,
             "delta_estimate_verify": estimate.delta,
             "delta_interval_95": [low, high],

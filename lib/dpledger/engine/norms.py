@@ -187,7 +187,8 @@ class LayerNorms:
         self.last_workspace_elements += batch * (ghost_elements if use else instantiated_elements)
         return use
 
-    @exactly  # autocast follows into backward, TF32 is global: norms in full precision (precision.py)
+    # autocast follows into backward, TF32 is global: norms in full precision (precision.py)
+    @exactly
     def take_backprops(self, call: Call, grad: Tensor) -> None:
         """Backward hook: this call's per-example norms now, so instantiated layers free a and b at
         once."""

@@ -173,9 +173,8 @@ class Recorder:
         if check is None:
             return
         check.__exit__(None, None, None)
-        if (
-            output is None
-        ):  # the forward pass raised (torch then calls this hook with no output): check the next one
+        if output is None:
+            # the forward pass raised (torch calls this hook without output): check the next one
             return
         if check.found is not None:
             self.calls = []
@@ -270,7 +269,8 @@ class Recorder:
         self.calls.append(call)
         sink = functools.partial(self._sink, call, tuple(inputs.shape), sequence_first, rows)
         tapped = capture.tap(output, sink, self._origin(output))
-        if rows:  # its output rows are proved example-major too: layers after elementwise ops may use them
+        if rows:
+            # its output rows are proved example-major too: layers after elementwise ops use them
             self.row_sources[id(tapped.grad_fn)] = (tapped.grad_fn, rows)
         return tapped
 

@@ -25,13 +25,14 @@ body { margin: 0; background: #eef1f4; color: var(--fg);
 main { max-width: 1100px; margin: 24px auto; padding: 28px 36px 40px; background: #fff;
        border: 1px solid var(--line); border-radius: 10px; }
 h1 { margin: 0 0 18px; font-size: 28px; }
-h2 { margin: 34px 0 12px; padding-bottom: 6px; border-bottom: 1px solid var(--line); font-size: 21px; }
+h2 { margin: 34px 0 12px; padding-bottom: 6px; border-bottom: 1px solid var(--line);
+     font-size: 21px; }
 h3 { margin: 24px 0 8px; font-size: 17px; }
 p, ul { margin: 8px 0; }
 code, pre { font-family: "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 0.88em; }
 code { background: var(--soft); padding: 1px 5px; border-radius: 4px; }
-pre { background: var(--soft); border: 1px solid var(--line); border-radius: 6px; padding: 12px 14px;
-      overflow-x: auto; line-height: 1.4; }
+pre { background: var(--soft); border: 1px solid var(--line); border-radius: 6px;
+      padding: 12px 14px; overflow-x: auto; line-height: 1.4; }
 pre code { background: none; padding: 0; font-size: 1em; }
 .table-wrap { overflow-x: auto; margin: 10px 0; }
 table { border-collapse: collapse; min-width: 50%; }
@@ -57,7 +58,8 @@ table.headline td:first-child, table.headline td:nth-child(2), th { white-space:
 .alert.tip { background: #dafbe1; border-color: var(--good); }
 .alert.tip .label { color: var(--good); }
 .figures { display: grid; grid-template-columns: repeat(auto-fill, minmax(460px, 1fr)); gap: 16px; }
-figure { margin: 0; padding: 10px; border: 1px solid var(--line); border-radius: 8px; background: #fff; }
+figure { margin: 0; padding: 10px; border: 1px solid var(--line); border-radius: 8px;
+         background: #fff; }
 figure img { display: block; width: 100%; height: auto; }
 figcaption { margin-top: 6px; font-weight: 600; }
 figcaption code { font-weight: normal; }

@@ -81,7 +81,8 @@ class PluginSampler(BatchSampler):
         self.name = name  # type: ignore[misc]
         self.plugin = load_plugin(name)
         self.accounted_as = getattr(self.plugin, "accounted_as", None)  # type: ignore[misc]
-        self.description = getattr(self.plugin, "description", type(self).description)  # type: ignore[misc]
+        description = getattr(self.plugin, "description", type(self).description)
+        self.description = description  # type: ignore[misc]
 
     def options(self) -> dict[str, Any]:
         return {"accounted_as": self.accounted_as}

@@ -58,7 +58,8 @@ KS = Check(
 )
 NOISE_SCALE = Check(
     "noise_scale",
-    "beyond 000: the update noise must have std σ·C/B (χ² test, one-sided: less noise than claimed)",
+    "beyond 000: the update noise must have std σ·C/B "
+    "(χ² test, one-sided: less noise than claimed)",
     "std of the update noise / (η·σ·C/B)",
 )
 NOISE_INDEPENDENCE = "noise_independence"

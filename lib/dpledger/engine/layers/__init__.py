@@ -5,7 +5,14 @@ nothing of layer internals (the Opacus ``grad_sample`` layout, STYLE.md). The re
 ``hf_conv1d``, ``linear`` and ``normalization``.
 """
 
-from dpledger.engine.layers import conv, embedding, hf_conv1d, linear, normalization  # noqa: F401  (registers rules)
+# imported for their effect: each module registers its layer rules
+from dpledger.engine.layers import (  # noqa: F401
+    conv,
+    embedding,
+    hf_conv1d,
+    linear,
+    normalization,
+)
 from dpledger.engine.layers.registry import (
     RULES,
     RULES_BY_NAME,
