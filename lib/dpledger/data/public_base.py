@@ -22,6 +22,7 @@ from pathlib import Path
 
 from dpledger import io
 from dpledger.data.example_lm import EXAMPLE, write_example
+from dpledger.local_folders import TRUST_REMOTE_CODE
 
 PRIVATE_MODULES = (
     "argparse", "ast", "base64", "bisect", "calendar", "cmd", "codecs", "collections", "colorsys",
@@ -135,8 +136,9 @@ def write_public_base(
     folder = Path(folder)
     with io.atomic_dir(folder) as tmp:
         write_example(tmp / "public", **{**EXAMPLE, **(example or {})})
-        model = AutoModelForCausalLM.from_pretrained(tmp / "public/model")
-        tokenizer = AutoTokenizer.from_pretrained(tmp / "public/model")
+        built = tmp / "public/model"
+        model = AutoModelForCausalLM.from_pretrained(built, trust_remote_code=TRUST_REMOTE_CODE)
+        tokenizer = AutoTokenizer.from_pretrained(built, trust_remote_code=TRUST_REMOTE_CODE)
         texts = [
             json.loads(line)["text"]
             for line in (tmp / "public/corpus.jsonl").read_text().splitlines()
