@@ -197,9 +197,8 @@ def _method_step(
                 losses = per_example_losses(model(x), y)
             engine.private_step(losses)
 
-        bk_step.gradients = lambda: [
-            v / batch for v in engine.last_noisy_sum
-        ]  # p.grad is released after a step
+        # p.grad is released after a step
+        bk_step.gradients = lambda: [v / batch for v in engine.last_noisy_sum]
         return bk_step
     if method == "opacus-hooks":
         return _opacus_hooks_step(model, x, y, cast, clip_norm, sigma)

@@ -75,9 +75,8 @@ def test_samples_do_not_depend_on_chunk_size():
     pair = mc.fixed_bins_pair(np.array([1.0, 0.5, 0.25, 0.1]), bins=4, steps=8)
     small = mc.estimate_delta(pair, 1.0, 0.5, 3 * mc.BLOCK + 17, seed=3, chunk=mc.BLOCK)
     large = mc.estimate_delta(pair, 1.0, 0.5, 3 * mc.BLOCK + 17, seed=3, chunk=8 * mc.BLOCK)
-    assert small.delta == pytest.approx(
-        large.delta, rel=1e-12
-    )  # same samples; only the summation order differs
+    # same samples; only the summation order differs
+    assert small.delta == pytest.approx(large.delta, rel=1e-12)
 
 
 def test_chunk_memory_is_bounded():

@@ -112,9 +112,8 @@ def test_importance_needs_fewer_samples_when_the_bound_is_below_one():
         if bound >= 0.1:
             assert count == pytest.approx(bound * plain, rel=0.05)
         assert evr.failure_bound(count, delta / bound, threshold / bound) <= failure
-    assert (
-        imp.samples_needed(delta, failure, delta, threshold) == 0
-    )  # δ <= M <= target: proven without samples
+    # δ <= M <= target: proven without samples
+    assert imp.samples_needed(delta, failure, delta, threshold) == 0
 
 
 def test_accountant_picks_importance_sampling_only_where_it_is_cheaper():
@@ -127,9 +126,8 @@ def test_accountant_picks_importance_sampling_only_where_it_is_cheaper():
     assert details["importance_bound_remove"] < 1
     assert "importance-sampled" in result.assumptions[-1]
     pair = accountant.pair(small)
-    assert (
-        accountant.importance_plan(pair, 0.3, 0.5, 1e-3) is None
-    )  # M >= 1 at small σ: plain is used
+    # M >= 1 at small σ: plain is used
+    assert accountant.importance_plan(pair, 0.3, 0.5, 1e-3) is None
 
 
 def test_importance_refused_for_several_pieces():

@@ -220,9 +220,8 @@ def test_samples_are_philox_normals_keyed_by_block_with_far_tails():
         expected = np.empty(400, np.float32)
         fill_standard_normal(expected, (int(words[1]), int(words[2])), step=0)
         np.testing.assert_array_equal(draw.normals.numpy(), expected.reshape(100, 4))
-    assert (
-        sum(p[0].bins.shape[0] for p in pieces) == 100 and len(pieces[0]) == 3
-    )  # one draw per redrawn epoch
+    # one draw per redrawn epoch
+    assert sum(p[0].bins.shape[0] for p in pieces) == 100 and len(pieces[0]) == 3
     assert not torch.equal(pieces[0][0].normals, pieces[0][1].normals)
     many = torch.cat(
         [
@@ -248,12 +247,13 @@ def _random_pair(seed: int, bins: int, epochs: int) -> tuple[np.ndarray, np.ndar
 
 @pytest.mark.parametrize(
     "seed,bins,epochs,sigma",
+    # 0.05: G/σ² > KERNEL_LIMIT, plain LSE
     [
         (0, 5, 3, 1.0),
         (1, 8, 2, 4.0),
         (2, 6, 4, 0.25),
         (3, 7, 1, 0.05),
-    ],  # 0.05: G/σ² > KERNEL_LIMIT, plain LSE
+    ],
 )
 def test_one_exp_screen_matches_n_dimensional_losses_within_its_margin(seed, bins, epochs, sigma):
     """The float32 screen's losses (one exp per term) against log P(x)/Q(x) computed from x ∈ R^n
@@ -267,9 +267,8 @@ def test_one_exp_screen_matches_n_dimensional_losses_within_its_margin(seed, bin
     noise = rng.standard_normal((rows, modes.shape[0]))
     chosen = rng.integers(0, bins, rows)
     factor = np.linalg.cholesky(gram)
-    normals = np.linalg.solve(factor, (noise @ modes).T).T.astype(
-        np.float32
-    )  # U = W Fᵀ = Mᵀ Z, rounded
+    # U = W Fᵀ = Mᵀ Z, rounded
+    normals = np.linalg.solve(factor, (noise @ modes).T).T.astype(np.float32)
     pair = mc.DominatingPair((gram,))
     screen = mc.Screen(mc.PreparedPair(pair), sigma)
     draw = mc.Draw(torch.from_numpy(chosen), torch.from_numpy(normals))
@@ -338,9 +337,8 @@ def _unscreened_delta(
 def test_screened_estimate_is_exact_and_independent_of_chunks_and_workers(pair, sigma):
     samples = 5 * mc.BLOCK + 123
     reference = _unscreened_delta(pair, sigma, 1.0, samples, seed=4)
-    assert (
-        reference.max() > 1e-4
-    )  # samples past the threshold exist, so the screen has something to keep
+    # samples past the threshold exist, so the screen has something to keep
+    assert reference.max() > 1e-4
     results = [
         mc.estimate_delta(pair, sigma, 1.0, samples, seed=4, chunk=chunk, workers=workers)
         for chunk in (mc.BLOCK, 2 * mc.BLOCK, 8 * mc.BLOCK)

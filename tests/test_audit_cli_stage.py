@@ -148,9 +148,8 @@ def test_stage_without_inputs_fails_with_one_line_and_writes_nothing(tmp_path, r
 
 def test_stage_refuses_a_schedule_built_for_other_sizes_than_the_ledger(tmp_path, repo_root):
     write_inputs(tmp_path, "poisson")
-    other = build_schedule(
-        "poisson", dataset_size=160, batch_size=32, epochs=2, seed=0
-    )  # 10 steps, q = 0.2
+    # 10 steps, q = 0.2
+    other = build_schedule("poisson", dataset_size=160, batch_size=32, epochs=2, seed=0)
     other.save(tmp_path / "artifacts" / "schedule")
     with pytest.raises(DpledgerError, match="batch_size 32 \\(accounted 16\\)"):
         audit_stage.run(stage_params(repo_root), tmp_path)

@@ -102,10 +102,11 @@ def test_verdict_contradicted_inconclusive_consistent():
     eps = strong.epsilon
     assert judge(strong, eps - 0.5, present, absent).verdict == "contradicted"
     assert judge(replace(strong, valid=False), eps - 0.5, present, absent).verdict == "inconclusive"
+    # the bound is looser than the point estimate
     weak, null = (
         rng.normal(2.0, 1.0, 2000),
         rng.normal(0.0, 1.0, 2000),
-    )  # the bound is looser than the point estimate
+    )
     loose = estimate_epsilon(weak, null, delta=1e-5)
     point = judge(loose, 50.0, weak, null).point_estimate
     assert point > loose.epsilon

@@ -20,6 +20,7 @@ def naive_slot_score(x, weights, sigma, present, absent, same_slot):
     """log p_D(x)/p_D'(x) for x of shape (epochs, slots) by explicit Gaussian densities."""
 
     def log_density(shift):
+        # (epochs, slot where the record is)
         per_slot = np.array(
             [
                 [
@@ -30,7 +31,7 @@ def naive_slot_score(x, weights, sigma, present, absent, same_slot):
                 ]
                 for e in range(x.shape[0])
             ]
-        )  # (epochs, slot where the record is)
+        )
         log_w = np.log(weights)
         if same_slot:
             return logsumexp(log_w + per_slot.sum(axis=0))

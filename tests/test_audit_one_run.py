@@ -145,9 +145,8 @@ def test_placement_follows_the_samplers_law():
         build_schedule("balls-in-bins", dataset_size=100, batch_size=10, epochs=3, seed=0)
     )
     slots = bins.placed(1, 500).reshape(500, 3, 10)
-    assert np.all(slots.sum(axis=2) == 1) and np.all(
-        slots[:, 0] == slots[:, 2]
-    )  # its bin, every epoch
+    # its bin, every epoch
+    assert np.all(slots.sum(axis=2) == 1) and np.all(slots[:, 0] == slots[:, 2])
 
 
 def test_a_sampler_without_a_law_is_reported_not_run():
@@ -176,9 +175,8 @@ def test_last_iterate_heuristic_for_one_slot_per_epoch_is_a_gaussian_pair():
     from dp_accounting import get_epsilon_gaussian
 
     sigma, steps, epochs = 2.0, 50, 5
-    expected = get_epsilon_gaussian(
-        sigma * math.sqrt(steps) / epochs, DELTA
-    )  # N(E, Tσ²) vs N(0, Tσ²)
+    # N(E, Tσ²) vs N(0, Tσ²)
+    expected = get_epsilon_gaussian(sigma * math.sqrt(steps) / epochs, DELTA)
     heuristic = last_iterate_epsilon(sigma, steps, DELTA, step_probability=None, epochs=epochs)
     assert heuristic == pytest.approx(expected, rel=1e-3)
 
@@ -281,9 +279,8 @@ def test_side_copy_leaves_the_released_model_unchanged(digits):
 
 def _sigma_for(epsilon: float, schedule) -> float:
     q, n, steps = 64 / schedule.dataset_size, schedule.dataset_size, schedule.num_steps
-    run = PldRun(
-        1.0, "poisson", 1, q, n, 64, steps
-    )  # a coarse (pessimistic) PLD is enough for a test's σ
+    # a coarse (pessimistic) PLD is enough for a test's σ
+    run = PldRun(1.0, "poisson", 1, q, n, 64, steps)
     return brentq(
         lambda s: pld_epsilon(replace(run, noise_multiplier=s), DELTA, 1e-2) - epsilon, 0.3, 5
     )
@@ -318,9 +315,8 @@ def test_noise_scaled_by_a_quarter_is_contradicted_at_a_claim_of_two_and_the_cor
     )
     sigma = _sigma_for(2.0, schedule)
     correct, _ = _train(digits, schedule, sigma, 4000, seed=1)
-    broken, _ = _train(
-        digits, schedule, sigma / 4, 4000, seed=1
-    )  # the ledger keeps σ: the hook is here
+    # the ledger keeps σ: the hook is here
+    broken, _ = _train(digits, schedule, sigma / 4, 4000, seed=1)
     honest, cheated = _audit(correct, schedule, sigma, 2.0), _audit(broken, schedule, sigma, 2.0)
     assert honest.verdict == "consistent" and cheated.verdict == "contradicted"
     assert cheated.estimate.epsilon > 2.0 > honest.estimate.epsilon

@@ -57,10 +57,11 @@ def _project(root: Path, lm: Path) -> Path:
             "dpsgd_observations": 4,
             "observations": 1000,
             "dpsgd_threat_model": "natural",
+            # no train stage in this project
             "one_run": {
                 **raw["audit"]["one_run"],
                 "enabled": False,
-            },  # no train stage in this project
+            },
         }
     )
     params.write_text(yaml.safe_dump(raw))

@@ -46,9 +46,8 @@ def test_headline_shows_perplexity_and_the_report_holds_its_curves_beside_the_ep
         "| **Test perplexity** | **123.5** |" in headline and "train perplexity 118.2" in headline
     )
     assert "Test accuracy" not in headline
-    assert (
-        "on train.model = 'hf' (causal-lm): " in headline
-    )  # which model the implementation tests trained
+    # which model the implementation tests trained
+    assert "on train.model = 'hf' (causal-lm): " in headline
     html = (root / "reports/report.html").read_text()
     for stage, name in (
         ("train", "loss"),

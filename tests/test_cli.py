@@ -71,9 +71,8 @@ def test_audit_partial_shuffle_without_buffer_size_is_a_params_error(command):
         else []
     )
     result = _invoke("audit", command, "--sampler", "partial-shuffle", *args)
-    assert isinstance(result.exception, ParamsError), (
-        result.exception
-    )  # was a TypeError from the sampler's __init__
+    # was a TypeError from the sampler's __init__
+    assert isinstance(result.exception, ParamsError), result.exception
     assert str(result.exception) == (
         "--buffer-size is missing: --sampler partial-shuffle needs the shuffle buffer K (an "
         "integer >= 1)"

@@ -135,10 +135,11 @@ def test_npz_uint8_images_are_scaled_and_get_a_channel_axis_like_mnist(tmp_path)
 @pytest.mark.parametrize(
     "arrays, message",
     [
+        # one-hot
         (
             {"x": np.ones((5, 3)), "y": np.eye(4)[[0, 1, 2, 3, 0]]},
             "1-D array of class indices",
-        ),  # one-hot
+        ),
         ({"x": np.ones((5, 3)), "y": np.arange(4)}, "labels of shape"),  # 5 inputs, 4 labels
         ({"x": np.ones((4, 3)), "y": np.array([0.0, 1.5, 2.0, 1.0])}, "integer class indices"),
         ({"x": np.ones((4, 3)), "y": np.array([0, -1, 2, 1])}, "integer class indices"),

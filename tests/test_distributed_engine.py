@@ -64,9 +64,8 @@ def _released_sums(
     sums = []
     for step in range(steps):
         rows = (torch.arange(lo, hi) + step * BATCH) % ROWS
-        if (
-            step != 1
-        ):  # step 1: an empty logical batch (every rank joins the all-reduce with no rows)
+        # step 1: an empty logical batch (every rank joins the all-reduce with no rows)
+        if step != 1:
             engine.backward(((model(x[rows]) - y[rows]) ** 2).sum(1))
         engine.step()
         sums.append(torch.cat([s.reshape(-1) for s in engine.last_noisy_sum]))

@@ -26,6 +26,7 @@ from dpledger.sampling.schedule import Schedule
 from test_train_helpers import TRAIN_SIZE, make_project
 
 REPO = Path(__file__).resolve().parents[1]
+# 16 steps: empty, uneven, one-row batches
 SIZES = [
     0,
     5,
@@ -43,7 +44,7 @@ SIZES = [
     61,
     7,
     64,
-]  # 16 steps: empty, uneven, one-row batches
+]
 
 
 def _uneven_schedule() -> Schedule:
@@ -90,9 +91,8 @@ def test_two_processes_train_the_single_process_model_with_the_same_noise_and_le
         np.genfromtxt(root / "plots/train/loss.csv", delimiter=",", names=True)["loss"]
         for root in roots.values()
     ]
-    np.testing.assert_allclose(
-        losses[1], losses[0], rtol=1e-5
-    )  # summed over the ranks: the logical batch's loss
+    # summed over the ranks: the logical batch's loss
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
     assert not list((roots[2] / "artifacts/train").glob(".*"))  # no temporaries left
 
 

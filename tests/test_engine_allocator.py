@@ -52,12 +52,10 @@ def test_freed_memory_is_reused_without_page_faults():
     applied, retained = _faults_per_cycle("retain")
     _, default = _faults_per_cycle("default")
     assert applied == "True"
-    assert (
-        min(default[2:]) > 30_000
-    )  # glibc trims the 160 MiB and faults its 40 960 pages in every cycle
-    assert (
-        max(retained[1:]) < 256
-    )  # after the first cycle the same blocks come back from the kept heap
+    # glibc trims the 160 MiB and faults its 40 960 pages in every cycle
+    assert min(default[2:]) > 30_000
+    # after the first cycle the same blocks come back from the kept heap
+    assert max(retained[1:]) < 256
 
 
 def test_returns_false_off_glibc(monkeypatch):

@@ -431,9 +431,8 @@ def test_batchnorm_with_batch_statistics_is_refused_even_when_frozen():
         UnsupportedLayerError, match=r"layer 1 \(BatchNorm1d\) normalises with batch statistics"
     ):
         model(x)
-    assert (
-        float(model[1].running_mean.abs().max()) == 0.0
-    )  # no statistics taken from the data either
+    # no statistics taken from the data either
+    assert float(model[1].running_mean.abs().max()) == 0.0
     model[1].eval()
     expected = naive_clipped_sum(twin, cross_entropy, x, y, 0.1)
     engine.private_step(cross_entropy(model(x), y))

@@ -148,9 +148,8 @@ def test_transformer_encoder_classifier_is_exact(batch_first):
         methods["encoder.layers.0.self_attn"] == "generic"
         and methods["encoder.layers.0.linear1"] == "ghost"
     )
-    assert (
-        "encoder.layers.0.self_attn.out_proj" not in methods
-    )  # its weights are the attention's (used functionally)
+    # its weights are the attention's (used functionally)
+    assert "encoder.layers.0.self_attn.out_proj" not in methods
 
 
 class _Recurrent(nn.Module):

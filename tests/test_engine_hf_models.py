@@ -207,9 +207,8 @@ def test_gpt2_layers_use_linear_rules_and_the_tied_head_is_one_parameter():
     assert methods["model.transformer.h.0.attn.c_attn"] == "ghost"
     assert methods["model.transformer.h.0.mlp.c_proj"] == "ghost"
     assert methods["model.transformer.h.0.ln_1"] == "instantiate"
-    assert (
-        methods["model.transformer.wte"] == methods["model.lm_head"] == "ghost"
-    )  # tied: cross term ghost_dot
+    # tied: cross term ghost_dot
+    assert methods["model.transformer.wte"] == methods["model.lm_head"] == "ghost"
     assert "model.lm_head.weight" not in engine.parameter_names
     check_every_parameter(model, loss_fn, inputs, targets, ghost="never")
 
@@ -218,10 +217,11 @@ def test_lora_trains_only_the_adapters_through_linear_rules():
     model, loss_fn, inputs, targets = MODELS["gpt2-lora"]()
     engine = check_every_parameter(model, loss_fn, inputs, targets)
     assert engine.parameter_names and all("lora_" in n for n in engine.parameter_names)
+    # rank-2 layers: 2T² > p·d instantiates
     assert set(engine.layer_methods.values()) <= {
         "ghost",
         "instantiate",
-    }  # rank-2 layers: 2T² > p·d instantiates
+    }
 
 
 def test_gpt2_is_exact_with_gradient_accumulation_over_physical_batches():

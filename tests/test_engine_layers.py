@@ -219,9 +219,8 @@ def test_tied_and_reused_parameters_use_the_norm_of_the_summed_gradient(ghost):
     targets = torch.randint(0, 7, (6,))
     error, engine = compare(_Tied(), cross_entropy, tokens, targets, ghost=ghost)
     assert error < TOL
-    expected = {"never": "instantiate", "always": "ghost", "auto": "instantiate"}[
-        ghost
-    ]  # auto: T = 5, 7 × 4 weight
+    # auto: T = 5, 7 × 4 weight
+    expected = {"never": "instantiate", "always": "ghost", "auto": "instantiate"}[ghost]
     assert (
         engine.layer_methods["mix"]
         == engine.layer_methods["embed"]

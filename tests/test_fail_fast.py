@@ -97,9 +97,8 @@ def test_the_builtin_cnn_sees_three_channels_of_a_channels_last_file(tmp_path):
 def test_a_vit_on_channels_last_images_builds_and_on_mismatched_channels_is_one_line(tmp_path):
     options = {"config": dict(TINY_VIT), "init": "random"}
     data = load_dataset("npz", str(_images(tmp_path / "hwc.npz", (8, 8, 3))), 0.25, seed=0)
-    build_task_model(
-        "hf", options, task_for("hf", "classification", data), data
-    )  # converted: it fits
+    # converted: it fits
+    build_task_model("hf", options, task_for("hf", "classification", data), data)
     grey = load_dataset("npz", str(_images(tmp_path / "grey.npz", (8, 8))), 0.25, seed=0)
     with pytest.raises(
         ParamsError, match=r"batch of shape \(2, 1, 8, 8\) \(images are read as \(N, C, H, W\)\)"

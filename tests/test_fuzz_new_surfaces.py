@@ -206,9 +206,8 @@ def test_jsonl_fields_of_every_type_are_read_or_one_line(texts, labels):
     strings = _one_line_or_ok(lambda: _texts(texts, path, "text"))
     assert strings is None or all(isinstance(t, str) for t in strings)
     classes = _one_line_or_ok(lambda: _labels(labels, path, "label"))
-    if (
-        classes is not None
-    ):  # accepted labels are exactly the integral values given, never truncated
+    # accepted labels are exactly the integral values given, never truncated
+    if classes is not None:
         assert [int(c) for c in classes] == [int(float(v)) for v in labels]
         assert all(float(v) == int(float(v)) and not isinstance(v, bool) for v in labels)
 

@@ -145,9 +145,8 @@ def test_params_yaml_is_accepted_or_refused_with_one_line(raw, tmp_path_factory)
                 _app(), ["stage", "train", "--params", str(path), "--root", str(folder)]
             )
             _assert_one_line(result.exception)
-            assert sorted(p.name for p in folder.iterdir()) == [
-                "params.yaml"
-            ]  # the refused stage wrote nothing
+            # the refused stage wrote nothing
+            assert sorted(p.name for p in folder.iterdir()) == ["params.yaml"]
 
 
 def _app():
@@ -175,9 +174,8 @@ flag_values = st.one_of(
             "-3",
         ]
     ),
-    st.integers(-100, 100).map(
-        str
-    ),  # valid sizes stay cheap; the huge ones above must be refused at once
+    # valid sizes stay cheap; the huge ones above must be refused at once
+    st.integers(-100, 100).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
 )
 
@@ -274,10 +272,11 @@ def _check_cli(arguments: list[str]) -> None:
     with _time_limit(CASE_SECONDS):
         result = CliRunner().invoke(_app(), arguments)
     if result.exception is None or isinstance(result.exception, SystemExit):
+        # 1: a verify/audit finding; 2: usage
         assert result.exit_code in (0, 1, 2), (
             arguments,
             result.output,
-        )  # 1: a verify/audit finding; 2: usage
+        )
         if result.exit_code == 2:
             assert "Error" in result.output or "Usage" in result.output, (arguments, result.output)
     else:

@@ -34,9 +34,8 @@ def _params_with(section: str, key: str, value) -> dict:
 @pytest.mark.parametrize("command", ["", "   "])
 def test_an_empty_verify_command_is_refused_not_replaced_by_the_built_in_trainer(command):
     result = _invoke("verify", "--command", command, "--no-progress")
-    assert (
-        isinstance(result.exception, ParamsError) and result.stdout == ""
-    )  # was: PASSED: dpledger
+    # was: PASSED: dpledger
+    assert isinstance(result.exception, ParamsError) and result.stdout == ""
     assert str(result.exception) == (
         f"--command = {command!r} is invalid: it is empty: give a command, or null to use "
         "verify.trainer"
@@ -100,9 +99,8 @@ def test_an_unwritable_plots_folder_is_refused_before_the_battery_runs(tmp_path,
     (tmp_path / "a_file").write_text("x")
     plots = tmp_path / "a_file" if kind == "file" else tmp_path / "a_file" / "plots"
     result = _invoke("verify", "--plots", str(plots), "--no-progress")
-    assert isinstance(result.exception, ParamsError), (
-        result.exception
-    )  # was a traceback after minutes of battery
+    # was a traceback after minutes of battery
+    assert isinstance(result.exception, ParamsError), result.exception
     assert str(result.exception).startswith(f"--plots = {str(plots)!r} is invalid: ")
 
 
@@ -174,10 +172,11 @@ def test_a_corrupt_schedule_is_one_line_naming_it(built_root, tmp_path, damage):
 @pytest.mark.parametrize(
     "args, flag",
     [
+        # was ValueError: scale < 0 (found by the fuzz)
         (
             ["audit", "selfcheck", "--epsilon", "-inf"],
             "--epsilon",
-        ),  # was ValueError: scale < 0 (found by the fuzz)
+        ),
         (["audit", "selfcheck", "--noise-multiplier", "nan"], "--noise-multiplier"),
         (["audit", "dpsgd", "--lr", "inf"], "--lr"),
         (

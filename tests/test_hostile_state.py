@@ -191,9 +191,8 @@ def test_the_digest_sees_one_flipped_bit_anywhere_and_keeps_no_copy(dtype, size,
     shows."""
     from dpledger.engine import validators
 
-    monkeypatch.setattr(
-        validators, "DIGEST_CHUNK", 1 << 20
-    )  # several passes over the float32 tensor
+    # several passes over the float32 tensor
+    monkeypatch.setattr(validators, "DIGEST_CHUNK", 1 << 20)
     generator = torch.Generator().manual_seed(0)
     tensor = torch.randint(0, 255, (size,), generator=generator, dtype=torch.uint8).to(dtype)
     before = validators.digest(tensor)

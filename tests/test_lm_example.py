@@ -24,9 +24,8 @@ def test_a_chosen_width_initialises_weights_at_one_over_its_square_root(tmp_path
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "lm/model", local_files_only=True)
     embedding = model.get_input_embeddings().weight
     assert embedding.shape[1] == width
-    assert float(embedding.std()) == pytest.approx(
-        width**-0.5, rel=0.1
-    )  # measured, not the config's word
+    # measured, not the config's word
+    assert float(embedding.std()) == pytest.approx(width**-0.5, rel=0.1)
 
 
 def test_without_a_width_the_architecture_is_unchanged(tmp_path):

@@ -108,9 +108,8 @@ def test_float32_log_and_turn_are_accurate_over_every_word():
     logs, sines, cosines = evaluate(words)
     u = (words.astype(np.float64) + 0.5) / 2**32
     exact = -2 * np.log(u)
-    assert (
-        np.max(np.abs(logs - exact) / exact) < 2.0**-22
-    )  # relative, also for U next to 1 (tiny radii)
+    # relative, also for U next to 1 (tiny radii)
+    assert np.max(np.abs(logs - exact) / exact) < 2.0**-22
     assert np.max(np.abs(sines - np.sin(2 * np.pi * u))) < 2.0**-23
     assert np.max(np.abs(cosines - np.cos(2 * np.pi * u))) < 2.0**-23
 
@@ -124,9 +123,8 @@ def test_a_zero_radius_word_is_refined_with_the_second_counter_so_the_tail_reach
 
     assert pair(0, 0, 0)[0] == pytest.approx(math.sqrt(-2 * math.log(0.5 * 2.0**-64)), rel=1e-6)
     assert pair(0, 0, 0)[0] > 9.4
-    assert pair(5, 999, 0)[0] == pytest.approx(
-        math.sqrt(-2 * math.log(5.5 * 2.0**-32)), rel=1e-6
-    )  # unused
+    # unused
+    assert pair(5, 999, 0)[0] == pytest.approx(math.sqrt(-2 * math.log(5.5 * 2.0**-32)), rel=1e-6)
 
     # Found by search: under key (11, 12) at this step, lane 921 of block 0 has word 2 equal to 0.
     key, step, lane = (11, 12), 8_077_275, 921
@@ -144,9 +142,8 @@ def test_a_zero_radius_word_is_refined_with_the_second_counter_so_the_tail_reach
     reference, _ = _reference(key, step, 4 * pn.LANES)
     others = np.ones(4 * pn.LANES, bool)
     others[[2 * pn.LANES + lane, 3 * pn.LANES + lane]] = False
-    assert np.allclose(
-        out[others], reference[others], rtol=0, atol=4e-6
-    )  # only that pair was redrawn
+    # only that pair was redrawn
+    assert np.allclose(out[others], reference[others], rtol=0, atol=4e-6)
 
 
 def test_noise_depends_only_on_key_step_and_position():
@@ -199,9 +196,8 @@ def test_draws_are_standard_normal():
     beyond = int(np.sum(np.abs(draws) > 3))
     expected = draws.size * 2 * stats.norm.sf(3)
     assert abs(beyond - expected) < 5 * math.sqrt(expected)
-    lag = np.corrcoef(draws[:-1], draws[1:])[
-        0, 1
-    ]  # cos/sin pairs of one word pair are uncorrelated
+    # cos/sin pairs of one word pair are uncorrelated
+    lag = np.corrcoef(draws[:-1], draws[1:])[0, 1]
     assert abs(lag) < 5 / math.sqrt(draws.size)
 
 

@@ -32,9 +32,8 @@ def code_deps(stage: str) -> list[Path]:
 
 def test_the_closure_follows_function_level_imports_and_parent_packages():
     closure = stage_closure("audit")
-    assert (
-        REPO / "lib/dpledger/audit/dpsgd.py" in closure
-    )  # imported inside run() when audit.dpsgd is set
+    # imported inside run() when audit.dpsgd is set
+    assert REPO / "lib/dpledger/audit/dpsgd.py" in closure
     assert REPO / "lib/dpledger/__init__.py" in closure and REPO / "stages/_entry.py" in closure
 
 

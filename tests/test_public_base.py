@@ -22,9 +22,8 @@ SMALL = {"max_chars": 20_000, "vocab_size": 300, "width": 32}
 def test_text_pieces_cut_at_words_within_the_limit_and_drop_short_ones():
     pieces = text_pieces(["a " * 10, "word " * 100, "  x  y  "], chunk_chars=50)
     assert all(len(p) <= 50 for p in pieces) and all(len(p) > 20 for p in pieces)
-    assert (
-        " ".join(pieces).split() == ["word"] * 100
-    )  # nothing lost from the long paragraph, order kept
+    # nothing lost from the long paragraph, order kept
+    assert " ".join(pieces).split() == ["word"] * 100
 
 
 def test_private_corpus_is_docstrings_disjoint_from_the_public_corpus(tmp_path):
@@ -34,9 +33,8 @@ def test_private_corpus_is_docstrings_disjoint_from_the_public_corpus(tmp_path):
         for line in (tmp_path / "data/private.jsonl").read_text().splitlines()
     ]
     assert count == len(texts) > 2000 and texts == private_texts()
-    assert any(
-        t.startswith("Serialize ``obj`` to a JSON formatted ``str``") for t in texts
-    )  # json.dumps
+    # json.dumps
+    assert any(t.startswith("Serialize ``obj`` to a JSON formatted ``str``") for t in texts)
     public = set(corpus_texts(500_000))
     assert len(set(texts) & public) / len(texts) < 0.01
 
@@ -58,9 +56,8 @@ def _mean_loss(folder, texts):
 def test_public_pretraining_lowers_the_loss_on_held_out_public_and_on_private_text(tmp_path):
     from dpledger.data.example_lm import write_example
 
-    write_example(
-        tmp_path / "random", **SMALL
-    )  # the same tokenizer and initial weights, not trained
+    # the same tokenizer and initial weights, not trained
+    write_example(tmp_path / "random", **SMALL)
     losses = write_public_base(tmp_path / "base", example=SMALL, steps=60, batch_size=32, lr=3e-3)
     assert len(losses) == 60 and sum(losses[-10:]) < sum(losses[:10])
     corpus = (tmp_path / "base/corpus.jsonl").read_text()

@@ -38,9 +38,8 @@ def test_readme_lora_recipe_beats_the_unigram_baseline_and_its_public_base_at_ep
     assert metrics["epsilon_spent"] <= 8.0 + 1e-9
     assert metrics["parameters_trainable"] < metrics["parameters_total"] / 4
     assert metrics["test_perplexity"] < 0.6 * metrics["baseline_perplexity_unigram"], metrics
-    params = load_params(
-        tmp_path / "params.yaml"
-    )  # the base, not fine-tuned, on the same test split
+    # the base, not fine-tuned, on the same test split
+    params = load_params(tmp_path / "params.yaml")
     data = load_data(params.data, params.seed)
     base = AutoModelForCausalLM.from_pretrained("data/public-base/model")
     before = task_for("hf", "causal-lm", data).evaluate(

@@ -61,9 +61,8 @@ class DevTools:
         to_browser_read, self._to_browser = os.pipe()
         self._from_browser, from_browser_write = os.pipe()
 
-        def wire_pipes() -> (
-            None
-        ):  # in the child: its fd 3 reads our commands, its fd 4 writes replies
+        # in the child: its fd 3 reads our commands, its fd 4 writes replies
+        def wire_pipes() -> None:
             high_read = fcntl.fcntl(to_browser_read, fcntl.F_DUPFD_CLOEXEC, 10)
             high_write = fcntl.fcntl(from_browser_write, fcntl.F_DUPFD_CLOEXEC, 10)
             os.dup2(high_read, 3)  # dup2 leaves the copies at 3 and 4 inheritable

@@ -59,9 +59,8 @@ def test_compare_renders_old_and_new_headline_side_by_side(repository):
     assert "| Implementation tests failed | 0 | 1 | +1 |" in table
     assert "| Empirical ε (lower bound) | not run | 0.83 |   |" in table
     assert "| Test accuracy | 88.61 % | 88.61 % |   |" in table
-    assert (
-        table.count("\n| ") == len(HEADLINE_METRICS) + 3
-    )  # header, warnings, utility, one row per metric
+    # header, warnings, utility, one row per metric
+    assert table.count("\n| ") == len(HEADLINE_METRICS) + 3
     assert not (repository / "reports").exists()  # --compare prints, it writes nothing
 
 

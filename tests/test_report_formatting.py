@@ -31,9 +31,8 @@ def _parse(text: str) -> Fraction:
 
 @given(positive)
 def test_upper_never_understates_and_lower_never_overstates(value):
-    shown = Fraction(
-        repr(value)
-    )  # the float's shortest decimal text, the number an accountant "returned"
+    # the float's shortest decimal text, the number an accountant "returned"
+    shown = Fraction(repr(value))
     up, down = _parse(format_upper(value)), _parse(format_lower(value))
     assert up >= shown >= down
     assert up - down <= Fraction(2, 1000) * shown  # within one unit of the 4th significant digit

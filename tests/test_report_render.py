@@ -138,9 +138,8 @@ def test_training_past_the_accounted_budget_is_a_warning(tmp_path):
         json.dumps({**train, "epsilon_spent": 3.2, "steps_done": 240})
     )
     metrics, markdown, _ = render(root)
-    assert (
-        metrics["warning_kinds"] == "sources-disagree,budget-exceeded"
-    )  # 3.2 is not the record's ε either
+    # 3.2 is not the record's ε either
+    assert metrics["warning_kinds"] == "sources-disagree,budget-exceeded"
     assert (
         "Training spent ε = 3.2, more than the claimed ε = 3.001; took 240 steps but the "
         "accountant covered 225" in markdown
@@ -203,9 +202,8 @@ def test_details_show_assumptions_group_epsilon_mechanism_and_defensive_audit_js
     _, markdown, _ = render(fabricate_project(tmp_path))
     assert "- zero-out adjacency; every intermediate model is released" in markdown
     assert "| `rdp` | 3.41 | 1e-5 | RDP conversion |" in markdown
-    assert (
-        "| `pld` | 3.001 | 1e-5 | as listed above |" in markdown
-    )  # shared assumptions are not repeated
+    # shared assumptions are not repeated
+    assert "| `pld` | 3.001 | 1e-5 | as listed above |" in markdown
     assert "| group_size | mog | conversion | linear | note |" in markdown
     assert "| 4 | 13.91 | 15.2 | 12.01 |   |" in markdown  # every group ε rounded up
     assert "| 8 | 31.2 | ∞ | 24.01 | PLD tail |" in markdown
@@ -289,9 +287,8 @@ def test_missing_stage_outputs_show_not_run(tmp_path, skip):
         f"{stage} (not run)" in markdown for stage in skip
     )
     assert "⚪ **not run**" in markdown and 'class="badge neutral">not run<' in html
-    assert (
-        "[!CAUTION]" not in markdown and "[!TIP]" not in markdown
-    )  # a notice, neither warning nor all-clear
+    # a notice, neither warning nor all-clear
+    assert "[!CAUTION]" not in markdown and "[!TIP]" not in markdown
     assert markdown.split("\n\n")[1].startswith("> [!NOTE]")
 
 
@@ -381,9 +378,8 @@ def test_nested_metrics_break_dvc_metrics_diff_and_are_flagged(tmp_path):
         "**Metrics not flat.** Nested values in metrics/\\*.json (audit.per_threat_model)"
         in markdown
     )
-    assert all(
-        isinstance(v, (int, float, str, bool)) for v in metrics.values()
-    )  # report.json itself is flat
+    # report.json itself is flat
+    assert all(isinstance(v, (int, float, str, bool)) for v in metrics.values())
 
 
 def test_a_renderer_that_cannot_draw_every_block_kind_fails_when_defined():

@@ -108,12 +108,10 @@ def test_allowed_mismatch_passes_and_carries_the_warning_for_the_report():
 @pytest.mark.parametrize("accounted", ACCOUNTED_SAMPLERS)
 def test_schedule_sizes_must_be_the_accounted_ones(accounted):
     check_schedule(run(accounted), schedule_of(accounted), allow_mismatch=False)
-    check_schedule(
-        run(accounted, epochs=3), schedule_of(accounted), allow_mismatch=False
-    )  # fewer epochs: a prefix
-    bigger = build_schedule(
-        accounted, dataset_size=50, batch_size=10, epochs=2, seed=0
-    )  # q = 0.2, not 0.1
+    # fewer epochs: a prefix
+    check_schedule(run(accounted, epochs=3), schedule_of(accounted), allow_mismatch=False)
+    # q = 0.2, not 0.1
+    bigger = build_schedule(accounted, dataset_size=50, batch_size=10, epochs=2, seed=0)
     with pytest.raises(SamplerMismatchError, match="batch_size 10 \\(accounted 5\\)"):
         check_schedule(run(accounted), bigger, allow_mismatch=False)
     with pytest.raises(SamplerMismatchError, match="dataset_size 50 \\(accounted 40\\)"):

@@ -117,12 +117,10 @@ def test_pad_truncate_batches_have_exactly_b_rows_and_marked_padding(sizes, name
         members, _ = plain.batch(t)
         rows, padding = padded.batch(t)
         kept = min(members.size, batch_size)
-        assert np.array_equal(
-            rows[:kept], members[:kept]
-        )  # same bins; truncation keeps the first B
-        assert np.array_equal(
-            padding, np.arange(batch_size) >= kept
-        )  # padding rows last, all marked
+        # same bins; truncation keeps the first B
+        assert np.array_equal(rows[:kept], members[:kept])
+        # padding rows last, all marked
+        assert np.array_equal(padding, np.arange(batch_size) >= kept)
 
 
 def test_padding_rows_contribute_zero_gradient_in_a_per_example_training_step():
@@ -229,9 +227,8 @@ def test_partial_shuffle_keeps_each_window_in_its_own_stretch_of_batches():
     full = build_schedule(
         "partial-shuffle", dataset_size=n, batch_size=batch_size, epochs=1, seed=1, buffer_size=n
     )
-    assert not np.all(
-        np.diff(full.indices[:buffer_size]) > 0
-    )  # K = n is a full shuffle, not dataset order
+    # K = n is a full shuffle, not dataset order
+    assert not np.all(np.diff(full.indices[:buffer_size]) > 0)
 
 
 def test_batch_then_shuffle_batches_are_consecutive_ranges_in_shuffled_order():

@@ -150,9 +150,8 @@ def test_pad_truncate_schedule_normalises_by_fixed_batch_size_and_ignores_paddin
 def test_changed_config_restarts_instead_of_resuming(tmp_path):
     params = make_project(tmp_path, epochs=1)
     run_stage("train", params, tmp_path)
-    assert (
-        run_stage("train", params, tmp_path)["resumed_from_step"] == 22
-    )  # finished run: nothing left to do
+    # finished run: nothing left to do
+    assert run_stage("train", params, tmp_path)["resumed_from_step"] == 22
     params = make_project(tmp_path, epochs=1, train={"lr": 0.25})
     assert run_stage("train", params, tmp_path)["resumed_from_step"] == 0
 

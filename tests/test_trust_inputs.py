@@ -101,15 +101,13 @@ def test_a_truncated_checkpoint_restarts_from_step_0_and_says_so(tmp_path, capsy
     run_stage("train", params, tmp_path)
     ledger_file = tmp_path / "artifacts/train/checkpoint.json"
     checkpoint = ledger_file.with_name(json.loads(ledger_file.read_text())["weights_file"])
-    assert [p.name for p in ledger_file.parent.glob("checkpoint-step*.pt")] == [
-        checkpoint.name
-    ]  # older ones gone
+    # older ones gone
+    assert [p.name for p in ledger_file.parent.glob("checkpoint-step*.pt")] == [checkpoint.name]
     checkpoint.write_bytes(checkpoint.read_bytes()[:100])
     assert run_stage("train", params, tmp_path)["resumed_from_step"] == 0
     assert "starting over from step 0" in capsys.readouterr().err
-    _edit_json(
-        ledger_file, weights_file="../../params.yaml"
-    )  # a ledger naming a file outside its folder
+    # a ledger naming a file outside its folder
+    _edit_json(ledger_file, weights_file="../../params.yaml")
     assert run_stage("train", params, tmp_path)["resumed_from_step"] == 0
     assert "cannot be read" in capsys.readouterr().err
     (tmp_path / "artifacts/train/checkpoint.json").write_text("{not json")

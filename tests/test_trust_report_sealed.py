@@ -40,9 +40,8 @@ def test_an_epsilon_edited_in_the_three_metrics_files_is_not_printed_as_proven(t
         next(line for line in headline.splitlines() if line.startswith(f"| **{label}**"))
         for label in ("Claimed ε", "Privacy spent")
     )
-    assert (
-        "**ε = 3.001 at δ = 1e-5**" in claim_row and "proven" not in claim_row
-    )  # the record's claim, doubted
+    # the record's claim, doubted
+    assert "**ε = 3.001 at δ = 1e-5**" in claim_row and "proven" not in claim_row
     assert "within budget" not in spent_row
     assert (
         "claimed ε: calibration record 3, calibrate metrics 0.5, train metrics 0.5, audit metrics "
@@ -108,9 +107,8 @@ def test_a_consistent_run_with_a_ledger_has_no_warnings(tmp_path):
 
 def test_a_broken_seal_of_the_record_or_the_schedule_is_a_warning(tmp_path):
     make_project(tmp_path, epochs=1)
-    fabricate = fabricate_project(
-        tmp_path / "other", Problems()
-    )  # metrics only; the real artifacts stay
+    # metrics only; the real artifacts stay
+    fabricate = fabricate_project(tmp_path / "other", Problems())
     for stage in ("calibrate", "schedule", "train", "verify", "audit"):
         (tmp_path / "metrics").mkdir(exist_ok=True)
         (tmp_path / f"metrics/{stage}.json").write_text(

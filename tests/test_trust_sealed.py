@@ -48,9 +48,8 @@ def test_a_rewound_ledger_is_refused_not_resumed(tmp_path):
     ledger_file = tmp_path / "artifacts/train/checkpoint.json"
     weights = ledger_file.with_name(json.loads(ledger_file.read_text())["weights_file"])
     before = weights.read_bytes()
-    _edit_json(
-        ledger_file, steps_done=4
-    )  # still names checkpoint-step10.pt, whose digest is intact
+    # still names checkpoint-step10.pt, whose digest is intact
+    _edit_json(ledger_file, steps_done=4)
     with pytest.raises(DpledgerError) as refused:
         run_stage("train", params, tmp_path)
     message = str(refused.value)

@@ -64,9 +64,8 @@ def test_per_class_metrics_and_confusion_matrix_match_a_naive_count():
 
 
 def test_unigram_perplexity_is_add_one_smoothed_frequencies_of_the_next_tokens():
-    x_train = np.array(
-        [[9, 0, 0, 1], [9, 2, PAD, PAD]]
-    )  # targets 0 0 1 2 (the first token is never a target)
+    # targets 0 0 1 2 (the first token is never a target)
+    x_train = np.array([[9, 0, 0, 1], [9, 2, PAD, PAD]])
     x_test = np.array([[9, 0, 3, PAD]])  # targets 0 3
     vocab = 10
     counts = {0: 2, 1: 1, 2: 1}
@@ -153,9 +152,8 @@ def test_a_run_on_labels_it_cannot_learn_is_reported_as_having_learned_nothing(t
     _, markdown = _render(tmp_path)
     assert "No warnings" not in markdown and "The model learned nothing" in markdown
     assert markdown.index("The model learned nothing") < markdown.index("## Headline")
-    assert (
-        "learned nothing" in markdown.split("## Headline")[1].split("Privacy spent")[0]
-    )  # accuracy row
+    # accuracy row
+    assert "learned nothing" in markdown.split("## Headline")[1].split("Privacy spent")[0]
 
 
 def _utility_kinds(metrics: dict[str, dict]) -> list[str]:
@@ -180,15 +178,17 @@ def _train_metrics(**changes: object) -> dict[str, dict]:
     [
         {},  # chance, one class: the run
         {"predicted_classes": 2},  # below the baseline
+        # not significantly above
         {
             "test_accuracy": 0.53,
             "above_baseline_p_value": 0.3,
             "predicted_classes": 2,
-        },  # not significantly above
+        },
+        # one class cannot score 99 %, but says so
         {
             "test_accuracy": 0.99,
             "above_baseline_p_value": 1e-50,
-        },  # one class cannot score 99 %, but says so
+        },
     ],
 )
 def test_chance_or_one_class_is_a_learned_nothing_warning(changes):

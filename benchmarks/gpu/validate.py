@@ -198,9 +198,8 @@ def bench(args) -> None:  # noqa: C901  (one linear benchmark script: set-up, th
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).to(device).train()
     ids = torch.randint(0, config.vocab_size, (batch, steps), device=device)
-    positions = torch.arange(steps, device=device).repeat(
-        batch, 1
-    )  # per example: Opacus needs batch rows
+    # per example: Opacus needs batch rows
+    positions = torch.arange(steps, device=device).repeat(batch, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, foreach=True)
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16)

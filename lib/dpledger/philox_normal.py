@@ -223,9 +223,8 @@ def _fill_blocks(out, first_block, last_block, step_lo, step_hi, scale, k0, k1):
         whole = n - start >= 4 * lanes
         target = out[start : start + 4 * lanes] if whole else spare
         if _draw_block(target, block * LANES, lanes, step_lo, step_hi, keys0, keys1, scale32):
-            _refine_block(
-                target, block * LANES, lanes, step_lo, step_hi, keys0, keys1, scale32
-            )  # p ≈ 2⁻²¹
+            # p ≈ 2⁻²¹
+            _refine_block(target, block * LANES, lanes, step_lo, step_hi, keys0, keys1, scale32)
         if not whole:
             out[start:n] = spare[: n - start]
 

@@ -83,10 +83,11 @@ SAMPLING_FIELDS = (
     "epochs",
     "steps",
 )
+# fewer is a prefix of the accounted run, which the claim covers
 AT_MOST_ACCOUNTED = (
     "epochs",
     "steps",
-)  # fewer is a prefix of the accounted run, which the claim covers
+)
 
 
 @dataclass(frozen=True)

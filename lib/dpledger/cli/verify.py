@@ -94,9 +94,8 @@ def register(app: typer.Typer) -> None:  # noqa: C901  (typer command: options, 
             for finding in result.findings:
                 typer.echo(f"  {finding}")
         if not result.passed:
-            raise SystemExit(
-                1
-            )  # not typer.Exit: the console script runs click with standalone_mode=False
+            # not typer.Exit: the console script runs click with standalone_mode=False
+            raise SystemExit(1)
 
 
 def _check_writable_folder(folder: Path) -> None:

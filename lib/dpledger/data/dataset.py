@@ -125,9 +125,8 @@ def _npz_inputs(x: np.ndarray, what: str) -> np.ndarray:
         )
     if x.dtype == np.uint8:
         x = x.astype(np.float32) / 255.0
-    with np.errstate(
-        over="ignore"
-    ):  # a value beyond float32 becomes inf, which require_finite then names
+    # a value beyond float32 becomes inf, which require_finite then names
+    with np.errstate(over="ignore"):
         x = require_finite(x.astype(np.float32, copy=False), what)
     return channels_first(x[:, None, :, :] if x.ndim == 3 else x, what)
 

@@ -91,17 +91,13 @@ class _ArraysOnlyUnpickler(pickle.Unpickler):
 
     ALLOWED = frozenset(
         {
-            (
-                "numpy.core.multiarray",
-                "_reconstruct",
-            ),  # pickles written by numpy 1.x (CIFAR-10's own files)
+            # pickles written by numpy 1.x (CIFAR-10's own files)
+            ("numpy.core.multiarray", "_reconstruct"),
             ("numpy._core.multiarray", "_reconstruct"),  # and by numpy 2.x
             ("numpy", "ndarray"),
             ("numpy", "dtype"),
-            (
-                "_codecs",
-                "encode",
-            ),  # protocol-2 pickles spell bytes as _codecs.encode(str, "latin1")
+            # protocol-2 pickles spell bytes as _codecs.encode(str, "latin1")
+            ("_codecs", "encode"),
         }
     )
 

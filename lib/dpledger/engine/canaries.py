@@ -30,9 +30,8 @@ from dpledger.sampling.schedule import Schedule
 
 ARTIFACT = "canaries.npz"
 PARTS = "canaries.part-*.npz"  # the rows of each checkpoint until the run ends
-SEED_TAG = (
-    0xCA7A  # the canary plan's own stream of the run seed: independent of noise, batches and init
-)
+# the canary plan's own stream of the run seed: independent of noise, batches and init
+SEED_TAG = 0xCA7A
 
 
 @dataclass(frozen=True)

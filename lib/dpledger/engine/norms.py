@@ -103,13 +103,14 @@ class LayerNorms:
                 validators.in_place_message(f"{call.name} ({type(call.module).__name__})")
             )
         for key, tied_calls in state.tied.items():
+            # a use whose output got no gradient adds nothing
             factors = [
                 c.rule.tied_factors(
                     c.module, norm_precision(c.activations), norm_precision(c.backprops)
                 )
                 for c in tied_calls
                 if c.backprops is not None
-            ]  # a use whose output got no gradient adds nothing
+            ]
             for first in range(len(factors)):
                 for second in range(first + 1, len(factors)):
                     state.norm_sq[key] = state.norm_sq[key] + 2 * ghost_dot(

@@ -111,9 +111,8 @@ def map_layers(model: nn.Module, params: list[nn.Parameter]) -> Layout:
         rule = None if children else rule_for(module)
         _add_layer(layout, modules, layer_name, module, rule, own)
         fresh = [p for _, p in own if layout.owners[id(p)].group < 0]
-        if (
-            fresh
-        ):  # a module whose parameters are all tied to earlier ones is no clipping group of its own
+        # a module whose parameters are all tied to earlier ones is no clipping group of its own
+        if fresh:
             for p in fresh:
                 layout.owners[id(p)].group = groups
             groups += 1

@@ -179,9 +179,8 @@ class Recorder:
         if check.found is not None:
             self.calls = []
             raise UnsupportedLayerError(validators.outside_use_message(check.found))
-        self.check_passed = (
-            True  # its hooks are removed by the next take: not while torch iterates over them
-        )
+        # its hooks are removed by the next take: not while torch iterates over them
+        self.check_passed = True
 
     def _note_batch(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The batch size B of this forward pass: the leading size of the model's first tensor
@@ -207,9 +206,8 @@ class Recorder:
         batch = self.model_batch
         if batch is None or batch <= 1 or tensor.dim() <= dim or tensor.shape[dim] != 1:
             return tensor
-        if (
-            self.check is not None
-        ):  # the first pass: a model that cannot take the expanded tensor is named
+        # the first pass: a model that cannot take the expanded tensor is named
+        if self.check is not None:
             self.check.broadcast.append(name)
         return tensor.expand(*tensor.shape[:dim], batch, *tensor.shape[dim + 1 :]).contiguous()
 
@@ -250,9 +248,8 @@ class Recorder:
         if inputs.dim() and inputs.shape[0] == 1 and output.dim() and output.shape[0] == 1:
             inputs, output = self._broadcast(inputs, 0, name), self._broadcast(output, 0, name)
         version = inputs._version
-        sequence_first = (
-            id(module) in self.layout.sequence_first and inputs.dim() > 1
-        )  # (T, B, ...): rules want B
+        # (T, B, ...): rules want B
+        sequence_first = id(module) in self.layout.sequence_first and inputs.dim() > 1
         rows = self._rows(rule, inputs, output)
         if sequence_first:
             inputs = inputs.transpose(0, 1)

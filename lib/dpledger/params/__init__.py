@@ -46,17 +46,15 @@ __all__ = [
 ]
 
 STAGES = ("calibrate", "schedule", "train", "verify", "audit", "report")
-SCHEDULE_BYTES_PER_ROW = (
-    16  # an int64 index, its padding flag and the copies made while the schedule is built
-)
+# an int64 index, its padding flag and the copies made while the schedule is built
+SCHEDULE_BYTES_PER_ROW = 16
 
 
 class Params(Section):
     """The whole params.yaml. Every key is required, so a deleted key is reported, not defaulted."""
 
-    seed: int = Field(
-        ge=0, le=2**32 - 1
-    )  # torch.manual_seed and numpy take at most 64 bits; 32 for safety
+    # torch.manual_seed and numpy take at most 64 bits; 32 for safety
+    seed: int = Field(ge=0, le=2**32 - 1)
     data: DataParams
     batching: BatchingParams
     calibrate: CalibrateParams
@@ -87,9 +85,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
         for key_node, _ in node.value:
-            if (
-                key_node.tag == "tag:yaml.org,2002:merge"
-            ):  # `<<: *anchor` may be overridden by design
+            # `<<: *anchor` may be overridden by design
+            if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = self.construct_object(key_node, deep=deep)
             if not isinstance(key, Hashable):

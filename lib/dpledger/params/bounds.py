@@ -16,22 +16,19 @@ from dpledger.errors import ParamsError
 MAX_EPOCHS = 100_000
 MAX_TRAIN_STEPS = 10_000_000  # epochs × batches per epoch: days of training even for a tiny model
 MAX_AUDIT_OBSERVATIONS = 100_000_000  # two float64 score arrays of 400 MB each
-MAX_AUDIT_DRAWS = (
-    50_000_000_000  # games × Gaussians per game: ~35 min at 2.3e7 draws/s on 2 CPU cores
-)
+# games × Gaussians per game: ~35 min at 2.3e7 draws/s on 2 CPU cores
+MAX_AUDIT_DRAWS = 50_000_000_000
 MAX_PATTERN_OBSERVATIONS = 1_000_000  # one run of the (plugin) sampler per game
 MAX_DPSGD_OBSERVATIONS = 10_000  # one training run per game: ~40 min for the default digits MLP
 MAX_DPSGD_EPOCHS = 100_000  # runs × epochs per run of the DP-SGD audit
-MAX_ONE_RUN_CANARIES = (
-    10_000_000  # one float32 per canary and step is kept (memory is checked as well)
-)
+# one float32 per canary and step is kept (memory is checked as well)
+MAX_ONE_RUN_CANARIES = 10_000_000
 MAX_SELFCHECK_OBSERVATIONS = 1_000_000_000  # repeats × games of `dpledger audit selfcheck`
 MAX_MODEL_PARAMETERS = 1_000_000_000
 MAX_WIDTH = 1_000_000  # any single integer model option (hidden width, channels, dim, depth, ...)
 MAX_LIST_LENGTH = 64  # lists in params (group sizes, RMSE epsilons, hidden layers)
-BYTES_PER_MODEL_PARAMETER = (
-    32  # fp32 weights, gradient, clipped sum, noise, two optimizer moments, margin
-)
+# fp32 weights, gradient, clipped sum, noise, two optimizer moments, margin
+BYTES_PER_MODEL_PARAMETER = 32
 MEMORY_FRACTION = 0.5  # share of the machine's RAM one array (schedule, model) may take
 
 

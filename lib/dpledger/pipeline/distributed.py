@@ -252,7 +252,6 @@ def _rank_main(
     finally:
         dist.destroy_process_group()
     payload = io.BytesIO()
-    torch.save(
-        value if rank == 0 else None, payload
-    )  # bytes: a tensor shared by handle would die with this process
+    # bytes: a tensor shared by handle would die with this process
+    torch.save(value if rank == 0 else None, payload)
     results.put(("result", rank, payload.getvalue()))

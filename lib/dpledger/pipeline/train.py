@@ -123,9 +123,8 @@ def _input_fingerprint(params: Params, root: Path, data: Dataset, device: torch.
     checks = {"self_check", "self_check_examples", "self_check_parameters"}  # they change no step
     train = params.train.model_dump(exclude={"checkpoint_every", "processes", *checks})
     train |= {"device": device.type, "torch": torch.__version__}
-    canaries = params.audit.one_run.model_dump(
-        include={"enabled", "canaries"}
-    )  # their record must be whole
+    # their record must be whole
+    canaries = params.audit.one_run.model_dump(include={"enabled", "canaries"})
     return fingerprint(
         params.seed,
         params.data.model_dump(),
@@ -304,9 +303,8 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     started = time.perf_counter()
     examples = 0
     bar = Progress(schedule.num_steps, ledger.steps_done, enabled=ranks.writes)
-    state = state_snapshot(
-        model, optimizer
-    )  # buffers and frozen parameters: checked after a step, before saving
+    # buffers and frozen parameters: checked after a step, before saving
+    state = state_snapshot(model, optimizer)
     batches = DeviceBatches.upload(schedule, ranks, device)
     step_losses = StepLosses(ranks)
     for step in range(ledger.steps_done, schedule.num_steps):

@@ -67,10 +67,11 @@ def load_inputs(root: str | Path) -> ReportInputs:
     details = {stage: _read_json(root, path, problems)[0] for stage, path in DETAIL_FILES.items()}
     record = details.get("calibrate")
     if isinstance(record, dict) and isinstance(record.get("description"), dict):
+        # σ, sampler, mechanism read at the top level
         details["calibrate"] = {
             **record["description"],
             **record,
-        }  # σ, sampler, mechanism read at the top level
+        }
     return ReportInputs(
         root=root,
         metrics=metrics,

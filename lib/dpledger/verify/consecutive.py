@@ -118,9 +118,8 @@ def train_consecutive(
             trainer.step(batch_inputs, batch_targets)
         return
     engine = BKEngine(model, torch_optimizer, **settings)
-    state = state_snapshot(
-        model, torch_optimizer
-    )  # a model changing its own state is refused (validators)
+    # a model changing its own state is refused (validators)
+    state = state_snapshot(model, torch_optimizer)
     try:
         for batch_inputs, batch_targets in batches:
             engine.private_step(loss_fn(model(batch_inputs), batch_targets))

@@ -195,9 +195,8 @@ def per_example_grads(
             )
     tensor_slots = [i for i, d in enumerate(in_dims) if d is not None]
     primals = {name: p.detach() for name, p in params.items()}
-    if (
-        not used
-    ):  # called, but none of its outputs reached the loss: every example's gradient is zero
+    # called, but none of its outputs reached the loss: every example's gradient is zero
+    if not used:
         zeros = {name: p.new_zeros(batch, *p.shape) for name, p in primals.items()}
         return Recomputed(zeros, [], torch.ones(0, dtype=torch.bool))
 
@@ -220,9 +219,8 @@ def per_example_grads(
 
     batched_inputs = [input_leaves[i] for i in tensor_slots]
     cotangents = [out_grads[k] for k in used]
-    if isinstance(
-        module, nn.RNNBase
-    ):  # torch's fused RNN kernels have no batching rule: one example at a time
+    # torch's fused RNN kernels have no batching rule: one example at a time
+    if isinstance(module, nn.RNNBase):
         results = [
             example(
                 [x.select(in_dims[s], i) for s, x in zip(tensor_slots, batched_inputs)],
