@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup repro test lint bench lm lm-stages
 
-# The language-model example (README "Bring your own model and data"): the keys examples/lm/params.yaml
+# The language-model example (docs/models.md): the keys examples/lm/params.yaml
 # changes, as DVC overrides (a test keeps the two equal), and dvc-vars.yaml's data_dir, which makes
 # examples/lm/dvc.yaml's prepare stage upstream of the pipeline.
 LM_SET := -S dvc-vars.yaml:data_dir=examples/lm/data \

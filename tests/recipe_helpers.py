@@ -1,6 +1,6 @@
-"""The README's recipes (no tests here): a YAML block between ``<!-- recipe:NAME -->`` markers,
-merged into the repo's params.yaml as the README says, then run stage by stage as ``dvc repro``
-would."""
+"""The documented recipes (no tests here): a YAML block between ``<!-- recipe:NAME -->``
+markers in the README or a page of docs/, merged into the repo's params.yaml as the page says,
+then run stage by stage as ``dvc repro`` would."""
 
 from __future__ import annotations
 
@@ -15,13 +15,23 @@ from dpledger.pipeline import run_stage
 REPO = Path(__file__).resolve().parents[1]
 
 
-def readme_recipe(name: str) -> dict:
-    """The YAML block of the README between ``<!-- recipe:NAME -->`` and its closing marker."""
-    text = (REPO / "README.md").read_text()
+def documented_pages() -> list[Path]:
+    """The README and every page of docs/: where a recipe block may live."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def recipe_block(name: str) -> dict:
+    """The YAML block between ``<!-- recipe:NAME -->`` and its closing marker, from the one page
+    that holds it: a block found on no page, or on two (two sources of truth), fails the test."""
     pattern = rf"<!-- recipe:{name} -->\s*```yaml\n(.*?)```\s*<!-- /recipe:{name} -->"
-    block = re.search(pattern, text, re.S)
-    assert block, f"README.md lost its recipe:{name} block"
-    return yaml.safe_load(block.group(1))
+    found = [
+        (page, block.group(1))
+        for page in documented_pages()
+        for block in re.finditer(pattern, page.read_text(), re.S)
+    ]
+    pages = [str(page.relative_to(REPO)) for page, _ in found]
+    assert len(found) == 1, f"recipe:{name} must appear on exactly one page, found on {pages}"
+    return yaml.safe_load(found[0][1])
 
 
 def merged(base: dict, override: dict) -> dict:

@@ -1,4 +1,4 @@
-"""Issue 29, GPT-2 + LoRA: the README's LoRA recipe (``recipe:lora``) fine-tunes a base
+"""GPT-2 + LoRA: the offline LoRA recipe of docs/recipes.md (``recipe:lora``) fine-tunes a base
 pretrained without privacy on PUBLIC text (pydoc's topics) with DP on a PRIVATE corpus
 (standard-library docstrings) and beats the unigram baseline and the base it started from at ε =
 8."""
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from recipe_helpers import readme_recipe, run_recipe
+from recipe_helpers import recipe_block, run_recipe
 
 
 def test_the_lora_recipe_is_valid_params_at_epsilon_8():
-    recipe = readme_recipe("lora")
+    recipe = recipe_block("lora")
     assert recipe["calibrate"]["epsilon"] == 8
     assert recipe["train"]["lora"]["rank"] > 0 and recipe["train"]["task"] == "causal-lm"
     assert recipe["data"]["path"].startswith("data/") and recipe["train"]["model_options"][
@@ -32,9 +32,9 @@ def test_readme_lora_recipe_beats_the_unigram_baseline_and_its_public_base_at_ep
     from dpledger.params import load_params
 
     monkeypatch.chdir(tmp_path)
-    write_public_base("data/public-base")  # the README's generation commands
+    write_public_base("data/public-base")  # the documented generation commands
     write_private_corpus("data/private.jsonl")
-    metrics = run_recipe(tmp_path, readme_recipe("lora"))
+    metrics = run_recipe(tmp_path, recipe_block("lora"))
     assert metrics["epsilon_spent"] <= 8.0 + 1e-9
     assert metrics["parameters_trainable"] < metrics["parameters_total"] / 4
     assert metrics["test_perplexity"] < 0.6 * metrics["baseline_perplexity_unigram"], metrics

@@ -1,4 +1,4 @@
-"""A generated image set for trying image classification offline (README "Does it learn?"): an npz
+"""A generated image set for trying image classification offline (docs/recipes.md): an npz
 of ``(N, H, W, C)`` uint8 images (channels last, as most image files and libraries store them) with
 a label each, for the built-in ``cnn`` and a small ViT. Deterministic for a given seed.
 

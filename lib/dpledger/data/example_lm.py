@@ -107,7 +107,7 @@ def write_example(
     (tokenizer, config and random-init weights, all with ``save_pretrained``). ``width`` (default:
     the architecture's) sets the hidden size and ``initializer_range`` = 1/√width: transformers'
     default 0.02 is sized for width 768, and at width 32–64 it shrinks the gradient at every layer,
-    so under DP noise the model learns nothing (README "Does it learn?")."""
+    so under DP noise the model learns nothing (docs/models.md, "Does it learn?")."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -1,4 +1,4 @@
-"""A generated sentiment set for trying text classification offline (README "Does it learn?"):
+"""A generated sentiment set for trying text classification offline (docs/recipes.md):
 templated sentences in a CSV and a small WordPiece tokenizer trained on them with ``tokenizers``,
 saved as a transformers tokenizer. Deterministic for a given seed.
 

@@ -1,5 +1,5 @@
 """A public base model and a private corpus for the LoRA recipe, built on any machine with
-nothing downloaded (README "Fine-tune with LoRA and publish the model"). Practitioners fine-tune a
+nothing downloaded (docs/recipes.md, "GPT-2 + LoRA on text, offline"). Practitioners fine-tune a
 model pretrained on PUBLIC data with DP on PRIVATE data; no pretrained GPT-2 exists offline, so this
 module makes both halves:
 

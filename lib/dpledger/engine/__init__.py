@@ -1,6 +1,6 @@
 """The Book-Keeping DP engine (003) and the per-example reference trainer it is tested against.
 
-Standalone use (see README, section train)::
+Standalone use (see docs/engine.md)::
 
     retain_freed_memory()   # CPU: keep the heap between steps (glibc; see allocator.py)
     engine = BKEngine(model, optimizer, clip_norm=1.0, noise_multiplier=1.1, normalizer=64, seed=0)
