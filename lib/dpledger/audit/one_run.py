@@ -24,7 +24,7 @@ independent of the inclusion bits; the guarantee of each step holds whatever the
 gradients (the accountant's worst case fixes them), so removing them is post-processing with
 information independent of the bits, and the Steinke and f-DP bounds hold as for the raw sums.
 It is what makes the audit reach the ideal canaries: left in, the real gradients at a coordinate
-persist over steps and drown the canary's few uses (benchmarks/RESULTS.md, issue 28). s_t is
+persist over steps and drown the canary's few uses (benchmarks/RESULTS.md, one-run audit). s_t is
 measured as the buffer before the canary and the all-reduce minus the buffer right after the noise
 draw, not as the released sum minus the noise, so noise lost after its draw still shows. With data
 parallelism s_t is rank 0's share; the other ranks' stay in the residual as interference (less

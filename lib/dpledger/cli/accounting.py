@@ -308,7 +308,7 @@ BOUNDS = {
         "slightly"
     ),
 }
-"""Which of the allocation accountant's two valid upper bounds each command prints (issue 27)."""
+"""Which of the allocation accountant's two valid upper bounds each command prints."""
 
 
 def _bound_text(payload: dict[str, Any]) -> str:

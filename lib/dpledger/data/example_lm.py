@@ -40,7 +40,7 @@ WIDTH_KEYS = {"gpt2": "n_embd", "gpt-neox": "hidden_size"}
 EXAMPLE = {"max_chars": 500_000, "vocab_size": 300, "width": 32}
 """The bundled example's sizes (``stages.prepare``, examples/lm): all of pydoc's topics (about 465
 000 characters, 3 089 texts), a 300-token byte-level vocabulary (the 256 bytes and 43 merges) and
-width 32. Measured with examples/lm/params.yaml at ε = 8 (benchmarks/RESULTS.md, issue 29): test
+width 32. Measured with examples/lm/params.yaml at ε = 8 (benchmarks/RESULTS.md): test
 perplexity 54.9 against a unigram 71.1 after 8 epochs; 4 epochs stayed near the unigram perplexity
 with 300 tokens (69.6 against 71.1) and with 512 (202 against 199). A narrower model means less
 noise in total (σ·R·√d/B)."""

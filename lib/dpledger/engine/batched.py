@@ -1,4 +1,4 @@
-"""Few kernel launches and no host sync per step (issue 30): the pieces of a BK step that would
+"""Few kernel launches and no host sync per step: the pieces of a BK step that would
 otherwise cost one launch per parameter, and the masking that replaces a data-dependent branch.
 
 On a GPU a step's cost is bounded below by its launches (about 5 µs each) and by every host sync,

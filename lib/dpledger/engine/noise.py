@@ -34,7 +34,7 @@ NOISE_CHUNK = 1 << 18
 threads)."""
 CUDA_NOISE_CHUNK = 1 << 24
 """The chunk length on CUDA, where one chunk is one launch and threads play no part: GPT-2 small's
-124M noise entries in 8 draws instead of 475 (issue 30). A float64 temporary of this length is 128
+124M noise entries in 8 draws instead of 475. A float64 temporary of this length is 128
 MiB."""
 
 

@@ -1,5 +1,4 @@
-"""Self-check: the BK engine proves its exactness on the user's own model before it trains (issue
-26).
+"""Self-check: the BK engine proves its exactness on the user's own model before it trains.
 
 The engine's clipped sum Σ_i C_i·w_i·g_i is exactly DP-SGD's only if every layer's rule is right for
 the layers of THIS model: a rule that is wrong (a custom layer registered with a wrong rule, an

@@ -386,7 +386,7 @@ def replace_batchnorm(model: nn.Module) -> nn.Module:
     return model
 
 
-# --- State a private step must not change (issue 27)
+# --- State a private step must not change
 # ---------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""The schedule's batches on the training device, uploaded once (issue 30).
+"""The schedule's batches on the training device, uploaded once.
 
 Each step used to copy its index and padding arrays to the device: two small host-to-device
 transfers per step, each a point where a GPU queue can run dry. The whole schedule is uploaded once

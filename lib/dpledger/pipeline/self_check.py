@@ -1,4 +1,4 @@
-"""The train stage's self-check (issue 26): before the first step of a run, the engine proves itself
+"""The train stage's self-check: before the first step of a run, the engine proves itself
 exact on the user's model and examples of the run's first scheduled batch
 (:mod:`dpledger.engine.self_check`).
 

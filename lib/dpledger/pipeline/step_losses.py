@@ -1,5 +1,5 @@
 """Each logical step's training loss, kept on the device and read back in one transfer when it is
-shown or saved (issue 30).
+shown or saved.
 
 The train loop used to read the loss back after every physical batch (``float(loss)``): a host sync
 per batch, each one draining the GPU queue. The summed loss of a step now stays a float64 scalar on

@@ -119,7 +119,7 @@ def _user_files(params: Params) -> list[Path]:
 def _input_fingerprint(params: Params, root: Path, data: Dataset, device: torch.device) -> str:
     """Everything a step depends on, the training data's content included (a changed file restarts
     at 0), and the resolved device type and torch version (not ``auto``): the noise draws depend on
-    both, and correlated noise replays its history on resume (issue 30)."""
+    both, and correlated noise replays its history on resume."""
     checks = {"self_check", "self_check_examples", "self_check_parameters"}  # they change no step
     train = params.train.model_dump(exclude={"checkpoint_every", "processes", *checks})
     train |= {"device": device.type, "torch": torch.__version__}

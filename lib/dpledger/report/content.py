@@ -29,7 +29,7 @@ from dpledger.report.inputs import UPSTREAM_STAGES, ReportInputs
 from dpledger.report.provenance import UNKNOWN
 from dpledger.report.utility import utility_section
 
-# The order the issue lists the figures in: claim, tests, audit, training, batches.
+# The order the figures are listed in: claim, tests, audit, training, batches.
 FIGURE_STAGE_ORDER = ("calibrate", "verify", "audit", "train", "schedule")
 
 

@@ -1,4 +1,4 @@
-"""The engine's self-check in the report (issue 26): a headline row, and a warning when it failed or
+"""The engine's self-check in the report: a headline row, and a warning when it failed or
 did not run (then nothing shows that this model's private gradients are exactly DP-SGD's).
 
 Reads only train's flat metrics (``self_check_*``), so ``dpledger report --compare`` applies it to

@@ -1,4 +1,4 @@
-"""Engine self-check in the battery (issue 26, deterministic): dpledger's BK engine against a naive
+"""Engine self-check in the battery (deterministic): dpledger's BK engine against a naive
 per-example loop on the battery's model (with ``verify.model: train`` the user's own model, loss and
 training rows), float64, flat, per-layer and automatic clipping, every parameter compared.
 
