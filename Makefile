@@ -1,12 +1,14 @@
 # Two entry points that do all set-up on a fresh machine:
 #   make repro   -> installs into .venv, then runs the pipeline (dvc repro) on the embedded data
-#   make test    -> installs into .venv (with test extras), then runs the test suite
+#   make test    -> installs into .venv (with test extras), then runs the test suite (what CI runs;
+#                   it lists the 25 slowest tests at the end)
+# and one for the inner loop: make test-fast runs the tests not marked slow, without lint.
 # torch==2.13.0 is installed first so that the CPU build is used (an unpinned torch pulls CUDA).
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup repro test lint bench lm lm-stages
+.PHONY: setup repro test test-fast lint bench lm lm-stages
 
 # The language-model example (docs/models.md): the keys examples/lm/params.yaml
 # changes, as DVC overrides (a test keeps the two equal), and dvc-vars.yaml's data_dir, which makes
@@ -34,7 +36,10 @@ repro: setup
 	PATH="$(abspath $(BIN)):$$PATH" dvc repro
 
 test: setup lint
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
+
+test-fast: setup
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check lib tests benchmarks stages
