@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from dpledger.accounting.record import CalibrationRecord
-from dpledger.engine.checkpoint import Ledger
+from dpledger.ledger import Ledger
 from dpledger.params.train import TrainParams
 from dpledger.sampling.guard import SamplerCheck
 
