@@ -64,6 +64,9 @@ class Ledger:
     """Where the noise key came from, in words (never the key)."""
     noise_key_public: bool = False
     """The key is derivable from tracked files: no privacy guarantee against anyone who has them."""
+    threads: int = 0
+    """The intra-op thread count the steps ran at (CPU reductions and MKL's matrix products round
+    differently at another count, so a resumed run takes this one back); 0: not recorded."""
 
     @property
     def schedule_position(self) -> int:

@@ -86,6 +86,13 @@ class TrainParams(Section):
         description="derive the noise key from the tracked seed: no privacy guarantee against "
         "anyone who has this repository",
     )
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="intra-op CPU threads of the steps (default: torch's); a resumed run keeps the "
+        "count it started with, so it stays bit-identical",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         default="fp32", description="CUDA autocast dtype; norms stay fp32"

@@ -122,10 +122,13 @@ def prepare(params: Params, root: Path, ranks: Ranks) -> Run:
     settings = train_prepare.clip_noise(params, record, schedule)
     built = train_prepare.build(params, settings, data, device, ranks, noise)
     if saved is None:
-        ledger = train_prepare.new_ledger(record, schedule, built.task, key, noise)
+        ledger = train_prepare.new_ledger(
+            record, schedule, built.task, key, noise, params.train.threads
+        )
     else:
         ledger = train_prepare.restore(saved, built)
     resumed_from = ledger.steps_done
+    train_prepare.pin_threads(ledger, params.train.threads)
     ranks.check_same_start(resumed_from, built.model, device)
     resume = (root / OUT, key, resumed_from)
     canaries = _canaries(params, ranks, built.engine, schedule, resume)
@@ -309,9 +312,13 @@ def run(params: Params, root: Path) -> dict[str, Any]:
 def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     """Train (or resume) as rank ``ranks.rank``; rank 0 writes artifacts/train, metrics/train.json
     and plots/train."""
-    started = prepare(params, root, ranks)
-    step_loop(started)
-    return finish(started) if ranks.writes else {}
+    threads = torch.get_num_threads()
+    try:
+        started = prepare(params, root, ranks)
+        step_loop(started)
+        return finish(started) if ranks.writes else {}
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _canaries(

@@ -8,6 +8,7 @@ their digest. The training data's content is part of the checkpoint fingerprint.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,8 @@ def input_fingerprint(
     both, and correlated noise replays its history on resume) and the noise key's identity (a hash
     of a provided key; never the key)."""
     checks = {"self_check", "self_check_examples", "self_check_parameters"}  # they change no step
-    train = params.train.model_dump(exclude={"checkpoint_every", "processes", *checks})
+    # threads: a resume takes the ledger's count back (``pin_threads``)
+    train = params.train.model_dump(exclude={"checkpoint_every", "processes", "threads", *checks})
     train |= {"device": device.type, "torch": torch.__version__, "noise_key": noise.identity()}
     # their record must be whole
     canaries = params.audit.one_run.model_dump(include={"enabled", "canaries"})
@@ -169,9 +171,15 @@ def build(
 
 
 def new_ledger(
-    record: CalibrationRecord, schedule: Schedule, task: Task, key: str, noise: NoiseKey
+    record: CalibrationRecord,
+    schedule: Schedule,
+    task: Task,
+    key: str,
+    noise: NoiseKey,
+    threads: int | None,
 ) -> Ledger:
-    """The ledger of a run starting at step 0, with an empty history."""
+    """The ledger of a run starting at step 0, with an empty history, at ``threads`` intra-op
+    threads (None: torch's current count)."""
     history: dict[str, list[float]] = {
         "loss": [],
         "epsilon": [],
@@ -191,7 +199,23 @@ def new_ledger(
         history=history,
         noise_key_source=noise.source,
         noise_key_public=noise.public,
+        threads=threads or torch.get_num_threads(),
     )
+
+
+def pin_threads(ledger: Ledger, asked: int | None) -> None:
+    """Set torch's intra-op thread count (and with it MKL's, without its dynamic adjustment) to the
+    ledger's: a step's floating-point sums depend on the count, so a run resumed in another
+    environment (``taskset``, ``OMP_NUM_THREADS``, a host with other cores) would otherwise drift
+    from the uninterrupted run."""
+    threads = ledger.threads or asked or torch.get_num_threads()
+    if asked is not None and asked != threads:
+        print(
+            f"train: resuming at the {threads} threads the run started with (train.threads = "
+            f"{asked} applies to a run from step 0)",
+            file=sys.stderr,
+        )
+    torch.set_num_threads(threads)
 
 
 def saved_state(path: Path, key: str, noise: NoiseKey) -> tuple[dict[str, Any] | None, NoiseKey]:
