@@ -43,6 +43,10 @@ from torch.optim.lr_scheduler import LRScheduler
 from dpledger import io
 from dpledger.errors import DpledgerError
 
+PUBLIC_KEY_WARNING = "no privacy guarantee against anyone who has this repository"
+"""What a run whose noise key is derivable from tracked files is warned with (train stage, report,
+model card)."""
+
 
 @dataclass(frozen=True)
 class Ledger:

@@ -31,12 +31,12 @@ from pathlib import Path
 import numpy as np
 
 from dpledger.errors import ParamsError
+from dpledger.ledger import PUBLIC_KEY_WARNING
 
 ENVIRONMENT_VARIABLE = "DPLEDGER_NOISE_KEY"
 KEY_BITS = 256
 MIN_HEX_DIGITS = 32
 """A provided key has at least 128 bits."""
-PUBLIC_WARNING = "no privacy guarantee against anyone who has this repository"
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def resolve_noise_key(seed: int, key_file: str | None, public_seed: bool, root: 
             raise ParamsError(
                 f"params: train.noise_key_file = {key_file!r} is refused: {problem}, so its key "
                 "would be public; move it out of the repository or git-ignore it (or set "
-                f"train.insecure_public_seed: true for a run with {PUBLIC_WARNING})"
+                f"train.insecure_public_seed: true for a run with {PUBLIC_KEY_WARNING})"
             )
         value = parse_key(path.read_text(), f"train.noise_key_file = {key_file!r}")
         return NoiseKey(

@@ -36,14 +36,19 @@ from dpledger.engine import BKEngine, retain_freed_memory
 from dpledger.engine.canaries import CanaryRecorder, recorder_for
 from dpledger.engine.device import autocast, select_device
 from dpledger.engine.validators import check_state_unchanged, state_snapshot
-from dpledger.ledger import Ledger, remove_stale_temporaries, save_checkpoint
+from dpledger.ledger import (
+    PUBLIC_KEY_WARNING,
+    Ledger,
+    remove_stale_temporaries,
+    save_checkpoint,
+)
 from dpledger.models import Task, utility
 from dpledger.models.publish import publish_run
 from dpledger.params import Params
 from dpledger.pipeline import train_prepare
 from dpledger.pipeline.batches import DeviceBatches
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
-from dpledger.pipeline.noise_key import PUBLIC_WARNING, NoiseKey
+from dpledger.pipeline.noise_key import NoiseKey
 from dpledger.pipeline.progress import Progress
 from dpledger.pipeline.self_check import check_before_training, to_metrics
 from dpledger.pipeline.step_losses import StepLosses
@@ -136,7 +141,7 @@ def prepare(params: Params, root: Path, ranks: Ranks) -> Run:
         print(f"train: {_tuning_line(built.model, built.engine)}", file=sys.stderr)
         if noise.public:
             print(
-                f"train: warning: the noise key is {noise.source}: {PUBLIC_WARNING}",
+                f"train: warning: the noise key is {noise.source}: {PUBLIC_KEY_WARNING}",
                 file=sys.stderr,
             )
     arrays = (data.x_train, data.y_train, data.x_test, data.y_test)
