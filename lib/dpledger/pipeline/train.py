@@ -12,24 +12,23 @@ the step it reached.
 A run is four phases, each a function here: :func:`prepare` (inputs, fingerprint, noise key, model
 and engine, checkpoint restored: ``train_prepare.py``), :func:`step_loop` (the DP-SGD steps),
 :func:`checkpoint` (the ledger and weights, with the secret noise key sealed in the weights file)
-and :func:`finish` (evaluation, outputs, publication). The noise key is secret by default
+and :func:`finish` (evaluation, outputs: ``train_outputs.py``, publication). The noise key is secret by default
 (``pipeline/noise_key.py``). The ledger and metrics record the σ the engine used, where the noise
 key came from, the examples dropped for a non-finite gradient norm and whether the loss diverged.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from dpledger import io, paths, plotting
+from dpledger import paths
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.data import Dataset
 from dpledger.engine import BKEngine, retain_freed_memory
@@ -50,8 +49,9 @@ from dpledger.pipeline.batches import DeviceBatches
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.pipeline.noise_key import NoiseKey
 from dpledger.pipeline.progress import Progress
-from dpledger.pipeline.self_check import check_before_training, to_metrics
+from dpledger.pipeline.self_check import check_before_training
 from dpledger.pipeline.step_losses import StepLosses
+from dpledger.pipeline.train_outputs import Finished, write_outputs
 from dpledger.sampling.guard import SamplerCheck, check_schedule
 from dpledger.sampling.schedule import Schedule
 
@@ -291,7 +291,7 @@ def finish(run: Run) -> dict[str, Any]:
     finished = Finished(
         run.ledger, run.record, run.check, run.model, run.task, run.engine, run.resumed_from
     )
-    metrics = _write_outputs(run.root, finished, run.tensors, evidence)
+    metrics = write_outputs(run.root, finished, run.tensors, evidence)
     publish_run(
         run.root / paths.PUBLISHED_DIR,
         run.model,
@@ -372,113 +372,3 @@ def _tuning_line(model: torch.nn.Module, engine: BKEngine) -> str:
         settings.noise_multiplier, settings.clip_norm, trainable, settings.normalizer
     )
     return utility.tuning_hint(snr, trainable, engine.normalizer, engine.noise_multiplier)
-
-
-@dataclass(frozen=True)
-class Finished:
-    """A finished (or resumed-to-the-end) run: what its outputs are written from."""
-
-    ledger: Ledger
-    record: CalibrationRecord
-    check: SamplerCheck
-    model: torch.nn.Module
-    task: Task
-    engine: BKEngine
-    resumed_from: int
-
-
-def _write_outputs(
-    root: Path, run: Finished, tensors: tuple[torch.Tensor, ...], evidence: utility.Evidence
-) -> dict[str, Any]:
-    """artifacts/train (model.pt, ledger.json, utility.json), plots/train and metrics/train.json;
-    returns the metrics."""
-    ledger, record, check, model, task, engine = (
-        run.ledger,
-        run.record,
-        run.check,
-        run.model,
-        run.task,
-        run.engine,
-    )
-    x_train, y_train, x_test, y_test = tensors
-    history = ledger.history
-    test, train = task.evaluate(model, x_test, y_test), task.evaluate(model, x_train, y_train)
-    elapsed, examples = history["elapsed_s"][0], history["examples"][0]
-    metrics = {
-        f"test_{task.metric}": test[task.metric],
-        f"train_{task.metric}": train[task.metric],
-        "final_train_loss": train["loss"],
-        "test_loss": test["loss"],
-        "epsilon_spent": ledger.epsilon_spent,
-        "epsilon_claimed": float(record.epsilon),
-        "delta": float(record.delta),
-        "noise_multiplier": float(engine.noise_multiplier),
-        "nonfinite_examples": ledger.nonfinite_examples,
-        "loss_diverged": not all(
-            math.isfinite(v) for v in (train["loss"], test["loss"], *history["loss"])
-        ),
-        "steps_done": ledger.steps_done,
-        "steps_total": ledger.total_steps,
-        "resumed_from_step": run.resumed_from,
-        "throughput_examples_per_s": examples / elapsed if elapsed > 0 else 0.0,
-        "wall_time_s": elapsed,
-        "mechanism": record.mechanism,
-        "noise_key_source": ledger.noise_key_source,
-        "noise_key_public": ledger.noise_key_public,
-        **check.to_metrics(),
-        **to_metrics(ledger.self_check),
-        **evidence.metrics,
-    }
-    out = root / OUT
-    with io.atomic_path(out / "model.pt") as tmp:
-        torch.save({k: v.cpu() for k, v in model.state_dict().items()}, tmp)  # loads without a GPU
-    summary = {k: v for k, v in asdict(ledger).items() if k != "history"}
-    assumptions = [s for s in (check.warning(), check.assumption()) if s]
-    io.write_json(
-        out / "ledger.json",
-        {
-            **summary,
-            "schedule_position": ledger.schedule_position,
-            "task": task.name,
-            "layer_methods": engine.layer_methods,
-            "assumptions": assumptions,
-        },
-    )
-    io.write_json(out / "utility.json", evidence.details)
-    with io.atomic_dir(
-        root / paths.plots("train")
-    ) as folder:  # replaced whole: no other task's stale curves
-        _write_plots(folder, history, task.metric)
-        evidence.write_plots(folder)
-    io.write_json(root / paths.metrics("train"), metrics)
-    return metrics
-
-
-def _write_plots(folder: Path, history: dict[str, list[float]], metric: str) -> None:
-    steps = list(range(1, len(history["loss"]) + 1))
-    io.write_csv(
-        folder / "loss.csv",
-        ["step", "loss", "epsilon_spent"],
-        [[s, loss, e] for s, loss, e in zip(steps, history["loss"], history["epsilon"])],
-    )
-    train, test = history[f"train_{metric}"], history[f"test_{metric}"]
-    io.write_csv(
-        folder / f"{metric}.csv",
-        ["step", f"train_{metric}", f"test_{metric}"],
-        [list(r) for r in zip(history["eval_step"], train, test)],
-    )
-    for name, series, label in (
-        ("loss", [("loss", history["loss"], steps)], "training loss (mean per batch)"),
-        (
-            metric,
-            [("train", train, history["eval_step"]), ("test", test, history["eval_step"])],
-            metric,
-        ),
-    ):
-        with plotting.png(folder / f"{name}.png") as axes:
-            for legend, values, xs in series:
-                axes.plot(xs, values, label=legend)
-            axes.set_xlabel("step")
-            axes.set_ylabel(label)
-            if len(series) > 1:
-                axes.legend()
