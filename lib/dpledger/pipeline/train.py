@@ -12,9 +12,10 @@ the step it reached.
 A run is four phases, each a function here: :func:`prepare` (inputs, fingerprint, noise key, model
 and engine, checkpoint restored: ``train_prepare.py``), :func:`step_loop` (the DP-SGD steps),
 :func:`checkpoint` (the ledger and weights, with the secret noise key sealed in the weights file)
-and :func:`finish` (evaluation, outputs: ``train_outputs.py``, publication). The noise key is secret by default
-(``pipeline/noise_key.py``). The ledger and metrics record the σ the engine used, where the noise
-key came from, the examples dropped for a non-finite gradient norm and whether the loss diverged.
+and :func:`finish` (evaluation, outputs: ``train_outputs.py``, publication). The noise key is
+secret by default (``pipeline/noise_key.py``). The ledger and metrics record the σ the engine used,
+where the noise key came from, the examples dropped for a non-finite gradient norm and whether the
+loss diverged.
 """
 
 from __future__ import annotations
