@@ -13,7 +13,9 @@ step without replaying earlier ones, and the noise does not depend on the thread
 noise is ``dpledger.mechanisms.noise_stream`` applied to these same rows z_t (a stateful stream:
 resuming replays it up to the step). ``secure=True`` draws from the operating system's CSPRNG
 (``os.urandom``) instead, for identity only; it cannot be replayed, which is harmless because an
-interrupted step was never released.
+interrupted step was never released. The ``seed`` is the noise key: whoever knows it can replay and
+subtract every draw, so the train stage takes it from a secret, never from a tracked value
+(``pipeline/noise_key.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ NOISE_CHUNK = 1 << 18
 threads)."""
 CUDA_NOISE_CHUNK = 1 << 24
 """The chunk length on CUDA, where one chunk is one launch and threads play no part: GPT-2 small's
-124M noise entries in 8 draws instead of 475 (issue 30). A float64 temporary of this length is 128
+124M noise entries in 8 draws instead of 475. A float64 temporary of this length is 128
 MiB."""
 
 

@@ -158,7 +158,7 @@ class TrainParams(Section):
     @classmethod
     def _no_fp16(cls, value: str) -> str:
         """fp16 has no loss scaling here: an LM head's output gradients (about 1e-7 at a 50k
-        vocabulary) underflow and training silently learns little (issue 30). bf16 has float32's
+        vocabulary) underflow and training silently learns little. bf16 has float32's
         range."""
         if value == "fp16":
             raise PydanticCustomError(
