@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from dpledger.engine import checkpoint as ckpt
+from dpledger import ledger as ckpt
 
 
 def _state(steps: int):

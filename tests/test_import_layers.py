@@ -10,7 +10,8 @@ sharing a layer may not import each other):
     ``module:callable`` loading, the counter-based noise generator, the reading of import
     statements, full-precision guards (autocast, TF32), the refusal of code in model folders, the
     muting of third-party log noise and the one device resolver; each needs only ``errors``.
- 2. ``plotting``: the shared figure style (writes through ``io``).
+ 2. ``plotting``, ``ledger``: the shared figure style (writes through ``io``); the checkpoints that
+    carry the privacy ledger (written through ``io``).
  3. ``mechanisms``: correlation matrices, their RMSE, streaming correlated noise.
  4. ``accounting``: the privacy ledger; it describes mechanisms, so it sits above them (and the
     choice of the correlation matrix by the accountant's σ, ``accounting/optimize.py``, is
@@ -52,7 +53,7 @@ LAYERS = (
         "quiet",
         "devices",
     ),
-    ("plotting",),
+    ("plotting", "ledger"),
     ("mechanisms",),
     ("accounting",),
     ("sampling",),
@@ -165,6 +166,38 @@ def test_each_known_circle_still_stands():
     graph = {module_name(source): {module_name(t) for t in targets} for source, targets in edges}
     gone = [(package, m) for package, m in KNOWN_CIRCLES if f"{package}.{m}" not in graph[package]]
     assert gone == [], f"remove {gone} from KNOWN_CIRCLES: the import is gone"
+
+
+ENGINE_FORBIDDEN = ("params", "sampling", "io", "pipeline", "audit", "report")
+"""What the engine may not import, so that it is a library a user can take alone (with ``errors``,
+``precision``, ``devices`` and ``philox_normal`` below it)."""
+ENGINE_EXEMPT = {LIB / "dpledger/engine/canaries.py"}
+"""The canary recorder, which is moving to ``audit/`` (the one-run audit's branch); remove this
+exemption when engine/canaries.py is gone."""
+
+
+def engine_imports_of(packages: tuple[str, ...], graph: dict[Path, set[Path]]) -> list[str]:
+    """Every import by an engine module (the exempt ones aside) of one of ``packages``, as
+    'a -> b'."""
+    engine = LIB / "dpledger" / "engine"
+    return sorted(
+        f"{module_name(source)} -> {module_name(target)}"
+        for source, targets in graph.items()
+        if engine in source.parents and source not in ENGINE_EXEMPT
+        for target in targets
+        if target != PACKAGE_ROOT and top_package(target) in packages
+    )
+
+
+def test_the_engine_imports_nothing_of_the_pipeline_side():
+    assert engine_imports_of(ENGINE_FORBIDDEN, import_graph()) == []
+
+
+def test_the_engine_check_catches_an_import_of_io():
+    bk, io_file = LIB / "dpledger/engine/bk.py", LIB / "dpledger/io.py"
+    canaries = LIB / "dpledger/engine/canaries.py"
+    graph = {bk: {io_file}, canaries: {io_file}}
+    assert engine_imports_of(ENGINE_FORBIDDEN, graph) == ["dpledger.engine.bk -> dpledger.io"]
 
 
 def test_the_checks_catch_a_circle_and_an_upward_import():

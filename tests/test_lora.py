@@ -228,11 +228,11 @@ def test_bad_lora_params_are_refused_by_the_schema(tmp_path, train, match):
 
 def test_the_resume_fingerprint_covers_an_adapters_base_model(bases, tmp_path):
     """A new base under the same adapter restarts training: its files are hashed inputs."""
-    from dpledger.pipeline.train import _user_files
+    from dpledger.pipeline.train_prepare import user_files
 
     adapter = _save_adapter(bases, tmp_path / "adapter")
     model = {"model": "hf", "task": "causal-lm", "model_options": {"path": str(adapter)}}
     params = load_params(make_project(tmp_path, epochs=1, train=model))
-    hashed = {path.resolve() for path in _user_files(params)}
+    hashed = {path.resolve() for path in user_files(params)}
     assert (bases / "lm" / "config.json").resolve() in hashed
     assert (adapter / "adapter_config.json").resolve() in hashed

@@ -11,8 +11,8 @@ import torch
 from transformers import optimization
 
 from dpledger.engine import BKEngine, LrSchedule, make_optimizer, make_scheduler
-from dpledger.engine.checkpoint import load_checkpoint
 from dpledger.errors import ParamsError
+from dpledger.ledger import load_checkpoint
 from dpledger.params import load_params
 from dpledger.pipeline import run_stage
 from test_train_helpers import make_project
@@ -157,8 +157,8 @@ def test_a_killed_run_with_warmup_and_decay_resumes_bit_identically(tmp_path, mo
         make_project(root, epochs=1, train=settings)
     real_save = train_stage.save_checkpoint
 
-    def save_then_die(path, ledger, *args):
-        real_save(path, ledger, *args)
+    def save_then_die(path, ledger, *args, **kwargs):
+        real_save(path, ledger, *args, **kwargs)
         if ledger.steps_done == 9:
             raise _Killed
 

@@ -61,9 +61,9 @@ def test_no_code_dep_is_unused(stage):
 
 
 def test_the_training_fingerprint_covers_every_library_file_the_train_stage_imports():
-    from dpledger.pipeline import train
+    from dpledger.pipeline import train_prepare
 
-    code = {path.resolve() for path in train._training_code()}
+    code = {path.resolve() for path in train_prepare.training_code()}
     library = [path for path in stage_closure("train") if (REPO / "lib") in path.parents]
     missing = sorted(str(path.relative_to(REPO)) for path in library if path.resolve() not in code)
     assert missing == [], f"a change to {missing} would not restart a resumed training run"

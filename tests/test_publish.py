@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from byo_helpers import lm_project, tiny_lm
 from dpledger.accounting.accountants import get_accountant
-from dpledger.engine.checkpoint import Ledger
+from dpledger.ledger import Ledger
 from dpledger.models.model_card import CardFacts, model_card
 from dpledger.params.train import TrainParams
 from dpledger.pipeline import run_stage

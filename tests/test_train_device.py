@@ -27,12 +27,13 @@ def test_the_fingerprint_holds_the_resolved_device_and_torch_version(tmp_path, m
 
 def test_the_fingerprint_differs_between_device_types(tmp_path):
     from dpledger.params import load_params
-    from dpledger.pipeline import train as train_stage
+    from dpledger.pipeline import train_prepare
 
     params = load_params(make_project(tmp_path, epochs=1))
-    data = train_stage._load_inputs(params, tmp_path)[2]
+    data = train_prepare.load_inputs(params, tmp_path)[2]
+    noise, code = train_prepare.noise_key(params, tmp_path), train_prepare.training_code()
     keys = {
-        train_stage._input_fingerprint(params, tmp_path, data, torch.device(d))
+        train_prepare.input_fingerprint(params, tmp_path, data, torch.device(d), noise, code)
         for d in ("cpu", "cuda")
     }
     assert len(keys) == 2

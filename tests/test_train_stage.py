@@ -157,11 +157,11 @@ def test_changed_config_restarts_instead_of_resuming(tmp_path):
 
 
 def test_changed_training_code_restarts_instead_of_resuming(tmp_path, monkeypatch):
-    from dpledger.pipeline import train as train_stage
+    from dpledger.pipeline import train_prepare
 
     code = tmp_path / "engine_source.py"
     code.write_text("version = 1\n")
-    monkeypatch.setattr(train_stage, "_training_code", lambda: [code])
+    monkeypatch.setattr(train_prepare, "training_code", lambda: [code])
     params = make_project(tmp_path, epochs=1)
     run_stage("train", params, tmp_path)
     assert run_stage("train", params, tmp_path)["resumed_from_step"] == 22
@@ -170,9 +170,9 @@ def test_changed_training_code_restarts_instead_of_resuming(tmp_path, monkeypatc
 
 
 def test_training_code_covers_the_engine_and_the_stage():
-    from dpledger.pipeline import train as train_stage
+    from dpledger.pipeline import train_prepare
 
-    names = {path.as_posix() for path in train_stage._training_code()}
+    names = {path.as_posix() for path in train_prepare.training_code()}
     assert any(name.endswith("engine/bk.py") for name in names)
     assert any(name.endswith("pipeline/train.py") for name in names)
 

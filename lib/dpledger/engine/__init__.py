@@ -25,6 +25,7 @@ from dpledger.engine.optimizers import (
 from dpledger.engine.reference import ReferenceTrainer, clipped_sum, per_example_gradients
 from dpledger.engine.self_check import SelfCheckError, SelfCheckResult
 from dpledger.engine.self_check import run_self_check as _run_self_check
+from dpledger.engine.settings import ClipNoise
 from dpledger.engine.validators import replace_batchnorm
 
 run_self_check = functools.partial(_run_self_check, engine_type=BKEngine)
@@ -33,6 +34,7 @@ run_self_check = functools.partial(_run_self_check, engine_type=BKEngine)
 
 __all__ = [
     "BKEngine",
+    "ClipNoise",
     "UnsupportedLayerError",
     "CLIPPING_MODES",
     "clip_factors",

@@ -36,11 +36,12 @@ from dpledger.engine.noisy_sum import NoisySum
 from dpledger.engine.norms import GhostMode, LayerNorms
 from dpledger.engine.owners import map_layers
 from dpledger.engine.recorder import Recorder
+from dpledger.engine.settings import ClipNoise
 from dpledger.engine.validators import UnsupportedLayerError
 from dpledger.errors import ParamsError
 from dpledger.precision import without_autocast
 
-__all__ = ["BKEngine", "CanaryHook", "GhostMode", "UnsupportedLayerError"]
+__all__ = ["BKEngine", "CanaryHook", "ClipNoise", "GhostMode", "UnsupportedLayerError"]
 
 CanaryHook = Callable[[int], "Sequence[Tensor] | None"]
 
@@ -74,6 +75,9 @@ class BKEngine:
     ``dpledger.mechanisms.noise_stream``. ``secure_noise``: draw noise from the OS CSPRNG.
     ``process_group``: data-parallel training (see ``engine/distributed.py``): each rank's clipped
     sum is all-reduced once per ``step``; only the group's rank 0 adds the noise and the canary.
+    The clipping and noise keywords are kept whole as ``settings`` (:class:`ClipNoise`);
+    :meth:`from_settings` builds an engine from such a record. ``seed``: the noise key (any
+    non-negative integer; its secrecy is the privacy guarantee, see ``pipeline/noise_key.py``).
     """
 
     def __init__(
@@ -99,7 +103,17 @@ class BKEngine:
             clipping, clip_norm, automatic_gamma, noise_multiplier, normalizer, ghost
         )
         self.model, self.optimizer = model, optimizer
-        self.clipping, self.automatic_gamma = clipping, automatic_gamma
+        self.settings = ClipNoise(
+            float(clip_norm),
+            float(noise_multiplier),
+            normalizer,
+            clipping,
+            automatic_gamma,
+            mechanism,
+            dict(mechanism_params or {}),
+            num_steps,
+            secure_noise,
+        )
         self.canary_hook = canary_hook
         self.params: list[nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
@@ -138,11 +152,43 @@ class BKEngine:
         for param in self.params:
             param.requires_grad_(False)
 
+    @classmethod
+    def from_settings(
+        cls,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        settings: ClipNoise,
+        *,
+        seed: int,
+        ghost: GhostMode = "auto",
+        canary_hook: CanaryHook | None = None,
+        process_group: torch.distributed.ProcessGroup | GroupSum | None = None,
+    ) -> BKEngine:
+        """The engine of ``model`` that clips and noises as ``settings`` says, with noise key
+        ``seed``."""
+        return cls(
+            model,
+            optimizer,
+            **settings.engine_options(),
+            seed=seed,
+            ghost=ghost,
+            canary_hook=canary_hook,
+            process_group=process_group,
+        )
+
     @property
     def parameter_names(self) -> list[str]:
         """Full names of the trainable parameters, in the order of canaries and
         ``last_noisy_sum``."""
         return [self._owners[id(p)].name for p in self.params]
+
+    @property
+    def clipping(self) -> str:
+        return self.settings.clipping
+
+    @property
+    def automatic_gamma(self) -> float:
+        return self.settings.automatic_gamma
 
     @property
     def clip_norm(self) -> float:

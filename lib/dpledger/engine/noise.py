@@ -13,7 +13,9 @@ step without replaying earlier ones, and the noise does not depend on the thread
 noise is ``dpledger.mechanisms.noise_stream`` applied to these same rows z_t (a stateful stream:
 resuming replays it up to the step). ``secure=True`` draws from the operating system's CSPRNG
 (``os.urandom``) instead, for identity only; it cannot be replayed, which is harmless because an
-interrupted step was never released.
+interrupted step was never released. The ``seed`` is the noise key: whoever knows it can replay and
+subtract every draw, so the train stage takes it from a secret, never from a tracked value
+(``pipeline/noise_key.py``).
 """
 
 from __future__ import annotations

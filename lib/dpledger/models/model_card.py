@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from dpledger.accounting.record import CalibrationRecord
-from dpledger.engine.checkpoint import Ledger
+from dpledger.ledger import PUBLIC_KEY_WARNING, Ledger
 from dpledger.params.train import TrainParams
 from dpledger.sampling.guard import SamplerCheck
 
@@ -108,16 +108,22 @@ def _epsilon(facts: CardFacts) -> str:
 
 
 def _mechanism(facts: CardFacts) -> str:
-    tp, sigma = facts.train, facts.ledger.noise_multiplier
-    noise = "a seeded Philox PRNG (replayable; not a CSPRNG)"
+    tp, sigma, ledger = facts.train, facts.ledger.noise_multiplier, facts.ledger
+    noise = f"a Philox PRNG keyed by {ledger.noise_key_source or 'a key of unrecorded origin'}"
     if tp.secure_noise:
         noise = "the operating system's CSPRNG"
-    return (
+    line = (
         f"- **Mechanism**: DP-SGD with per-example clipping ({tp.clipping}, clip norm "
         f"R = {tp.clip_norm:g}), Gaussian noise σ·R with σ = {sigma:.6g} "
         f"on each step's summed gradient (noise mechanism '{facts.record.mechanism}', drawn from "
         f"{noise})."
     )
+    if ledger.noise_key_public:
+        line += (
+            ' <span style="color:red">**Warning: the noise key is derived from the tracked seed: '
+            f"{PUBLIC_KEY_WARNING}.**</span>"
+        )
+    return line
 
 
 def _accountant(record: CalibrationRecord) -> str:

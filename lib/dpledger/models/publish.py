@@ -25,7 +25,7 @@ from torch import nn
 
 from dpledger import io
 from dpledger.accounting.record import CalibrationRecord
-from dpledger.engine.checkpoint import Ledger
+from dpledger.ledger import Ledger
 from dpledger.models.lora import is_peft
 from dpledger.models.model_card import CardFacts, model_card
 from dpledger.params import Params

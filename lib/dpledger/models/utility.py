@@ -34,6 +34,7 @@ from torch import nn
 
 from dpledger import io, plotting
 from dpledger.data.text import PAD
+from dpledger.engine.settings import ClipNoise
 from dpledger.models.tasks import EVAL_CHUNK, Task
 
 
@@ -214,21 +215,24 @@ def measure(
     model: nn.Module,
     tensors: tuple[torch.Tensor, ...],
     *,
-    noise_multiplier: float,
-    clip_norm: float,
-    batch_size: float,
+    settings: ClipNoise,
     vocab_size: int | None,
     trainable: list[nn.Parameter] | None = None,
 ) -> Evidence:
-    """The model summary (``trainable``: see :func:`model_summary`), the step's signal-to-noise and
-    the task's baseline and per-class evidence on ``tensors`` = (x_train, y_train, x_test,
-    y_test)."""
+    """The model summary (``trainable``: see :func:`model_summary`), the step's signal-to-noise at
+    the run's clipping and noise ``settings`` and the task's baseline and per-class evidence on
+    ``tensors`` = (x_train, y_train, x_test, y_test)."""
     x_train, y_train, x_test, y_test = (t.cpu().numpy() for t in tensors)
     summary = model_summary(model, trainable)
     metrics = {
         **summary,
-        **signal_to_noise(noise_multiplier, clip_norm, summary["parameters_trainable"], batch_size),
-        "expected_batch_size": float(batch_size),
+        **signal_to_noise(
+            settings.noise_multiplier,
+            settings.clip_norm,
+            summary["parameters_trainable"],
+            settings.normalizer,
+        ),
+        "expected_batch_size": float(settings.normalizer),
     }
     if task.name == "causal-lm":
         return Evidence({**metrics, **lm_utility(x_train, x_test, int(vocab_size or 0))}, {})

@@ -76,6 +76,23 @@ class TrainParams(Section):
     secure_noise: bool = Field(
         default=False, description="draw noise from the OS CSPRNG (not replayable)"
     )
+    noise_key_file: str | None = Field(
+        default=None,
+        description="an untracked file holding the secret noise key (hex; else DPLEDGER_NOISE_KEY "
+        "or a fresh CSPRNG key)",
+    )
+    insecure_public_seed: bool = Field(
+        default=False,
+        description="derive the noise key from the tracked seed: no privacy guarantee against "
+        "anyone who has this repository",
+    )
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="intra-op CPU threads of the steps (default: torch's); a resumed run keeps the "
+        "count it started with, so it stays bit-identical",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         default="fp32", description="CUDA autocast dtype; norms stay fp32"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpledger.ledger import PUBLIC_KEY_WARNING
 from dpledger.report.checks import Finding
 from dpledger.report.document import (
     Badge,
@@ -51,6 +52,7 @@ def headline(inputs: ReportInputs, findings: list[Finding]) -> list[Block]:
         self_check_row(inputs.metrics, inputs.ran("train")),
         _accuracy_row(inputs, kinds),
         _spent_row(inputs, kinds),
+        _noise_key_row(inputs),
         _cost_row(inputs),
     ]
     return [
@@ -242,6 +244,17 @@ def _cost_row(inputs: ReportInputs) -> tuple[Text, ...]:
     result = f"{format_value(m.get('throughput_examples_per_s'))} examples/s"
     details = _joined(("training wall time", _seconds(m.get("wall_time_s"))))
     return label, text(result), text(details), text()
+
+
+def _noise_key_row(inputs: ReportInputs) -> tuple[Text, ...]:
+    """Where the noise key came from (pipeline/noise_key.py); red when the tracked seed gives it."""
+    label = text(Strong("Noise key"))
+    source = inputs.metrics["train"].get("noise_key_source")
+    if not source:
+        return label, text(MISSING), text(), text(NOT_RUN) if not inputs.ran("train") else text()
+    if inputs.metrics["train"].get("noise_key_public"):
+        return label, text(source), text(Strong(PUBLIC_KEY_WARNING)), text(Badge("public", "bad"))
+    return label, text(source), text(), text(Badge("secret", "good"))
 
 
 def _joined(*pairs: tuple[str, Any]) -> str:

@@ -2,11 +2,12 @@
 twice.
 
 A checkpoint is two files: the weights ``checkpoint-step<N>.pt`` (model, optimizer and learning-rate
-schedule state only: tensors,
-numbers and strings, read with ``torch.load(weights_only=True)``, so no code in it can run) and the
-ledger ``checkpoint.json`` beside it: logical steps taken = the schedule position reached (the noise
-of step t is a function of (seed, t), so no RNG state beyond it), the per-step history, a
-fingerprint of every input, and the name and SHA-256 of its weights file. Each save writes the new
+schedule state and the run's secret noise key only: tensors, numbers and strings, read with
+``torch.load(weights_only=True)``, so no code in it can run) and the ledger ``checkpoint.json``
+beside it: logical steps taken = the schedule position reached (the noise of step t is a function of
+(key, t), so no RNG state beyond the key), the per-step history, a fingerprint of every input, and
+the name and SHA-256 of its weights file. The key is in the weights file only, never in a JSON
+file: the folder is git-ignored and not pushed (``pipeline/noise_key.py``). Each save writes the new
 weights file first, then atomically replaces the ledger to name it, then deletes the previous
 weights file; a kill at any moment therefore leaves a ledger that names an intact weights file, and
 the rerun resumes from the last completed checkpoint. Only a ledger whose fingerprint matches the
@@ -17,6 +18,9 @@ weights file also holds the ledger it was saved with: a ledger that differs from
 changed input (config, calibration, schedule, data, code) restarts training from step 0; so does a
 ledger that cannot be read or does not match its weights file (a damaged or edited file), saying
 why.
+
+This module sits below the engine and the pipeline: the engine is a library without it, and the
+train stage, the publisher and the model card read the :class:`Ledger`.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ from torch.optim.lr_scheduler import LRScheduler
 from dpledger import io
 from dpledger.errors import DpledgerError
 
+PUBLIC_KEY_WARNING = "no privacy guarantee against anyone who has this repository"
+"""What a run whose noise key is derivable from tracked files is warned with (train stage, report,
+model card)."""
+
 
 @dataclass(frozen=True)
 class Ledger:
@@ -56,6 +64,13 @@ class Ledger:
     nonfinite_examples: int = 0
     self_check: dict[str, Any] = field(default_factory=dict)
     """The engine's self-check of the run (``SelfCheckResult.to_dict``); empty if it did not run."""
+    noise_key_source: str = ""
+    """Where the noise key came from, in words (never the key)."""
+    noise_key_public: bool = False
+    """The key is derivable from tracked files: no privacy guarantee against anyone who has them."""
+    threads: int = 0
+    """The intra-op thread count the steps ran at (CPU reductions and MKL's matrix products round
+    differently at another count, so a resumed run takes this one back); 0: not recorded."""
 
     @property
     def schedule_position(self) -> int:
@@ -101,9 +116,12 @@ def save_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: LRScheduler | None = None,
+    *,
+    noise_key: str | None = None,
 ) -> None:
-    """Write this step's weights file, then the ledger naming it (each atomically), then delete
-    older weights files: the ledger on disk always names an intact weights file."""
+    """Write this step's weights file (with the secret ``noise_key``, hexadecimal, if given), then
+    the ledger naming it (each atomically), then delete older weights files: the ledger on disk
+    always names an intact weights file."""
     weights = ledger_file.with_name(_weights_name(ledger_file, ledger.steps_done))
     with io.atomic_path(weights) as tmp:
         state = {
@@ -112,6 +130,7 @@ def save_checkpoint(
             "ledger": _sealed(ledger),
         }
         state["scheduler"] = scheduler.state_dict() if scheduler is not None else None
+        state["noise_key"] = noise_key
         torch.save(state, tmp)
     record = {
         **asdict(ledger),
@@ -163,8 +182,8 @@ def _starting_over(why: str) -> None:
 
 
 def load_checkpoint(ledger_file: Path, expected_fingerprint: str) -> dict[str, Any] | None:
-    """The saved state if a checkpoint exists, was made from the same inputs and is intact, else
-    None (start over).
+    """The saved state (ledger, model, optimizer, scheduler, noise_key) if a checkpoint exists, was
+    made from the same inputs and is intact, else None (start over).
 
     The weights file is read (weights-only) only after the ledger's fingerprint and the file's
     digest match.
@@ -201,7 +220,7 @@ def load_checkpoint(ledger_file: Path, expected_fingerprint: str) -> dict[str, A
             f"train: {path} is not a checkpoint; delete {path.parent} to start over from step 0"
         )
     _check_bound(path, ledger_file, ledger, state)
-    parts = ("model", "optimizer", "scheduler")
+    parts = ("model", "optimizer", "scheduler", "noise_key")
     return {"ledger": ledger, **{part: state.get(part) for part in parts}}
 
 
