@@ -38,8 +38,9 @@ from matplotlib.axes import Axes
 from dpledger import plotting
 from dpledger.accounting import describe, group_table
 from dpledger.accounting import montecarlo as mc
-from dpledger.accounting.accountants import PldAccountant
+from dpledger.accounting.accountants.pld import PldAccountant
 from dpledger.accounting.calibrate import calibrate_noise
+from dpledger.accounting.mc_search import calibrate_sigma
 from dpledger.accounting.optimize import (
     RmseSetting,
     amplified_rmse,
@@ -83,7 +84,7 @@ def bench_calibration() -> list[str]:
         pair = mc.fixed_bins_pair(values, BINS, STEPS)
         upper = gaussian_noise_for(pair.max_sensitivity(), 1.0, DELTA)
         started = time.perf_counter()
-        search = mc.calibrate_sigma(pair, 1.0, DELTA, SAMPLES, seed=0, upper=upper)
+        search = calibrate_sigma(pair, 1.0, DELTA, SAMPLES, seed=0, upper=upper)
         fast = time.perf_counter() - started
         naive = (
             naive_seconds_per_evaluation(values, search.noise_multiplier) * BISECTION_EVALUATIONS

@@ -14,7 +14,7 @@ from dpledger.accounting import (
 )
 from dpledger.accounting import calibrate as calibration_module
 from dpledger.accounting import montecarlo as mc
-from dpledger.accounting.accountants import MonteCarloAccountant
+from dpledger.accounting.accountants.montecarlo import MonteCarloAccountant
 from dpledger.errors import UnsupportedMechanismError
 
 SEARCH_CASES = [

@@ -27,7 +27,7 @@ import math
 from pathlib import Path
 
 from dpledger import io
-from dpledger.accounting import MonteCarloAccountant, accountant_of, get_accountant
+from dpledger.accounting import accountant_of, get_accountant
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.errors import DpledgerError
 from dpledger.sampling.schedule import DIGEST_KEY, Schedule
@@ -87,7 +87,7 @@ def reproduce_claim(record: CalibrationRecord, stage: str) -> float | None:
     Carlo (checked by the seal); refuses, with one line, a record whose claimed ε differs."""
     chosen = next((r for r in record.accountants if r.accountant == record.accountant), None)
     accountant = accountant_of(chosen) if chosen else get_accountant(record.accountant)
-    if isinstance(accountant, MonteCarloAccountant):
+    if not accountant.deterministic:
         return None
     try:
         epsilon = accountant.epsilon(record.description, record.delta).epsilon

@@ -33,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 from dpledger.accounting import montecarlo as mc
+from dpledger.accounting.mc_search import SigmaSearch, calibrate_sigma
 from dpledger.accounting.pld import gaussian_noise_for
 from dpledger.errors import ParamsError
 from dpledger.mechanisms.matrices import banded_params, banded_sqrt_coefficients, coefficients
@@ -91,7 +92,7 @@ def amplified_rmse(
     values = coefficients(mechanism, mechanism_params, setting.steps)
     pair = mc.fixed_bins_pair(values, setting.bins, setting.steps)
     upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, delta)
-    sigma = mc.calibrate_sigma(
+    sigma = calibrate_sigma(
         pair, epsilon, delta, setting.samples, setting.seed, upper
     ).noise_multiplier
     return AmplifiedRmse(
@@ -298,7 +299,7 @@ def optimize_matrix(
         gram = mc.toeplitz_gram(values, bins, n)
         pair = mc.DominatingPair((gram.detach().numpy(),))
         upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, delta)
-        search = mc.calibrate_sigma(
+        search = calibrate_sigma(
             pair, epsilon, delta, samples, seed + step, upper, guess=guess, tolerance=1e-6
         )
         sigma, guess = search.noise_multiplier, search.noise_multiplier
@@ -319,7 +320,7 @@ def _implicit_gradient(
     raw: torch.Tensor,
     gram: torch.Tensor,
     norm: torch.Tensor,
-    search: mc.SigmaSearch,
+    search: SigmaSearch,
     epsilon: float,
     sigma: float,
 ) -> torch.Tensor:

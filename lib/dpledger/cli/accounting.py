@@ -10,11 +10,12 @@ from typing import Annotated, Any, Callable, Optional, get_type_hints
 
 import typer
 
+from dpledger.accounting.accountants import ACCOUNTANTS
+from dpledger.accounting.bounds import MAX_BANDS
 from dpledger.cli import strict_json
 from dpledger.errors import ParamsError
 from dpledger.params.calibrate import CalibrateParams
 
-MAX_BANDS = CalibrateParams.model_fields["bands"].metadata[-1].le
 MIN_NOISE = 1e-2
 
 
@@ -86,7 +87,7 @@ Steps = Annotated[
     Optional[int], typer.Option("--steps", help="steps (default epochs × batches per epoch)")
 ]
 AccountantName = Annotated[
-    str, typer.Option("--accountant", help="auto | pld | rdp | allocation | montecarlo")
+    str, typer.Option("--accountant", help=" | ".join(("auto", *ACCOUNTANTS)))
 ]
 Sampler = Annotated[str, typer.Option("--sampler", help=SAMPLER_HELP)]
 GroupSize = Annotated[int, typer.Option("--group-size", help="k: add/remove up to k examples")]
@@ -204,11 +205,8 @@ class RunOptions:
         settings."""
         from dpledger.accounting import get_accountant, resolve_accountant
 
-        if not 1e-6 <= self.discretization <= 1e-1:
-            raise ParamsError(
-                f"--discretization = {self.discretization} is invalid: it must lie in [1e-6, 0.1]"
-            )
         for option, key, value in (
+            ("--discretization", "pld_discretization", self.discretization),
             ("--samples", "mc_samples", self.samples),
             ("--failure-probability", "mc_failure_probability", self.failure_probability),
             ("--evr-delta-ratio", "evr_delta_ratio", self.evr_delta_ratio),
@@ -294,23 +292,6 @@ def _run_fields(
     }
 
 
-BOUNDS = {
-    "noise": (
-        "the claim: ε is the allocation upper bound on calibrate's fixed loss grid, as the "
-        "pipeline records it; "
-        "dpledger epsilon at this σ refines its grid adaptively and may print a slightly different "
-        "valid upper bound"
-    ),
-    "epsilon": (
-        "a valid upper bound from an adaptively refined grid; the claim calibrate records (and "
-        "dpledger noise "
-        "prints) for a σ is the upper bound on its fixed calibration grid, which may differ "
-        "slightly"
-    ),
-}
-"""Which of the allocation accountant's two valid upper bounds each command prints (issue 27)."""
-
-
 def _bound_text(payload: dict[str, Any]) -> str:
     return f"\n  ({payload['bound']})" if payload.get("bound") else ""
 
@@ -333,7 +314,7 @@ def _epsilon(noise_multiplier: float, options: RunOptions) -> None:
         "sampler": options.sampler,
         "noise_multiplier": noise_multiplier,
         **_run_fields(description, options, warnings, result),
-        "bound": BOUNDS["epsilon"] if chosen.name == "allocation" else None,
+        "bound": chosen.printed_bounds.get("epsilon"),
     }
     options.emit(
         payload,
@@ -359,7 +340,7 @@ def _noise(epsilon: float, options: RunOptions) -> None:
         "accountant": chosen.name,
         "sampler": options.sampler,
         **_run_fields(description, options, warnings, result),
-        "bound": BOUNDS["noise"] if chosen.name == "allocation" else None,
+        "bound": chosen.printed_bounds.get("noise"),
     }
     options.emit(
         payload,
