@@ -14,11 +14,11 @@ import math
 
 import numpy as np
 
+from dpledger import validation
 from dpledger.accounting.accountants.base import Accountant, require_support
 from dpledger.accounting.bounds import MAX_EPSILON
 from dpledger.accounting.description import MechanismDescription
 from dpledger.accounting.search import MAX_NOISE, MIN_NOISE, Calibration
-from dpledger.errors import ParamsError
 
 __all__ = ["Calibration", "MAX_NOISE", "calibrate_noise", "epsilon_curve"]
 
@@ -35,13 +35,12 @@ def calibrate_noise(
     """σ for the target (ε, δ) with ``accountant``; its proven ε is within ``tolerance`` below the
     target."""
     if not (math.isfinite(epsilon) and 0 < epsilon <= MAX_EPSILON):
-        raise ParamsError(
-            f"epsilon = {epsilon} is invalid: it must be a number in (0, {MAX_EPSILON:g}] (beyond "
-            "it "
-            f"no noise multiplier >= {MIN_NOISE:g} is needed and the claim says nothing)"
+        requirement = (
+            f"it must be a number in (0, {MAX_EPSILON:g}] "
+            f"(beyond it no noise multiplier >= {MIN_NOISE:g} is needed and the claim says nothing)"
         )
-    if not 0.0 < delta < 1.0:
-        raise ParamsError(f"delta = {delta} is invalid: it must lie in (0, 1)")
+        raise validation.invalid("epsilon", epsilon, requirement)
+    validation.within("delta", delta, 0, 1)
     require_support(accountant, description)
     return accountant.calibrate(description, epsilon, delta, tolerance)
 

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dpledger import validation
 from dpledger.errors import ParamsError
 
 
@@ -147,7 +148,7 @@ class MechanismDescription:
         return differences
 
 
-def describe(  # noqa: C901  (one consistency check per pair of given sizes)
+def describe(
     *,
     sampler: str,
     noise_multiplier: float = 1.0,
@@ -163,11 +164,8 @@ def describe(  # noqa: C901  (one consistency check per pair of given sizes)
 ) -> MechanismDescription:
     """Build a description from whichever sizes are given; inconsistent or missing sizes raise
     ParamsError."""
-    if sampler not in SAMPLERS:
-        raise ParamsError(
-            f"sampler = {sampler!r} is invalid: allowed values are {', '.join(SAMPLERS)}"
-        )
-    _positive("noise_multiplier", noise_multiplier, allow_zero=True)
+    validation.one_of("sampler", sampler, SAMPLERS)
+    validation.positive("noise_multiplier", noise_multiplier, allow_zero=True)
     for name, value in (
         ("dataset_size", dataset_size),
         ("batch_size", batch_size),
@@ -177,12 +175,38 @@ def describe(  # noqa: C901  (one consistency check per pair of given sizes)
         ("group_size", group_size),
     ):
         if value is not None:
-            _positive_int(name, value)
+            validation.at_least(name, value, 1, integer=True)
+    sample_rate, batches_per_epoch = _rate_and_bins(
+        dataset_size, batch_size, sample_rate, batches_per_epoch
+    )
+    steps, epochs = _steps_and_epochs(sampler, steps, epochs, batches_per_epoch)
+    return MechanismDescription(
+        sampler=sampler,
+        noise_multiplier=float(noise_multiplier),
+        steps=int(steps),
+        sample_rate=float(sample_rate),
+        batches_per_epoch=int(batches_per_epoch),
+        epochs=int(epochs),
+        dataset_size=dataset_size,
+        batch_size=batch_size,
+        group_size=int(group_size),
+        mechanism=mechanism,
+        mechanism_params=dict(mechanism_params or {}),
+    )
+
+
+def _rate_and_bins(
+    dataset_size: int | None,
+    batch_size: int | None,
+    sample_rate: float | None,
+    batches_per_epoch: int | None,
+) -> tuple[float, int]:
+    """(q, b) from whichever of the sizes are given; contradicting or missing sizes raise
+    ParamsError."""
     if dataset_size is not None and batch_size is not None:
         if batch_size > dataset_size:
-            raise ParamsError(
-                f"batch_size = {batch_size} is invalid: it must be at most dataset_size = "
-                f"{dataset_size}"
+            raise validation.invalid(
+                "batch_size", batch_size, f"it must be at most dataset_size = {dataset_size}"
             )
         rate = batch_size / dataset_size
         if sample_rate is not None and not math.isclose(sample_rate, rate, rel_tol=1e-9):
@@ -206,9 +230,16 @@ def describe(  # noqa: C901  (one consistency check per pair of given sizes)
         raise ParamsError(
             "sample_rate is missing: give it, or dataset_size and batch_size, or batches_per_epoch"
         )
-    if not 0.0 < sample_rate <= 1.0:
-        raise ParamsError(f"sample_rate = {sample_rate} is invalid: it must lie in (0, 1]")
+    validation.within("sample_rate", sample_rate, 0, 1, interval="left-open")
     batches_per_epoch = batches_per_epoch or max(1, math.ceil(1.0 / sample_rate - 1e-9))
+    return sample_rate, batches_per_epoch
+
+
+def _steps_and_epochs(
+    sampler: str, steps: int | None, epochs: int | None, batches_per_epoch: int
+) -> tuple[int, int]:
+    """(steps, epochs) from either (one epoch where neither is given); a contradiction, or a
+    sampler that runs whole epochs stopped inside one, raises ParamsError."""
     if steps is None:
         steps = (epochs or 1) * batches_per_epoch
     elif epochs is not None and epochs != math.ceil(steps / batches_per_epoch):
@@ -224,29 +255,7 @@ def describe(  # noqa: C901  (one consistency check per pair of given sizes)
             f"steps = {steps} is invalid for {sampler}: it must equal epochs × batches_per_epoch = "
             f"{epochs} × {batches_per_epoch}"
         )
-    return MechanismDescription(
-        sampler=sampler,
-        noise_multiplier=float(noise_multiplier),
-        steps=int(steps),
-        sample_rate=float(sample_rate),
-        batches_per_epoch=int(batches_per_epoch),
-        epochs=int(epochs),
-        dataset_size=dataset_size,
-        batch_size=batch_size,
-        group_size=int(group_size),
-        mechanism=mechanism,
-        mechanism_params=dict(mechanism_params or {}),
-    )
-
-
-def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ParamsError(f"{name} = {value} is invalid: it must be a finite number > 0")
-
-
-def _positive_int(name: str, value: int) -> None:
-    if int(value) != value or value < 1:
-        raise ParamsError(f"{name} = {value} is invalid: it must be an integer >= 1")
+    return steps, epochs
 
 
 def vacuous_delta_warning(delta: float, dataset_size: int | None) -> str | None:

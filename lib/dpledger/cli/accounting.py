@@ -10,6 +10,7 @@ from typing import Annotated, Any, Callable, Optional, get_type_hints
 
 import typer
 
+from dpledger import validation
 from dpledger.accounting.accountants import ACCOUNTANTS
 from dpledger.accounting.bounds import MAX_BANDS
 from dpledger.cli import strict_json
@@ -29,14 +30,8 @@ def _matrix(mechanism: str, bands: int, mechanism_params: Optional[str]) -> dict
     """mechanism_params of C from --mechanism, --bands and --mechanism-params (JSON)."""
     from dpledger.mechanisms import MECHANISMS, banded_params
 
-    if mechanism not in MECHANISMS:
-        raise ParamsError(
-            f"--mechanism = {mechanism!r} is invalid: allowed values are {', '.join(MECHANISMS)}"
-        )
-    if not 1 <= bands <= MAX_BANDS:
-        raise ParamsError(
-            f"--bands = {bands} is invalid: it must be an integer in [1, {MAX_BANDS}]"
-        )
+    validation.one_of("--mechanism", mechanism, MECHANISMS)
+    validation.within("--bands", bands, 1, MAX_BANDS, interval="closed")
     if mechanism_params is not None:
         try:
             matrix = json.loads(mechanism_params)
@@ -61,10 +56,9 @@ def _check_delta(delta: float, dataset_size: Optional[int]) -> list[str]:
     """Refuse a δ outside (0, 1) (NaN included); warn (returned lines) when δ >= 1/n."""
     from dpledger.accounting.description import vacuous_delta_warning
 
-    if not (math.isfinite(delta) and 0.0 < delta < 1.0):
-        raise ParamsError(f"--delta = {delta} is invalid: it must be a finite number in (0, 1)")
-    if dataset_size is not None and dataset_size < 1:
-        raise ParamsError(f"--dataset-size = {dataset_size} is invalid: it must be at least 1")
+    validation.within("--delta", delta, 0, 1)
+    if dataset_size is not None:
+        validation.at_least("--dataset-size", dataset_size, 1)
     warning = vacuous_delta_warning(delta, dataset_size)
     return [warning] if warning else []
 
@@ -177,10 +171,7 @@ class RunOptions:
         if self.sampler not in SAMPLERS:
             known = BUILT_SAMPLERS.get(self.sampler)
             reason = f" ({known.unaccounted_reason})" if known else ""
-            raise ParamsError(
-                f"--sampler = {self.sampler!r} is invalid: allowed values are "
-                f"{', '.join(SAMPLERS)}{reason}"
-            )
+            validation.one_of("--sampler", self.sampler, SAMPLERS, note=reason)
         if self.steps is None and self.epochs is None:
             raise ParamsError(
                 "--epochs (or --steps) is missing: say how long the run is; nothing defaults to "
@@ -300,9 +291,11 @@ def _epsilon(noise_multiplier: float, options: RunOptions) -> None:
     """Print ε at δ for DP-SGD / DP-FTRL with the given noise, sampling and sizes."""
     warnings = options.warnings()
     if not (math.isfinite(noise_multiplier) and noise_multiplier >= MIN_NOISE):
-        raise ParamsError(
-            f"--noise-multiplier = {noise_multiplier} is invalid: it must be a finite number >= "
-            f"{MIN_NOISE:g} (below it ε is in the hundreds and the accountants' grids explode)"
+        raise validation.invalid(
+            "--noise-multiplier",
+            noise_multiplier,
+            f"it must be a finite number >= {MIN_NOISE:g} "
+            "(below it ε is in the hundreds and the accountants' grids explode)",
         )
     description = options.description(noise_multiplier)
     chosen = options.chosen_accountant(description)

@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from pydantic import ValidationError
 
+from dpledger import validation
 from dpledger.errors import ParamsError
 
 
@@ -50,12 +51,8 @@ def register(app: typer.Typer) -> None:  # noqa: C901  (typer command: options, 
         from dpledger.pipeline.verify import trainer_from_params
         from dpledger.verify.battery import OPTIMIZERS, run_battery
 
-        if not 0.0 < significance < 0.5:
-            raise ParamsError(f"--significance = {significance} is invalid: it must be in (0, 0.5)")
-        if optimizer not in OPTIMIZERS:
-            raise ParamsError(
-                f"--optimizer = {optimizer!r} is invalid: allowed values are {list(OPTIMIZERS)}"
-            )
+        validation.within("--significance", significance, 0, 0.5)
+        validation.one_of("--optimizer", optimizer, OPTIMIZERS)
         if self_check:
             _self_check(seeds, optimizer, significance, as_json)
             return

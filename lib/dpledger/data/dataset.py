@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpledger import validation
 from dpledger.data.loaders import require_finite
 from dpledger.errors import DpledgerError, ParamsError
 
@@ -196,9 +197,8 @@ def load_dataset(name: str, path: str | None, test_fraction: float, seed: int) -
     elif name == "mnist":
         x_train, y_train, x_test, y_test = loaders.load_mnist_folder(source)
     else:
-        raise ParamsError(
-            f"params: data.name = {name!r} is invalid: allowed values are digits, npz, cifar10, "
-            "mnist"
+        raise validation.invalid(
+            "data.name", name, "allowed values are digits, npz, cifar10, mnist", where="params"
         )
     labels = np.concatenate([y_train, y_test])
     return Dataset(

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dpledger import validation
 from dpledger.errors import ParamsError
 from dpledger.local_folders import TRUST_REMOTE_CODE, refuse_remote_code, refuse_remote_code_spec
 from dpledger.models.lora import adapter_base, add_lora, is_adapter_folder, load_adapter
@@ -115,9 +116,11 @@ def _checked_init(options: dict[str, Any]) -> str:
         )
     init = options.get("init", "pretrained")
     if init not in ("pretrained", "random") or (init == "pretrained" and "config" in options):
-        raise ParamsError(
-            f"params: train.model_options.init = {init!r} is invalid: allowed values are "
-            "pretrained (with path), random"
+        raise validation.invalid(
+            "train.model_options.init",
+            init,
+            "allowed values are pretrained (with path), random",
+            where="params",
         )
     return init
 

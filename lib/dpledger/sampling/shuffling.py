@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Iterable, Iterator
 
 import numpy as np
 
-from dpledger.errors import ParamsError
+from dpledger import validation
 from dpledger.sampling.base import (
     INDEX_DTYPE,
     Batch,
@@ -69,10 +69,7 @@ class OrderedSampler(BatchSampler):
 
     def __init__(self, *, last_batch: str = "keep", **sizes: Any) -> None:
         super().__init__(**sizes)
-        if last_batch not in LAST_BATCH_POLICIES:
-            raise ParamsError(
-                f"last_batch = {last_batch!r} is invalid: allowed values are 'keep', 'drop'"
-            )
+        validation.one_of("last_batch", last_batch, LAST_BATCH_POLICIES)
         self.last_batch = last_batch
 
     @property

@@ -27,6 +27,7 @@ from dataclasses import fields
 from importlib import import_module
 from typing import Any
 
+from dpledger import validation
 from dpledger.accounting.accountants.base import Accountant, require_support
 from dpledger.accounting.description import describe
 from dpledger.accounting.record import AccountantResult
@@ -61,7 +62,7 @@ def accountant_type(name: str) -> type:
     refused."""
     if name not in ACCOUNTANTS:
         allowed = ", ".join(ACCOUNTANTS)
-        raise ParamsError(f"accountant = {name!r} is invalid: allowed values are auto, {allowed}")
+        raise validation.invalid("accountant", name, f"allowed values are auto, {allowed}")
     return import_module(f"{__name__}.{name}").ACCOUNTANT
 
 

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import torch
 
+from dpledger import validation
 from dpledger.accounting import evr, importance
 from dpledger.accounting import montecarlo as mc
 from dpledger.accounting.accountants.base import base_assumptions, outside, require_support
@@ -71,20 +72,10 @@ class MonteCarloAccountant:
                 f"mc samples = {self.samples}/{self.verify_samples} are invalid: need at least "
                 f"{MIN_MC_SAMPLES}"
             )
-        if not 0.0 < self.evr_delta_ratio < 1.0:
-            raise ParamsError(
-                f"evr_delta_ratio = {self.evr_delta_ratio} is invalid: it must lie in (0, 1)"
-            )
-        if self.failure_probability is not None and not 0.0 < self.failure_probability < 1.0:
-            raise ParamsError(
-                f"failure_probability = {self.failure_probability} is invalid: it must lie in (0, "
-                "1)"
-            )
-        if self.verification not in VERIFICATIONS:
-            raise ParamsError(
-                f"verification = {self.verification!r} is invalid: allowed values are "
-                f"{', '.join(VERIFICATIONS)}"
-            )
+        validation.within("evr_delta_ratio", self.evr_delta_ratio, 0, 1)
+        if self.failure_probability is not None:
+            validation.within("failure_probability", self.failure_probability, 0, 1)
+        validation.one_of("verification", self.verification, VERIFICATIONS)
         resolve_device(self.device)
 
     def failure_target(self, delta: float) -> float:
