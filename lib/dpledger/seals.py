@@ -72,13 +72,14 @@ def check_seal(seal: Path, record: CalibrationRecord, stage: str) -> None:
         expected = io.read_json(seal)["record_sha256"]
     except (OSError, ValueError, TypeError, KeyError):
         raise DpledgerError(
-            f"{stage}: {seal} is missing or unreadable, so the calibration record cannot be "
-            "checked; re-run the calibrate stage"
+            f"{stage}: {seal} is missing or unreadable, "
+            "so the calibration record cannot be checked; re-run the calibrate stage"
         ) from None
     if expected != record_digest(record):
         raise DpledgerError(
-            f"{stage}: {seal.parent / 'calibration.json'} differs from the record calibrate "
-            "verified (edited σ, mechanism or claim?); re-run the calibrate stage"
+            f"{stage}: "
+            f"{seal.parent / 'calibration.json'} differs from the record calibrate verified "
+            "(edited σ, mechanism or claim?); re-run the calibrate stage"
         )
 
 
@@ -93,16 +94,15 @@ def reproduce_claim(record: CalibrationRecord, stage: str) -> float | None:
         epsilon = accountant.epsilon(record.description, record.delta).epsilon
     except DpledgerError as error:
         raise DpledgerError(
-            f"{stage}: the calibration record cannot be re-accounted ({error}); re-run the "
-            "calibrate stage"
+            f"{stage}: the calibration record cannot be re-accounted ({error}); "
+            "re-run the calibrate stage"
         ) from None
     if not math.isclose(epsilon, record.epsilon, rel_tol=RELATIVE_TOLERANCE):
         raise DpledgerError(
-            f"{stage}: calibration.json claims ε = {record.epsilon:.6g} at σ = "
-            f"{record.noise_multiplier:.6g}, but the "
-            f"{record.accountant} accountant gives ε = {epsilon:.6g} for that σ and sampler; the "
-            "record was edited "
-            "or comes from other code — re-run the calibrate stage"
+            f"{stage}: "
+            f"calibration.json claims ε = {record.epsilon:.6g} at σ = {record.noise_multiplier:.6g}, "  # noqa: E501
+            f"but the {record.accountant} accountant gives ε = {epsilon:.6g} for that σ and sampler; "  # noqa: E501
+            "the record was edited or comes from other code — re-run the calibrate stage"
         )
     return epsilon
 

@@ -57,19 +57,20 @@ ACCOUNTED_SAMPLINGS = {
         ),
         AccountedSampling(
             "fixed",
-            "fixed-size sampling: each step uses a fresh uniformly random subset of B = {B} "
-            "of N = {N} examples (not a shuffle)",
+            "fixed-size sampling: "
+            "each step uses a fresh uniformly random subset of B = {B} of N = {N} examples "
+            "(not a shuffle)",
         ),
         AccountedSampling(
             "balls-in-bins",
-            "balls-in-bins: each example is put in one of b = {b} bins once, and the "
-            "bins are reused in the same order every epoch ({E} epochs)",
+            "balls-in-bins: each example is put in one of b = {b} bins once, "
+            "and the bins are reused in the same order every epoch ({E} epochs)",
             whole_epochs=True,
         ),
         AccountedSampling(
             "balls-in-bins-redrawn",
-            "balls-in-bins redrawn every epoch: each epoch puts every example "
-            "in one of b = {b} bins afresh ({E} epochs)",
+            "balls-in-bins redrawn every epoch: "
+            "each epoch puts every example in one of b = {b} bins afresh ({E} epochs)",
             whole_epochs=True,
         ),
     )
@@ -219,9 +220,8 @@ def _rate_and_bins(
         ):
             raise ParamsError(
                 f"batches_per_epoch = {batches_per_epoch} contradicts dataset_size / batch_size: "
-                f"{dataset_size} examples in batches of {batch_size} take "
-                f"{math.ceil(dataset_size / batch_size)} "
-                "per epoch (give one of the two)"
+                f"{dataset_size} examples in batches of {batch_size} take {math.ceil(dataset_size / batch_size)} per epoch "  # noqa: E501
+                "(give one of the two)"
             )
         batches_per_epoch = math.ceil(dataset_size / batch_size)
     if sample_rate is None and batches_per_epoch is not None:
@@ -245,15 +245,14 @@ def _steps_and_epochs(
     elif epochs is not None and epochs != math.ceil(steps / batches_per_epoch):
         raise ParamsError(
             f"steps = {steps} contradicts epochs = {epochs} of {batches_per_epoch} batches: "
-            f"{epochs} epochs take "
-            f"{(epochs - 1) * batches_per_epoch + 1} to {epochs * batches_per_epoch} steps (give "
-            "one of the two)"
+            f"{epochs} epochs take {(epochs - 1) * batches_per_epoch + 1} to {epochs * batches_per_epoch} steps "  # noqa: E501
+            "(give one of the two)"
         )
     epochs = epochs or max(1, math.ceil(steps / batches_per_epoch))
     if ACCOUNTED_SAMPLINGS[sampler].whole_epochs and steps != epochs * batches_per_epoch:
         raise ParamsError(
-            f"steps = {steps} is invalid for {sampler}: it must equal epochs × batches_per_epoch = "
-            f"{epochs} × {batches_per_epoch}"
+            f"steps = {steps} is invalid for {sampler}: "
+            f"it must equal epochs × batches_per_epoch = {epochs} × {batches_per_epoch}"
         )
     return steps, epochs
 
@@ -264,8 +263,8 @@ def vacuous_delta_warning(delta: float, dataset_size: int | None) -> str | None:
     if dataset_size is None or delta < 1.0 / dataset_size:
         return None
     return (
-        f"WARNING: delta = {delta:g} >= 1/n = {1.0 / dataset_size:.3g} (n = {dataset_size} "
-        "examples): a mechanism "
-        "that publishes one random example outright meets this delta, so the claim says little; "
-        "use delta < 1/n"
+        f"WARNING: delta = {delta:g} >= 1/n = {1.0 / dataset_size:.3g} "
+        f"(n = {dataset_size} examples): "
+        "a mechanism that publishes one random example outright meets this delta, "
+        "so the claim says little; use delta < 1/n"
     )

@@ -32,8 +32,7 @@ class Calibration:
 def unreachable(epsilon: float, delta: float) -> ParamsError:
     """The refusal of a target no σ up to :data:`MAX_NOISE` meets."""
     return ParamsError(
-        f"epsilon = {epsilon} is unreachable with noise multiplier <= {MAX_NOISE:g} at "
-        f"delta = {delta}"
+        f"epsilon = {epsilon} is unreachable with noise multiplier <= {MAX_NOISE:g} at delta = {delta}"  # noqa: E501
     )
 
 

@@ -57,12 +57,12 @@ def accounted_epsilon(
 def bgm_assumptions(audited: AuditedSampler) -> list[str]:
     """What the BGM audit's ε_emp rests on, in sentences for the report."""
     return [
-        "Worst-Case threat model: the batched Gaussian mechanism, every batch sum released (002 "
-        "App. A).",
+        "Worst-Case threat model: the batched Gaussian mechanism, every batch sum released "
+        "(002 App. A).",
         f"Zero-out adjacency; audited pair {audited.pair}.",
         f"Where the record lands under '{audited.sampler}': {audited.placement}.",
-        "Scores are exact log likelihood ratios of the pair; ε_emp is a lower bound on the "
-        "mechanism's ε only.",
+        "Scores are exact log likelihood ratios of the pair; "
+        "ε_emp is a lower bound on the mechanism's ε only.",
     ]
 
 
@@ -84,8 +84,7 @@ def simulate_bgm(
             "audit.observations", observations, f"it must be at most {MAX_AUDIT_OBSERVATIONS:,}"
         )
     refuse_beyond(
-        f"audit.observations = {observations} of games drawing {entries_per_game(audited.model)} "
-        "values each",
+        f"audit.observations = {observations} of games drawing {entries_per_game(audited.model)} values each",  # noqa: E501
         observations * entries_per_game(audited.model),
         MAX_AUDIT_DRAWS,
         "draws",

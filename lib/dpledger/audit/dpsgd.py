@@ -191,15 +191,13 @@ def audit_dpsgd(config: DpsgdAudit, workload: Workload | None = None) -> AuditRe
     }
     assumptions = [
         (
-            f"{config.threat_model} threat model (002 Alg. 1): the adversary inserts gradient "
-            "canaries and sees "
-            "⟨g̃_t, ĝ⟩ every step."
+            f"{config.threat_model} threat model (002 Alg. 1): "
+            "the adversary inserts gradient canaries and sees ⟨g̃_t, ĝ⟩ every step."
         ),
         "Zero-out adjacency: the audited record's gradient is the canary on D and zero on D'.",
         (
-            "Every game is a real training run with a fresh model (re-initialised, or the same "
-            "checkpoint), "
-            "sampler seed and noise."
+            "Every game is a real training run with a fresh model (re-initialised, "
+            "or the same checkpoint), sampler seed and noise."
         ),
     ]
     timing = {

@@ -193,8 +193,8 @@ def _best_threshold(
 def _check_inputs(present: np.ndarray, absent: np.ndarray, delta: float, confidence: float) -> None:
     if present.ndim != 1 or absent.ndim != 1 or present.shape != absent.shape:
         raise ParamsError(
-            f"audit: scores must be two 1-D arrays of equal length, got {present.shape} and "
-            f"{absent.shape}"
+            "audit: scores must be two 1-D arrays of equal length, "
+            f"got {present.shape} and {absent.shape}"
         )
     validation.at_least("games per side", present.shape[0], 2, where="audit")
     validation.within("delta", delta, 0, 1, where="audit")

@@ -76,8 +76,8 @@ def run_selfcheck(
     validation.one_of("mechanism", mechanism, SELFCHECK_MECHANISMS, where="audit selfcheck")
     if repeats < 1 or observations < 4:
         raise ParamsError(
-            f"audit selfcheck: repeats = {repeats}, observations = {observations}: need repeats >= "
-            "1 and observations >= 4"
+            f"audit selfcheck: repeats = {repeats}, observations = {observations}: "
+            "need repeats >= 1 and observations >= 4"
         )
     refuse_beyond(
         f"audit selfcheck: repeats = {repeats} × observations = {observations}",

@@ -38,10 +38,11 @@ def _matrix(mechanism: str, bands: int, mechanism_params: Optional[str]) -> dict
         except json.JSONDecodeError as error:
             raise ParamsError(f"--mechanism-params is not valid JSON: {error.msg}") from None
         if not isinstance(matrix, dict):
+            toeplitz = """'{"coefficients": [1, 0.5]}' (toeplitz)"""
+            blt = """'{"buffer_decays": [0.9], "output_scales": [0.2]}' (blt)"""
+            examples = f"{toeplitz} or {blt}"
             raise ParamsError(
-                "--mechanism-params is invalid: it must be a JSON object such as "
-                "'{\"coefficients\": [1, 0.5]}' (toeplitz) or "
-                '\'{"buffer_decays": [0.9], "output_scales": [0.2]}\' (blt)'
+                f"--mechanism-params is invalid: it must be a JSON object such as {examples}"
             )
         return matrix
     if mechanism in ("toeplitz", "blt"):
@@ -174,8 +175,8 @@ class RunOptions:
             validation.one_of("--sampler", self.sampler, SAMPLERS, note=reason)
         if self.steps is None and self.epochs is None:
             raise ParamsError(
-                "--epochs (or --steps) is missing: say how long the run is; nothing defaults to "
-                "one epoch"
+                "--epochs (or --steps) is missing: say how long the run is; "
+                "nothing defaults to one epoch"
             )
         return describe(
             sampler=self.sampler,
@@ -337,9 +338,9 @@ def _noise(epsilon: float, options: RunOptions) -> None:
     }
     options.emit(
         payload,
-        f"noise_multiplier = {calibration.noise_multiplier:.6g} (epsilon = {result.epsilon:.6g} "
-        f"at delta = {options.delta:g}; {chosen.name}, {options.sampler}"
-        f"{_failure_text(result.details)})" + _bound_text(payload),
+        f"noise_multiplier = {calibration.noise_multiplier:.6g} "
+        f"(epsilon = {result.epsilon:.6g} at delta = {options.delta:g}; {chosen.name}, "
+        f"{options.sampler}{_failure_text(result.details)})" + _bound_text(payload),
     )
 
 

@@ -39,8 +39,8 @@ def _statistics(threshold: str, confidence: float, split_fraction: float = 0.2) 
 def _sampler_options(sampler: str, buffer_size: Optional[int]) -> dict[str, Any]:
     if sampler == "partial-shuffle" and buffer_size is None:
         raise ParamsError(
-            "--buffer-size is missing: --sampler partial-shuffle needs the shuffle buffer K (an "
-            "integer >= 1)"
+            "--buffer-size is missing: --sampler partial-shuffle needs the shuffle buffer K "
+            "(an integer >= 1)"
         )
     return {} if buffer_size is None else {"buffer_size": buffer_size}
 

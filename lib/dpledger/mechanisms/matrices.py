@@ -102,11 +102,9 @@ def check_coefficients(values: np.ndarray, mechanism: str) -> None:
         )
     if np.any(values < 0):
         raise UnsupportedMechanismError(
-            f"mechanism {mechanism} has a negative coefficient ({values.min():.3g}): the "
-            "balls-in-bins accountant "
-            "needs C >= 0 entrywise (004 Lemma 3.2; Appendix A shows the worst case can differ "
-            "otherwise); "
-            f"use non-negative coefficients"
+            f"mechanism {mechanism} has a negative coefficient ({values.min():.3g}): "
+            "the balls-in-bins accountant needs C >= 0 entrywise (004 Lemma 3.2; "
+            "Appendix A shows the worst case can differ otherwise); use non-negative coefficients"
         )
 
 

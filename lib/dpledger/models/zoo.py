@@ -34,8 +34,8 @@ def _check_option(key: str, value: Any) -> None:
     if isinstance(value, list):
         if len(value) > MAX_LIST_LENGTH:
             raise ParamsError(
-                f"params: train.model_options.{key} has {len(value)} entries; at most "
-                f"{MAX_LIST_LENGTH}"
+                f"params: train.model_options.{key} has {len(value)} entries; "
+                f"at most {MAX_LIST_LENGTH}"
             )
         for item in value:
             _check_option(key, item)

@@ -67,8 +67,8 @@ class CalibrateParams(Section):
         gt=0.0,
         lt=1.0,
         allow_inf_nan=False,
-        description="Monte Carlo claim's failure probability; null: min(delta/10, 1e-6); sets the "
-        "EVR sample count",
+        description="Monte Carlo claim's failure probability; null: min(delta/10, 1e-6); "
+        "sets the EVR sample count",
     )
     mc_device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="Monte Carlo sampling device"
@@ -134,9 +134,8 @@ class CalibrateParams(Section):
             ]
             raise PydanticCustomError(
                 "sampler",
-                "calibrate.accountant = {accountant} supports samplers {allowed} (auto picks one "
-                "that covers "
-                "calibrate.sampler)",
+                "calibrate.accountant = {accountant} supports samplers {allowed} "
+                "(auto picks one that covers calibrate.sampler)",
                 {"accountant": accountant, "allowed": ", ".join(covered)},
             )
         return value

@@ -34,10 +34,9 @@ from dpledger.sampling.base import (
 
 LAST_BATCH_POLICIES = ("keep", "drop")
 SHUFFLE_REASON = (
-    "shuffling (one permutation per epoch) has no tight accountant and audits show Poisson "
-    "accounting "
-    "under-states its epsilon several-fold; build batches with balls-in-bins (accountant "
-    "allocation) or poisson"
+    "shuffling (one permutation per epoch) "
+    "has no tight accountant and audits show Poisson accounting under-states its epsilon several-fold; "  # noqa: E501
+    "build batches with balls-in-bins (accountant allocation) or poisson"
 )
 
 
@@ -112,8 +111,8 @@ class ShuffleSampler(OrderedSampler):
 
     name = "shuffle"
     description = (
-        "one permutation per epoch, fixed batches (no tight accountant; Poisson "
-        "accounting understates ε)"
+        "one permutation per epoch, fixed batches (no tight accountant; "
+        "Poisson accounting understates ε)"
     )
     unaccounted_reason = SHUFFLE_REASON
 

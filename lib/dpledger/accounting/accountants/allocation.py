@@ -48,9 +48,9 @@ class AllocationAccountant:
             "so it may print a slightly different valid upper bound"
         ),
         "epsilon": (
-            "a valid upper bound from an adaptively refined grid; "
-            "the claim calibrate records (and dpledger noise prints) for a σ is the upper bound "
-            "on its fixed calibration grid, which may differ slightly"
+            "a valid upper bound from an adaptively refined grid; the claim calibrate records "
+            "(and dpledger noise prints) for a σ is the upper bound on its fixed calibration grid, "
+            "which may differ slightly"
         ),
     }
     """Which of its two valid upper bounds ``dpledger noise`` and ``dpledger epsilon`` print."""
@@ -67,13 +67,13 @@ class AllocationAccountant:
             return refusal
         if description.mechanism != "identity":
             return (
-                "correlated noise (mechanism != identity) needs the Monte Carlo accountant (004 "
-                "Lemma 3.2)"
+                "correlated noise (mechanism != identity) needs the Monte Carlo accountant "
+                "(004 Lemma 3.2)"
             )
         if description.group_size != 1:
             return (
-                "the allocation accountant is example-level only; group-level ε needs poisson "
-                "or fixed with pld"
+                "the allocation accountant is example-level only; "
+                "group-level ε needs poisson or fixed with pld"
             )
         return None
 
@@ -92,15 +92,14 @@ class AllocationAccountant:
         mapping = (
             f"{d.epochs} epoch(s) of a 1-of-{d.batches_per_epoch} random allocation, composed"
             if d.sampler == "balls-in-bins-redrawn"
-            else f"one 1-of-{d.batches_per_epoch} random allocation at noise σ/√E = "
-            f"{d.noise_multiplier / math.sqrt(d.epochs):.6g} (the example sits in the same slot of "
-            "all "
-            f"{d.epochs} epochs: one Gaussian of sensitivity √E)"
+            else f"one 1-of-{d.batches_per_epoch} random allocation at noise σ/√E = {d.noise_multiplier / math.sqrt(d.epochs):.6g} "  # noqa: E501
+            f"(the example sits in the same slot of all {d.epochs} epochs: "
+            "one Gaussian of sensitivity √E)"
         )
         assumptions = base_assumptions(d) + [
-            f"pld-accounting (Feldman & Shenfeld) random-allocation PLD: {mapping}; the claim is "
-            "the dominating "
-            f"(upper) bound, the dominated (lower) bound is ε = {bounds.lower:.6g}"
+            f"pld-accounting (Feldman & Shenfeld) random-allocation PLD: {mapping}; "
+            "the claim is the dominating (upper) bound, the dominated (lower) "
+            f"bound is ε = {bounds.lower:.6g}"
             + ("" if bounds.converged else " (refinement stopped before upper/lower <= 1.1)"),
         ]
         return AccountantResult(

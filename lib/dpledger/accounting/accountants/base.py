@@ -79,16 +79,16 @@ def base_assumptions(description: MechanismDescription) -> list[str]:
         ADJACENCY
         if description.group_size == 1
         else (
-            f"add or remove up to k = {description.group_size} examples (group privacy; both "
-            "directions accounted)"
+            f"add or remove up to k = {description.group_size} examples (group privacy; "
+            "both directions accounted)"
         )
     )
     return [
         description.sampling_sentence(),
         f"adjacency: {adjacency}",
-        f"noise N(0, (σ·clip norm)²) with σ = {description.noise_multiplier:.6g} added once per "
-        "step to the sum "
-        f"of per-example clipped gradients, {description.steps} steps",
+        "noise N(0, (σ·clip norm)²) "
+        f"with σ = {description.noise_multiplier:.6g} added once per step to the sum of per-example clipped gradients, "  # noqa: E501
+        f"{description.steps} steps",
         RELEASE,
     ]
 

@@ -69,8 +69,8 @@ class MonteCarloAccountant:
             self.verify_samples is not None and self.verify_samples < MIN_MC_SAMPLES
         ):
             raise ParamsError(
-                f"mc samples = {self.samples}/{self.verify_samples} are invalid: need at least "
-                f"{MIN_MC_SAMPLES}"
+                f"mc samples = {self.samples}/{self.verify_samples} are invalid: "
+                f"need at least {MIN_MC_SAMPLES}"
             )
         validation.within("evr_delta_ratio", self.evr_delta_ratio, 0, 1)
         if self.failure_probability is not None:
@@ -110,14 +110,13 @@ class MonteCarloAccountant:
             return refusal
         if description.group_size != 1:
             return (
-                "the Monte Carlo accountant is example-level only; group-level ε needs poisson "
-                "or fixed with pld"
+                "the Monte Carlo accountant is example-level only; "
+                "group-level ε needs poisson or fixed with pld"
             )
         if description.sampler == "balls-in-bins-redrawn" and description.mechanism != "identity":
             return (
-                "correlated noise needs bins fixed across epochs (004 Lemma 3.2 sums the same slot "
-                "over "
-                "epochs); use sampler balls-in-bins"
+                "correlated noise needs bins fixed across epochs "
+                "(004 Lemma 3.2 sums the same slot over epochs); use sampler balls-in-bins"
             )
         return None
 
@@ -140,12 +139,11 @@ class MonteCarloAccountant:
                 0,
                 (
                     f"WARNING: with independent noise (mechanism identity) over {d.epochs} epochs, "
-                    "bins fixed across "
-                    "epochs are far worse than Poisson sampling: at this σ = "
-                    f"{d.noise_multiplier:.4g} and q, Poisson "
-                    f"would give ε = {poisson:.3g}; for DP-SGD use balls-in-bins-redrawn or "
-                    "poisson, and keep fixed "
-                    f"bins for correlated noise"
+                    "bins fixed across epochs are far worse than Poisson sampling: "
+                    f"at this σ = {d.noise_multiplier:.4g} and q, "
+                    f"Poisson would give ε = {poisson:.3g}; "
+                    "for DP-SGD use balls-in-bins-redrawn or poisson, "
+                    "and keep fixed bins for correlated noise"
                 ),
             )
         if d.mechanism != "identity":
@@ -157,22 +155,20 @@ class MonteCarloAccountant:
         if verified.importance is not None:
             draws = verified.importance
             how = (
-                f"importance-sampled fresh sets of {draws.samples_remove} (remove) and "
-                f"{draws.samples_add} (add) draws with weights bounded by M = "
-                f"{draws.bound_remove:.3g} / {draws.bound_add:.3g} "
-                f"(KL bound on f·w/M; where M <= δ the bound δ <= M proves the direction)"
+                f"importance-sampled fresh sets of {draws.samples_remove} (remove) "
+                f"and {draws.samples_add} (add) "
+                f"draws with weights bounded by M = {draws.bound_remove:.3g} / {draws.bound_add:.3g} "  # noqa: E501
+                "(KL bound on f·w/M; where M <= δ the bound δ <= M proves the direction)"
             )
         else:
             how = f"fresh sets of {verified.verify_samples} samples"
         sentences.append(
-            "Monte Carlo estimate with Estimate-Verify-Release: estimated at δ' = "
-            f"{self.evr_delta_ratio:g}·δ on "
-            f"{self.samples} samples, verified below τ = midpoint(δ', δ) on {how}; the claim fails "
-            "with "
-            f"probability at most {failure_probability:.3g} over the accountant's randomness "
-            "(Chernoff–Hoeffding "
-            f"KL bound, union over {EVR_ATTEMPTS} attempts), so it is unconditionally "
-            f"(ε, δ + {failure_probability:.3g})-DP"
+            "Monte Carlo estimate with Estimate-Verify-Release: "
+            f"estimated at δ' = {self.evr_delta_ratio:g}·δ on {self.samples} samples, "
+            f"verified below τ = midpoint(δ', δ) on {how}; "
+            f"the claim fails with probability at most {failure_probability:.3g} over the accountant's randomness "  # noqa: E501
+            f"(Chernoff–Hoeffding KL bound, union over {EVR_ATTEMPTS} attempts), "
+            f"so it is unconditionally (ε, δ + {failure_probability:.3g})-DP"
         )
         return sentences
 
@@ -187,10 +183,8 @@ class MonteCarloAccountant:
         if len(pair.grams) != 1:
             if self.verification == "importance":
                 raise UnsupportedMechanismError(
-                    "verification = importance needs bins fixed across epochs (one piece): with "
-                    "bins redrawn every "
-                    "epoch the losses of the epochs add and the per-piece union bound does not "
-                    "cover their sum"
+                    "verification = importance needs bins fixed across epochs (one piece): "
+                    "with bins redrawn every epoch the losses of the epochs add and the per-piece union bound does not cover their sum"  # noqa: E501
                 )
             return None
         threshold, plain, failure = self.verification_plan(delta)
@@ -237,11 +231,10 @@ class MonteCarloAccountant:
                 epsilon = epsilon * 1.05 + 1e-3
         else:
             raise DpledgerError(
-                f"Estimate-Verify-Release refused after {EVR_ATTEMPTS} attempts: fresh samples "
-                "give "
-                f"δ̂ = {estimate.delta:.3g} > threshold {threshold:.3g}; increase "
-                "calibrate.mc_samples (now "
-                f"{self.samples}) or lower calibrate.evr_delta_ratio (now {self.evr_delta_ratio:g})"
+                f"Estimate-Verify-Release refused after {EVR_ATTEMPTS} attempts: "
+                f"fresh samples give δ̂ = {estimate.delta:.3g} > threshold {threshold:.3g}; "
+                f"increase calibrate.mc_samples (now {self.samples}) "
+                f"or lower calibrate.evr_delta_ratio (now {self.evr_delta_ratio:g})"
             )
         total_failure = min(1.0, EVR_ATTEMPTS * failure)
         verified = evr.EvrVerification(

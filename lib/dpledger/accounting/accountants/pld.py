@@ -39,9 +39,9 @@ class PldAccountant:
             return refusal
         if description.mechanism != "identity":
             return (
-                "correlated noise (mechanism != identity) is accounted only under balls-in-bins "
-                "batching "
-                "(004); use sampler balls-in-bins with accountant montecarlo"
+                "correlated noise (mechanism != identity) "
+                "is accounted only under balls-in-bins batching (004); "
+                "use sampler balls-in-bins with accountant montecarlo"
             )
         if description.sampler == "fixed" and (
             description.dataset_size is None or description.batch_size is None

@@ -26,13 +26,13 @@ class RdpAccountant:
     def unsupported(self, description: MechanismDescription) -> str | None:
         if description.sampler != "poisson":
             return (
-                "the RDP accountant here covers poisson sampling only, not "
-                f"{description.sampler}; use pld or montecarlo"
+                f"the RDP accountant here covers poisson sampling only, not {description.sampler}; "
+                "use pld or montecarlo"
             )
         if description.group_size != 1:
             return (
-                "the RDP accountant has no group-level analysis here; use pld (mixture of "
-                "Gaussians, 001)"
+                "the RDP accountant has no group-level analysis here; use pld "
+                "(mixture of Gaussians, 001)"
             )
         if description.mechanism != "identity":
             return "correlated noise is accounted only with balls-in-bins and montecarlo"
