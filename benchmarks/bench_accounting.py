@@ -38,8 +38,9 @@ from matplotlib.axes import Axes
 from dpledger import plotting
 from dpledger.accounting import describe, group_table
 from dpledger.accounting import montecarlo as mc
-from dpledger.accounting.accountants import PldAccountant
+from dpledger.accounting.accountants.pld import PldAccountant
 from dpledger.accounting.calibrate import calibrate_noise
+from dpledger.accounting.mc_search import calibrate_sigma
 from dpledger.accounting.optimize import (
     RmseSetting,
     amplified_rmse,
@@ -83,7 +84,7 @@ def bench_calibration() -> list[str]:
         pair = mc.fixed_bins_pair(values, BINS, STEPS)
         upper = gaussian_noise_for(pair.max_sensitivity(), 1.0, DELTA)
         started = time.perf_counter()
-        search = mc.calibrate_sigma(pair, 1.0, DELTA, SAMPLES, seed=0, upper=upper)
+        search = calibrate_sigma(pair, 1.0, DELTA, SAMPLES, seed=0, upper=upper)
         fast = time.perf_counter() - started
         naive = (
             naive_seconds_per_evaluation(values, search.noise_multiplier) * BISECTION_EVALUATIONS
@@ -102,9 +103,8 @@ def bench_optimization() -> tuple[list[str], float]:
     result = optimize_matrix("blt", 1.0, DELTA, BINS, EPOCHS, steps=300, samples=1 << 14, buffers=3)
     seconds = time.perf_counter() - started
     line = (
-        f"BLT (3 buffers), 300 steps, 2^14 samples/step, ε = 1: {seconds:.1f} s; RMSE "
-        f"{result.history[0]:.4f} → "
-        f"{result.rmse:.4f}; params {result.mechanism_params}"
+        f"BLT (3 buffers), 300 steps, 2^14 samples/step, ε = 1: {seconds:.1f} s; "
+        f"RMSE {result.history[0]:.4f} → {result.rmse:.4f}; params {result.mechanism_params}"
     )
     print(line, flush=True)
     return [line], seconds
@@ -139,9 +139,9 @@ def best_unamplified_rmse(epsilon: float) -> tuple[float, int]:
 
 def bench_rmse(epsilons: list[float]) -> list[str]:
     lines = [
-        "| ε | unamplified (best banded) | optimized banded + cyclic Poisson (w) | identity | best "
-        "banded (w) | "
-        "optimized BLT | BLT ≤ banded + Poisson | BLT ≤ banded | b-in-b < unamplified |",
+        "| ε | unamplified (best banded) | optimized banded + cyclic Poisson (w) | identity | "
+        "best banded (w) | optimized BLT | BLT ≤ banded + Poisson | BLT ≤ banded | "
+        "b-in-b < unamplified |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for epsilon in epsilons:
@@ -299,10 +299,9 @@ def bench_verified(device: str) -> list[str]:
     lines += [
         "",
         (
-            "| case | σ | ε | IS bound M (remove / add) | verification (auto) | fresh draws per "
-            "attempt | "
-            "attempts | seconds (auto) | plain draws | seconds (plain) | ratio plain / auto | "
-            "device |"
+            "| case | σ | ε | IS bound M (remove / add) | verification (auto) | "
+            "fresh draws per attempt | attempts | seconds (auto) | plain draws | seconds (plain) | "
+            "ratio plain / auto | device |"
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -338,17 +337,16 @@ def bench_verified(device: str) -> list[str]:
         )
         plain_seconds = runs.get("plain", runs["auto"])[0]
         lines.append(
-            f"| {label} | {sigma:.4f} | {epsilon:.4f} | {bounds[0].bound:.3g} / "
-            f"{bounds[1].bound:.3g} | "
-            f"{details['verification']} | {details['verify_samples']} | {details['evr_attempts']} "
-            "| "
-            f"{seconds:.1f} | {details['verify_samples_plain']} | {plain_seconds:.1f} | "
+            f"| {label} | {sigma:.4f} | {epsilon:.4f} | "
+            f"{bounds[0].bound:.3g} / {bounds[1].bound:.3g} | {details['verification']} | "
+            f"{details['verify_samples']} | {details['evr_attempts']} | {seconds:.1f} | "
+            f"{details['verify_samples_plain']} | {plain_seconds:.1f} | "
             f"{plain_seconds / seconds:.1f}× | {device} |"
         )
         print(lines[-1], flush=True)
     lines.append(
-        "failure probability 1e-6 in all (β/3 per EVR attempt, KL bound; per direction for "
-        "importance sampling)"
+        "failure probability 1e-6 in all (β/3 per EVR attempt, KL bound; "
+        "per direction for importance sampling)"
     )
     print(lines[-1], flush=True)
     return lines
@@ -360,9 +358,8 @@ def main() -> None:
     parser.add_argument(
         "--only",
         choices=["speed", "rmse", "baselines", "group", "verified"],
-        help="run one part (baselines: only the RMSE table's deterministic columns, unamplified "
-        "and "
-        "banded + cyclic Poisson)",
+        help="run one part (baselines: only the RMSE table's deterministic columns, "
+        "unamplified and banded + cyclic Poisson)",
     )
     parser.add_argument(
         "--epsilons",

@@ -82,8 +82,8 @@ def main() -> None:
     world1 = _median_ms(spawn_ranks(_steps, (args.steps, args.device), 1, device))
     backend = "nccl" if device.type == "cuda" else "gloo"
     print(
-        f"device {args.device}, {threads} threads, B = {BATCH}, {args.steps} steps (median per "
-        "step)"
+        f"device {args.device}, {threads} threads, B = {BATCH}, {args.steps} steps "
+        "(median per step)"
     )
     print(f"1 process, no process group:        {plain:8.2f} ms")
     print(
@@ -95,12 +95,12 @@ def main() -> None:
         torch.set_num_threads(max(1, threads // 2))
         one_thread = _median_ms(_steps(args.steps, args.device))
         print(
-            f"2 processes ({backend}, {max(1, threads // 2)} thread each): {two:8.2f} ms   "
-            f"speed-up {plain / two:.2f}× over 1 process"
+            f"2 processes ({backend}, {max(1, threads // 2)} thread each): "
+            f"{two:8.2f} ms   speed-up {plain / two:.2f}× over 1 process"
         )
         print(
-            f"1 process, {max(1, threads // 2)} thread:                {one_thread:8.2f} ms   "
-            f"2 processes' speed-up over it {one_thread / two:.2f}×"
+            f"1 process, {max(1, threads // 2)} thread: "
+            f"               {one_thread:8.2f} ms   2 processes' speed-up over it {one_thread / two:.2f}×"  # noqa: E501
         )
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -512,11 +512,10 @@ def _cpu_parts(args: argparse.Namespace, results: dict, micro: bool) -> None:
         return
     noise = time_noise(args.repeats)
     print(
-        f"noise for the MLP's parameters: Philox/Box-Muller {1000 * noise['philox']:.2f} ms, torch "
-        "normal_ "
-        f"chunks {1000 * noise['torch-chunks']:.2f} ms "
-        f"({noise['torch-chunks'] / noise['philox']:.2f}x), one "
-        f"torch normal_ {1000 * noise['torch-normal']:.2f} ms "
+        f"noise for the MLP's parameters: Philox/Box-Muller {1000 * noise['philox']:.2f} ms, "
+        f"torch normal_ chunks {1000 * noise['torch-chunks']:.2f} ms "
+        f"({noise['torch-chunks'] / noise['philox']:.2f}x), "
+        f"one torch normal_ {1000 * noise['torch-normal']:.2f} ms "
         f"({noise['torch-normal'] / noise['philox']:.2f}x)",
         flush=True,
     )
@@ -546,8 +545,8 @@ def main() -> None:
     parser.add_argument(
         "--workloads",
         default=None,
-        help=f"comma-separated, of {', '.join(WORKLOADS)} (default: mlp,transformer; on CUDA also "
-        "gpt2-small and gpt2)",
+        help=f"comma-separated, of {', '.join(WORKLOADS)} (default: mlp,transformer; "
+        "on CUDA also gpt2-small and gpt2)",
     )
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available"
@@ -627,8 +626,8 @@ def main() -> None:
             + f" | BK/non-private {row['bk_over_nonprivate']:.3f}x (target <= {target})"
             + "".join(f" | {m}/BK {r:.3f}x" for m, r in row["opacus_over_bk"].items())
             + (
-                f" | fastest correct Opacus ({row['opacus_fastest_correct']})/BK "
-                f"{row['opacus_fastest_correct_over_bk']:.3f}x"
+                " | fastest correct Opacus "
+                f"({row['opacus_fastest_correct']})/BK {row['opacus_fastest_correct_over_bk']:.3f}x"
                 if correct
                 else " | no correct Opacus mode"
             ),
@@ -638,8 +637,8 @@ def main() -> None:
             print(
                 f"  peak transient {'RSS' if device == 'cpu' else 'CUDA memory'} MiB: "
                 f"{row['peak_extra_mib']}; "
-                f"BK extra over non-private "
-                f"{100 * row['bk_extra_memory_over_nonprivate']:.1f}% (target <= 25%)",
+                f"BK extra over non-private {100 * row['bk_extra_memory_over_nonprivate']:.1f}% "
+                "(target <= 25%)",
                 flush=True,
             )
     print(json.dumps({"torch_threads": torch.get_num_threads(), "results": results}, indent=2))

@@ -107,20 +107,18 @@ def main() -> None:
             )
     print(f"n = {N:,} examples, B = {BATCH}, 1 epoch")
     print(
-        f"{'sampler':<30} {'mode':<7} {'steps':>6} {'rows':>11} {'time s':>7} {'peak MB':>8} "
-        f"{'output MB':>9}"
+        f"{'sampler':<30} {'mode':<7} {'steps':>6} {'rows':>11} {'time s':>7} {'peak MB':>8} {'output MB':>9}"  # noqa: E501
     )
     for r in results:
         print(
-            f"{r['case']:<30} {r['mode']:<7} {r['steps']:>6} {r['rows']:>11,} {r['seconds']:>7.2f} "
-            f"{r['peak_mb']:>8.1f} {r['output_mb']:>9.1f}"
+            f"{r['case']:<30} {r['mode']:<7} {r['steps']:>6} {r['rows']:>11,} {r['seconds']:>7.2f} {r['peak_mb']:>8.1f} {r['output_mb']:>9.1f}"  # noqa: E501
         )
     naive = naive_poisson_seconds_per_step()
     ours = next(r for r in results if r["case"] == "poisson" and r["mode"] == "stream")
     ours_per_step = ours["seconds"] / ours["steps"]
     print(
-        f"naive Poisson (n coins per step): {naive * 1e3:.1f} ms/step, {naive * ours['steps']:.0f} "
-        "s for the epoch (extrapolated)"
+        f"naive Poisson (n coins per step): {naive * 1e3:.1f} ms/step, "
+        f"{naive * ours['steps']:.0f} s for the epoch (extrapolated)"
     )
     print(
         f"dpledger Poisson (binomial size + uniform subset): {ours_per_step * 1e6:.1f} µs/step; "

@@ -12,9 +12,9 @@ from dpledger.accounting import (
     get_accountant,
     resolve_accountant,
 )
-from dpledger.accounting import calibrate as calibration_module
 from dpledger.accounting import montecarlo as mc
-from dpledger.accounting.accountants import MonteCarloAccountant
+from dpledger.accounting.accountants import allocation as calibration_module
+from dpledger.accounting.accountants.montecarlo import MonteCarloAccountant
 from dpledger.errors import UnsupportedMechanismError
 
 SEARCH_CASES = [

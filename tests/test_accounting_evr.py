@@ -7,7 +7,7 @@ import pytest
 
 from dpledger.accounting import describe, evr
 from dpledger.accounting import montecarlo as mc
-from dpledger.accounting.accountants import EVR_ATTEMPTS, MonteCarloAccountant
+from dpledger.accounting.accountants.montecarlo import EVR_ATTEMPTS, MonteCarloAccountant
 from dpledger.errors import ParamsError
 
 

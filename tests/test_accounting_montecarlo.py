@@ -11,6 +11,8 @@ from dp_accounting.pld import pld_privacy_accountant
 
 from dpledger.accounting import calibrate_noise, describe, get_accountant
 from dpledger.accounting import montecarlo as mc
+from dpledger.accounting.evr import EvrVerification
+from dpledger.accounting.mc_search import calibrate_sigma
 from dpledger.accounting.pld import PldRun, gaussian_noise_for, pld_epsilon
 from dpledger.mechanisms import banded_params, coefficients, dense_matrix
 from oracles import gram_from_matrix, naive_losses
@@ -81,11 +83,22 @@ def test_fixed_bins_with_independent_noise_are_far_worse_than_poisson_and_say_so
     poisson = pld_epsilon(PldRun(1.0, "poisson", 1, 0.01, None, None, 400), 1e-5, 1e-3)
     assert poisson == pytest.approx(1.20, abs=0.02)
     assert 5.0 < estimate < 6.2
-    sentences = accountant.assumptions(
-        fixed,
-        1e-5,
-        {"mc_failure_probability": 0.5, "verification": "plain", "verify_samples": 1 << 16},
+    verified = EvrVerification(
+        samples=1 << 16,
+        verification="plain",
+        verify_samples=1 << 16,
+        verify_samples_plain=1 << 16,
+        evr_attempts=1,
+        delta_estimate_verify=0.0,
+        delta_interval_95=(0.0, 0.0),
+        delta_remove=0.0,
+        delta_add=0.0,
+        evr_threshold=0.95e-5,
+        delta_calibrated=0.9e-5,
+        mc_failure_probability=0.5,
+        unconditional_delta=1.0,
     )
+    sentences = accountant.assumptions(fixed, 1e-5, verified)
     assert sentences[0].startswith("WARNING") and f"{poisson:.3g}" in sentences[0]
 
 
@@ -102,7 +115,7 @@ def test_redrawn_bins_track_poisson_for_independent_noise():
 def test_sigma_search_hits_delta_on_its_samples_and_is_the_smallest():
     pair = mc.fixed_bins_pair(coefficients("banded", banded_params(4), 40), 8, 40)
     upper = gaussian_noise_for(pair.max_sensitivity(), 1.0, 1e-3)
-    search = mc.calibrate_sigma(pair, 1.0, 1e-3, 50_000, seed=5, upper=upper)
+    search = calibrate_sigma(pair, 1.0, 1e-3, 50_000, seed=5, upper=upper)
     at_sigma = mc.estimate_delta(pair, search.noise_multiplier, 1.0, 50_000, seed=5)
     below = mc.estimate_delta(pair, search.noise_multiplier * 0.999, 1.0, 50_000, seed=5)
     assert at_sigma.delta <= 1e-3 < below.delta
@@ -192,13 +205,13 @@ def test_evr_retries_add_their_failure_probability_to_delta():
     pair, delta = accountant.pair(description), 0.05
     epsilon = accountant.epsilon_estimate(description, delta)
     _, _, once = accountant.verify(pair, 1.0, 1.2 * epsilon, delta, raise_sigma=False)
-    assert once["evr_attempts"] == 1
-    assert once["unconditional_delta"] == pytest.approx(delta + once["mc_failure_probability"])
+    assert once.evr_attempts == 1
+    assert once.unconditional_delta == pytest.approx(delta + once.mc_failure_probability)
     _, certified, retried = accountant.verify(pair, 1.0, 0.8 * epsilon, delta, raise_sigma=False)
-    assert retried["evr_attempts"] > 1 and certified > 0.8 * epsilon
-    assert retried["mc_failure_probability"] == once["mc_failure_probability"]
-    assert retried["unconditional_delta"] == pytest.approx(
-        min(1.0, delta + retried["mc_failure_probability"])
+    assert retried.evr_attempts > 1 and certified > 0.8 * epsilon
+    assert retried.mc_failure_probability == once.mc_failure_probability
+    assert retried.unconditional_delta == pytest.approx(
+        min(1.0, delta + retried.mc_failure_probability)
     )
 
 
@@ -356,7 +369,7 @@ def test_mc_verification_key_reaches_the_accountant_and_bad_values_get_one_line(
 
     import yaml
 
-    from dpledger.accounting.accountants import VERIFICATIONS
+    from dpledger.accounting.accountants.montecarlo import VERIFICATIONS
     from dpledger.errors import ParamsError
     from dpledger.params import parse_params
     from dpledger.params.calibrate import CalibrateParams

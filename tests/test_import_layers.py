@@ -6,10 +6,11 @@ sharing a layer may not import each other):
 
  0. ``errors``: the house exception types.
  1. ``io``, ``paths``, ``plugins``, ``philox_normal``, ``imports``, ``precision``,
-    ``local_folders``, ``quiet``, ``devices``: atomic files, where the stages' outputs live,
-    ``module:callable`` loading, the counter-based noise generator, the reading of import
-    statements, full-precision guards (autocast, TF32), the refusal of code in model folders, the
-    muting of third-party log noise and the one device resolver; each needs only ``errors``.
+    ``local_folders``, ``quiet``, ``devices``, ``validation``: atomic files, where the stages'
+    outputs live, ``module:callable`` loading, the counter-based noise generator, the reading of
+    import statements, full-precision guards (autocast, TF32), the refusal of code in model
+    folders, the muting of third-party log noise, the one device resolver and the shared validators
+    (the house wording of a refused value); each needs only ``errors``.
  2. ``plotting``, ``ledger``: the shared figure style (writes through ``io``); the checkpoints that
     carry the privacy ledger (written through ``io``).
  3. ``mechanisms``: correlation matrices, their RMSE, streaming correlated noise.
@@ -52,6 +53,7 @@ LAYERS = (
         "local_folders",
         "quiet",
         "devices",
+        "validation",
     ),
     ("plotting", "ledger"),
     ("mechanisms",),

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dpledger.accounting import montecarlo as mc
+from dpledger.accounting.mc_search import SigmaSearch, calibrate_sigma
 from dpledger.accounting.optimize import (
     RmseSetting,
     _blt,
@@ -90,11 +91,11 @@ def test_implicit_gradient_of_sigma_matches_finite_differences():
     start, to_coefficients, _ = _blt(1, 12, 4)
     raw = start.clone().requires_grad_(True)
 
-    def sigma_of(theta: torch.Tensor) -> tuple[float, mc.SigmaSearch, torch.Tensor]:
+    def sigma_of(theta: torch.Tensor) -> tuple[float, SigmaSearch, torch.Tensor]:
         gram = mc.toeplitz_gram(to_coefficients(theta, n), bins, n)
         pair = mc.DominatingPair((gram.detach().numpy(),))
         upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, delta)
-        search = mc.calibrate_sigma(pair, epsilon, delta, samples, 3, upper, tolerance=1e-10)
+        search = calibrate_sigma(pair, epsilon, delta, samples, 3, upper, tolerance=1e-10)
         return search.noise_multiplier, search, gram
 
     sigma, search, gram = sigma_of(raw)

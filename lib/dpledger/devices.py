@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from dpledger import validation
 from dpledger.errors import ParamsError
 
 
@@ -16,9 +17,7 @@ def resolve_device(name: str | torch.device = "auto", *, key: str = "device") ->
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if text != "cpu" and not (text == "cuda" or text.startswith("cuda:")):
-        raise ParamsError(
-            f"params: {key} = {text!r} is invalid: allowed values are auto, cpu, cuda"
-        )
+        raise validation.invalid(key, text, "allowed values are auto, cpu, cuda", where="params")
     if text != "cpu" and not torch.cuda.is_available():
         raise ParamsError(
             f"params: {key} = {text!r} is invalid: no CUDA device is available (use auto or cpu)"

@@ -105,8 +105,8 @@ def reading_artifact(path: str | os.PathLike[str], stage: str) -> Iterator[None]
         zipfile.BadZipFile,
     ) as error:
         raise DpledgerError(
-            f"{path} is unreadable or corrupt ({type(error).__name__}: {error}); rebuild it with "
-            f"`dvc repro -f {stage}`".splitlines()[0]
+            f"{path} is unreadable or corrupt ({type(error).__name__}: {error}); "
+            f"rebuild it with `dvc repro -f {stage}`".splitlines()[0]
         ) from None
 
 

@@ -169,11 +169,10 @@ def _check_bound(path: Path, ledger_file: Path, ledger: Ledger, state: dict[str,
         else "another value"
     )
     raise DpledgerError(
-        f"train: {ledger_file} says {field_name} = {str(ours[field_name])[:40]} but {path.name} "
-        "was saved with "
-        f"{field_name} = {str(was)[:40]} (an edited ledger; resuming would spend privacy twice); "
-        "delete "
-        f"{path.parent} to start over from step 0"
+        "train: "
+        f"{ledger_file} says {field_name} = {str(ours[field_name])[:40]} but {path.name} was saved with {field_name} = {str(was)[:40]} "  # noqa: E501
+        "(an edited ledger; resuming would spend privacy twice); "
+        f"delete {path.parent} to start over from step 0"
     )
 
 

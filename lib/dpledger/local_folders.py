@@ -30,9 +30,10 @@ def refuse_remote_code(folder: str | Path, key: str) -> None:
             continue  # transformers reports an unreadable config itself (one line, via the caller)
         if isinstance(content, dict) and "auto_map" in content:
             raise ParamsError(
-                f"params: {key} = {str(folder)!r} is invalid: {path} has an auto_map, which would "
-                "run Python code from the folder; dpledger loads only architectures transformers "
-                "ships (remove auto_map and use a built-in model_type)"
+                f"params: {key} = {str(folder)!r} is invalid: {path} has an auto_map, "
+                "which would run Python code from the folder; "
+                "dpledger loads only architectures transformers ships "
+                "(remove auto_map and use a built-in model_type)"
             )
 
 
@@ -40,6 +41,6 @@ def refuse_remote_code_spec(spec: dict[str, Any], key: str) -> None:
     """The same for a config given inline (``train.model_options.config``)."""
     if "auto_map" in spec:
         raise ParamsError(
-            f"params: {key} is invalid: auto_map would run Python code; use a model_type "
-            "transformers ships"
+            f"params: {key} is invalid: auto_map would run Python code; "
+            "use a model_type transformers ships"
         )

@@ -35,8 +35,8 @@ def load_callable(name: str, key: str, what: str) -> Callable[..., Any]:
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise ParamsError(
-                f"{key} = {name!r} is invalid: module {module_name!r} has no attribute "
-                f"{attribute!r}"
+                f"{key} = {name!r} is invalid: "
+                f"module {module_name!r} has no attribute {attribute!r}"
             )
         target = getattr(target, part)
     if not callable(target):

@@ -54,8 +54,8 @@ def quiet_third_party(stage: str) -> Iterator[None]:
         absl.removeFilter(drop)
         if drop.dropped:
             print(
-                f"note: {stage}: the RDP accountant skipped {drop.dropped} Rényi order(s) whose "
-                "series did not "
-                "converge; skipping an order can only raise its ε, so the bounds stand",
+                f"note: {stage}: the RDP accountant skipped {drop.dropped} Rényi order(s) "
+                "whose series did not converge; skipping an order can only raise its ε, "
+                "so the bounds stand",
                 file=sys.stderr,
             )

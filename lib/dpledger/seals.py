@@ -27,7 +27,7 @@ import math
 from pathlib import Path
 
 from dpledger import io
-from dpledger.accounting import MonteCarloAccountant, accountant_of, get_accountant
+from dpledger.accounting import accountant_of, get_accountant
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.errors import DpledgerError
 from dpledger.sampling.schedule import DIGEST_KEY, Schedule
@@ -72,13 +72,14 @@ def check_seal(seal: Path, record: CalibrationRecord, stage: str) -> None:
         expected = io.read_json(seal)["record_sha256"]
     except (OSError, ValueError, TypeError, KeyError):
         raise DpledgerError(
-            f"{stage}: {seal} is missing or unreadable, so the calibration record cannot be "
-            "checked; re-run the calibrate stage"
+            f"{stage}: {seal} is missing or unreadable, "
+            "so the calibration record cannot be checked; re-run the calibrate stage"
         ) from None
     if expected != record_digest(record):
         raise DpledgerError(
-            f"{stage}: {seal.parent / 'calibration.json'} differs from the record calibrate "
-            "verified (edited σ, mechanism or claim?); re-run the calibrate stage"
+            f"{stage}: "
+            f"{seal.parent / 'calibration.json'} differs from the record calibrate verified "
+            "(edited σ, mechanism or claim?); re-run the calibrate stage"
         )
 
 
@@ -87,22 +88,21 @@ def reproduce_claim(record: CalibrationRecord, stage: str) -> float | None:
     Carlo (checked by the seal); refuses, with one line, a record whose claimed ε differs."""
     chosen = next((r for r in record.accountants if r.accountant == record.accountant), None)
     accountant = accountant_of(chosen) if chosen else get_accountant(record.accountant)
-    if isinstance(accountant, MonteCarloAccountant):
+    if not accountant.deterministic:
         return None
     try:
         epsilon = accountant.epsilon(record.description, record.delta).epsilon
     except DpledgerError as error:
         raise DpledgerError(
-            f"{stage}: the calibration record cannot be re-accounted ({error}); re-run the "
-            "calibrate stage"
+            f"{stage}: the calibration record cannot be re-accounted ({error}); "
+            "re-run the calibrate stage"
         ) from None
     if not math.isclose(epsilon, record.epsilon, rel_tol=RELATIVE_TOLERANCE):
         raise DpledgerError(
-            f"{stage}: calibration.json claims ε = {record.epsilon:.6g} at σ = "
-            f"{record.noise_multiplier:.6g}, but the "
-            f"{record.accountant} accountant gives ε = {epsilon:.6g} for that σ and sampler; the "
-            "record was edited "
-            "or comes from other code — re-run the calibrate stage"
+            f"{stage}: "
+            f"calibration.json claims ε = {record.epsilon:.6g} at σ = {record.noise_multiplier:.6g}, "  # noqa: E501
+            f"but the {record.accountant} accountant gives ε = {epsilon:.6g} for that σ and sampler; "  # noqa: E501
+            "the record was edited or comes from other code — re-run the calibrate stage"
         )
     return epsilon
 

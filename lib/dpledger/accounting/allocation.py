@@ -50,12 +50,11 @@ def allocation_shape(description: MechanismDescription) -> tuple[float, int, int
     if d.sampler == "balls-in-bins-redrawn":
         if d.epochs > MAX_COMPOSED_EPOCHS:
             raise ParamsError(
-                f"params: epochs = {d.epochs} is too large for the allocation accountant with bins "
-                "redrawn every "
-                f"epoch: it composes one allocation per epoch, at most {MAX_COMPOSED_EPOCHS} "
-                "(minutes each beyond); "
-                "use the montecarlo accountant, or balls-in-bins (bins fixed across epochs: one "
-                "allocation at σ/√E)"
+                "params: "
+                f"epochs = {d.epochs} is too large for the allocation accountant with bins redrawn every epoch: "  # noqa: E501
+                f"it composes one allocation per epoch, at most {MAX_COMPOSED_EPOCHS} "
+                "(minutes each beyond); use the montecarlo accountant, or balls-in-bins "
+                "(bins fixed across epochs: one allocation at σ/√E)"
             )
         return d.noise_multiplier, d.batches_per_epoch, d.epochs
     return d.noise_multiplier / math.sqrt(d.epochs), d.batches_per_epoch, 1
@@ -72,9 +71,9 @@ def _memory_refused(function):
         except MemoryError:
             raise ParamsError(
                 f"params: the allocation accountant ran out of memory at δ = {delta:g}, "
-                f"σ = {description.noise_multiplier:.6g}: ε is so small that its loss grid does "
-                "not fit; use a "
-                "smaller δ (below 1/n) or less noise"
+                f"σ = {description.noise_multiplier:.6g}: "
+                "ε is so small that its loss grid does not fit; use a smaller δ (below 1/n) "
+                "or less noise"
             ) from None
 
     return guarded

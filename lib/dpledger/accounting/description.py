@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dpledger import validation
 from dpledger.errors import ParamsError
 
 
@@ -56,19 +57,20 @@ ACCOUNTED_SAMPLINGS = {
         ),
         AccountedSampling(
             "fixed",
-            "fixed-size sampling: each step uses a fresh uniformly random subset of B = {B} "
-            "of N = {N} examples (not a shuffle)",
+            "fixed-size sampling: "
+            "each step uses a fresh uniformly random subset of B = {B} of N = {N} examples "
+            "(not a shuffle)",
         ),
         AccountedSampling(
             "balls-in-bins",
-            "balls-in-bins: each example is put in one of b = {b} bins once, and the "
-            "bins are reused in the same order every epoch ({E} epochs)",
+            "balls-in-bins: each example is put in one of b = {b} bins once, "
+            "and the bins are reused in the same order every epoch ({E} epochs)",
             whole_epochs=True,
         ),
         AccountedSampling(
             "balls-in-bins-redrawn",
-            "balls-in-bins redrawn every epoch: each epoch puts every example "
-            "in one of b = {b} bins afresh ({E} epochs)",
+            "balls-in-bins redrawn every epoch: "
+            "each epoch puts every example in one of b = {b} bins afresh ({E} epochs)",
             whole_epochs=True,
         ),
     )
@@ -147,7 +149,7 @@ class MechanismDescription:
         return differences
 
 
-def describe(  # noqa: C901  (one consistency check per pair of given sizes)
+def describe(
     *,
     sampler: str,
     noise_multiplier: float = 1.0,
@@ -163,11 +165,8 @@ def describe(  # noqa: C901  (one consistency check per pair of given sizes)
 ) -> MechanismDescription:
     """Build a description from whichever sizes are given; inconsistent or missing sizes raise
     ParamsError."""
-    if sampler not in SAMPLERS:
-        raise ParamsError(
-            f"sampler = {sampler!r} is invalid: allowed values are {', '.join(SAMPLERS)}"
-        )
-    _positive("noise_multiplier", noise_multiplier, allow_zero=True)
+    validation.one_of("sampler", sampler, SAMPLERS)
+    validation.positive("noise_multiplier", noise_multiplier, allow_zero=True)
     for name, value in (
         ("dataset_size", dataset_size),
         ("batch_size", batch_size),
@@ -177,53 +176,11 @@ def describe(  # noqa: C901  (one consistency check per pair of given sizes)
         ("group_size", group_size),
     ):
         if value is not None:
-            _positive_int(name, value)
-    if dataset_size is not None and batch_size is not None:
-        if batch_size > dataset_size:
-            raise ParamsError(
-                f"batch_size = {batch_size} is invalid: it must be at most dataset_size = "
-                f"{dataset_size}"
-            )
-        rate = batch_size / dataset_size
-        if sample_rate is not None and not math.isclose(sample_rate, rate, rel_tol=1e-9):
-            raise ParamsError(
-                f"sample_rate = {sample_rate} contradicts batch_size / dataset_size = {rate}"
-            )
-        sample_rate = rate
-        if batches_per_epoch is not None and batches_per_epoch != math.ceil(
-            dataset_size / batch_size
-        ):
-            raise ParamsError(
-                f"batches_per_epoch = {batches_per_epoch} contradicts dataset_size / batch_size: "
-                f"{dataset_size} examples in batches of {batch_size} take "
-                f"{math.ceil(dataset_size / batch_size)} "
-                "per epoch (give one of the two)"
-            )
-        batches_per_epoch = math.ceil(dataset_size / batch_size)
-    if sample_rate is None and batches_per_epoch is not None:
-        sample_rate = 1.0 / batches_per_epoch
-    if sample_rate is None:
-        raise ParamsError(
-            "sample_rate is missing: give it, or dataset_size and batch_size, or batches_per_epoch"
-        )
-    if not 0.0 < sample_rate <= 1.0:
-        raise ParamsError(f"sample_rate = {sample_rate} is invalid: it must lie in (0, 1]")
-    batches_per_epoch = batches_per_epoch or max(1, math.ceil(1.0 / sample_rate - 1e-9))
-    if steps is None:
-        steps = (epochs or 1) * batches_per_epoch
-    elif epochs is not None and epochs != math.ceil(steps / batches_per_epoch):
-        raise ParamsError(
-            f"steps = {steps} contradicts epochs = {epochs} of {batches_per_epoch} batches: "
-            f"{epochs} epochs take "
-            f"{(epochs - 1) * batches_per_epoch + 1} to {epochs * batches_per_epoch} steps (give "
-            "one of the two)"
-        )
-    epochs = epochs or max(1, math.ceil(steps / batches_per_epoch))
-    if ACCOUNTED_SAMPLINGS[sampler].whole_epochs and steps != epochs * batches_per_epoch:
-        raise ParamsError(
-            f"steps = {steps} is invalid for {sampler}: it must equal epochs × batches_per_epoch = "
-            f"{epochs} × {batches_per_epoch}"
-        )
+            validation.at_least(name, value, 1, integer=True)
+    sample_rate, batches_per_epoch = _rate_and_bins(
+        dataset_size, batch_size, sample_rate, batches_per_epoch
+    )
+    steps, epochs = _steps_and_epochs(sampler, steps, epochs, batches_per_epoch)
     return MechanismDescription(
         sampler=sampler,
         noise_multiplier=float(noise_multiplier),
@@ -239,14 +196,65 @@ def describe(  # noqa: C901  (one consistency check per pair of given sizes)
     )
 
 
-def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ParamsError(f"{name} = {value} is invalid: it must be a finite number > 0")
+def _rate_and_bins(
+    dataset_size: int | None,
+    batch_size: int | None,
+    sample_rate: float | None,
+    batches_per_epoch: int | None,
+) -> tuple[float, int]:
+    """(q, b) from whichever of the sizes are given; contradicting or missing sizes raise
+    ParamsError."""
+    if dataset_size is not None and batch_size is not None:
+        if batch_size > dataset_size:
+            raise validation.invalid(
+                "batch_size", batch_size, f"it must be at most dataset_size = {dataset_size}"
+            )
+        rate = batch_size / dataset_size
+        if sample_rate is not None and not math.isclose(sample_rate, rate, rel_tol=1e-9):
+            raise ParamsError(
+                f"sample_rate = {sample_rate} contradicts batch_size / dataset_size = {rate}"
+            )
+        sample_rate = rate
+        if batches_per_epoch is not None and batches_per_epoch != math.ceil(
+            dataset_size / batch_size
+        ):
+            raise ParamsError(
+                f"batches_per_epoch = {batches_per_epoch} contradicts dataset_size / batch_size: "
+                f"{dataset_size} examples in batches of {batch_size} take {math.ceil(dataset_size / batch_size)} per epoch "  # noqa: E501
+                "(give one of the two)"
+            )
+        batches_per_epoch = math.ceil(dataset_size / batch_size)
+    if sample_rate is None and batches_per_epoch is not None:
+        sample_rate = 1.0 / batches_per_epoch
+    if sample_rate is None:
+        raise ParamsError(
+            "sample_rate is missing: give it, or dataset_size and batch_size, or batches_per_epoch"
+        )
+    validation.within("sample_rate", sample_rate, 0, 1, interval="left-open")
+    batches_per_epoch = batches_per_epoch or max(1, math.ceil(1.0 / sample_rate - 1e-9))
+    return sample_rate, batches_per_epoch
 
 
-def _positive_int(name: str, value: int) -> None:
-    if int(value) != value or value < 1:
-        raise ParamsError(f"{name} = {value} is invalid: it must be an integer >= 1")
+def _steps_and_epochs(
+    sampler: str, steps: int | None, epochs: int | None, batches_per_epoch: int
+) -> tuple[int, int]:
+    """(steps, epochs) from either (one epoch where neither is given); a contradiction, or a
+    sampler that runs whole epochs stopped inside one, raises ParamsError."""
+    if steps is None:
+        steps = (epochs or 1) * batches_per_epoch
+    elif epochs is not None and epochs != math.ceil(steps / batches_per_epoch):
+        raise ParamsError(
+            f"steps = {steps} contradicts epochs = {epochs} of {batches_per_epoch} batches: "
+            f"{epochs} epochs take {(epochs - 1) * batches_per_epoch + 1} to {epochs * batches_per_epoch} steps "  # noqa: E501
+            "(give one of the two)"
+        )
+    epochs = epochs or max(1, math.ceil(steps / batches_per_epoch))
+    if ACCOUNTED_SAMPLINGS[sampler].whole_epochs and steps != epochs * batches_per_epoch:
+        raise ParamsError(
+            f"steps = {steps} is invalid for {sampler}: "
+            f"it must equal epochs × batches_per_epoch = {epochs} × {batches_per_epoch}"
+        )
+    return steps, epochs
 
 
 def vacuous_delta_warning(delta: float, dataset_size: int | None) -> str | None:
@@ -255,8 +263,8 @@ def vacuous_delta_warning(delta: float, dataset_size: int | None) -> str | None:
     if dataset_size is None or delta < 1.0 / dataset_size:
         return None
     return (
-        f"WARNING: delta = {delta:g} >= 1/n = {1.0 / dataset_size:.3g} (n = {dataset_size} "
-        "examples): a mechanism "
-        "that publishes one random example outright meets this delta, so the claim says little; "
-        "use delta < 1/n"
+        f"WARNING: delta = {delta:g} >= 1/n = {1.0 / dataset_size:.3g} "
+        f"(n = {dataset_size} examples): "
+        "a mechanism that publishes one random example outright meets this delta, "
+        "so the claim says little; use delta < 1/n"
     )

@@ -109,11 +109,9 @@ def group_table(
     """
     if description.sampler not in ("poisson", "fixed"):
         note = (
-            f"no group-level accountant for {description.sampler}: the mixture-of-Gaussians "
-            "reduction covers "
-            "Poisson and fixed-size sampling (001), and the conversion needs the example-level ε "
-            "at a δ far "
-            f"below what Monte Carlo can estimate"
+            f"no group-level accountant for {description.sampler}: "
+            "the mixture-of-Gaussians reduction covers Poisson and fixed-size sampling (001), "
+            "and the conversion needs the example-level ε at a δ far below what Monte Carlo can estimate"  # noqa: E501
         )
         return [GroupEpsilon(k, None, None, None, note) for k in group_sizes]
     example = _pld_epsilon(description, delta, DISCRETIZATION)
@@ -129,11 +127,11 @@ def group_table(
             ""
             if math.isfinite(conversion)
             else (
-                f"conversion returned ∞: removing {k} examples leaves fewer than B = "
-                f"{description.batch_size}"
+                "conversion returned ∞: "
+                f"removing {k} examples leaves fewer than B = {description.batch_size}"
                 if too_small
-                else "conversion returned ∞: the example-level δ₁ it needs is below the PLD's tail "
-                "truncation"
+                else "conversion returned ∞: "
+                "the example-level δ₁ it needs is below the PLD's tail truncation"
             )
         )
         rows.append(GroupEpsilon(k, mog, conversion, k * example, note))

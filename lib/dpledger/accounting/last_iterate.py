@@ -98,8 +98,8 @@ def last_iterate_epsilon(
     """The heuristic ε at ``delta`` of releasing only the last iterate of ``steps`` DP-SGD steps."""
     if not noise_multiplier > 0 or steps < 1 or not 0 < delta < 1:
         raise ParamsError(
-            f"last-iterate heuristic: σ = {noise_multiplier}, steps = {steps}, δ = {delta} "
-            "are invalid: it needs σ > 0, steps >= 1 and δ in (0, 1)"
+            f"last-iterate heuristic: σ = {noise_multiplier}, steps = {steps}, "
+            f"δ = {delta} are invalid: it needs σ > 0, steps >= 1 and δ in (0, 1)"
         )
     counts, weights = participation(steps, step_probability, epochs)
     scale = noise_multiplier * math.sqrt(steps)

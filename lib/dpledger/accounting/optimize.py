@@ -32,9 +32,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from dpledger import validation
 from dpledger.accounting import montecarlo as mc
+from dpledger.accounting.mc_search import SigmaSearch, calibrate_sigma
 from dpledger.accounting.pld import gaussian_noise_for
-from dpledger.errors import ParamsError
 from dpledger.mechanisms.matrices import banded_params, banded_sqrt_coefficients, coefficients
 from dpledger.mechanisms.rmse import prefix_error_norm_torch, prefix_rmse
 
@@ -91,7 +92,7 @@ def amplified_rmse(
     values = coefficients(mechanism, mechanism_params, setting.steps)
     pair = mc.fixed_bins_pair(values, setting.bins, setting.steps)
     upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, delta)
-    sigma = mc.calibrate_sigma(
+    sigma = calibrate_sigma(
         pair, epsilon, delta, setting.samples, setting.seed, upper
     ).noise_multiplier
     return AmplifiedRmse(
@@ -143,8 +144,7 @@ def optimize_banded(bands: int, bins: int, epochs: int, iterations: int = 100) -
 
     L-BFGS from the banded square root; 004 §5.1 optimizes its banded baselines this way, for each
     w, without accounting for amplification."""
-    if bands < 1:
-        raise ParamsError(f"bands = {bands} is invalid: it must be an integer >= 1")
+    validation.at_least("bands", bands, 1, integer=True)
     n = bins * epochs
     width = min(bands, n)
     if width == 1:
@@ -172,8 +172,7 @@ def optimize_blt_unamplified(
     :func:`optimize_banded`, by L-BFGS from a fit to the ``init_bands``-banded square root: the best
     a BLT does without amplification, against which a banded C shows what a BLT's geometric tail
     costs."""
-    if buffers < 1:
-        raise ParamsError(f"buffers = {buffers} is invalid: it must be an integer >= 1")
+    validation.at_least("buffers", buffers, 1, integer=True)
     n = bins * epochs
     start, to_coefficients, to_params = _blt(buffers, n, init_bands)
     raw = start.clone().requires_grad_(True)
@@ -298,7 +297,7 @@ def optimize_matrix(
         gram = mc.toeplitz_gram(values, bins, n)
         pair = mc.DominatingPair((gram.detach().numpy(),))
         upper = gaussian_noise_for(pair.max_sensitivity(), epsilon, delta)
-        search = mc.calibrate_sigma(
+        search = calibrate_sigma(
             pair, epsilon, delta, samples, seed + step, upper, guess=guess, tolerance=1e-6
         )
         sigma, guess = search.noise_multiplier, search.noise_multiplier
@@ -319,7 +318,7 @@ def _implicit_gradient(
     raw: torch.Tensor,
     gram: torch.Tensor,
     norm: torch.Tensor,
-    search: mc.SigmaSearch,
+    search: SigmaSearch,
     epsilon: float,
     sigma: float,
 ) -> torch.Tensor:

@@ -26,10 +26,8 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import stats
 
+from dpledger.accounting.bounds import DISCRETIZATION
 from dpledger.accounting.description import MechanismDescription
-
-DISCRETIZATION = 1e-4
-"""Default value_discretization_interval (dp-accounting's default); finer is slower and tighter."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dpledger.errors import ParamsError
+from dpledger import validation
 
 BACKENDS = ("auto", "numpy", "torch")
 
@@ -126,10 +126,7 @@ def cuda_available() -> bool:
 def select_backend(name: str = "auto") -> Backend:
     """'auto' picks torch on a GPU when one is present, else numpy; 'torch' uses the GPU if
     present."""
-    if name not in BACKENDS:
-        raise ParamsError(
-            f"audit.backend = {name!r} is invalid: allowed values are {', '.join(BACKENDS)}"
-        )
+    validation.one_of("audit.backend", name, BACKENDS)
     if name == "numpy" or (name == "auto" and not cuda_available()):
         return NumpyBackend()
     return TorchBackend("cuda" if cuda_available() else "cpu")

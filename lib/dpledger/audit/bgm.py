@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dpledger import validation
 from dpledger.accounting.pld import PldRun, pld_epsilon
 from dpledger.audit.backend import select_backend
 from dpledger.audit.estimate import AuditStatistics
@@ -25,12 +26,13 @@ CLAIM_ACCOUNTANTS = ("poisson", "fixed")
 
 
 def _check_claim_sampler(claim_sampler: str) -> None:
-    if claim_sampler not in CLAIM_ACCOUNTANTS:
-        raise ParamsError(
-            f"audit: claim sampler = {claim_sampler!r} is invalid: allowed values are "
-            f"{', '.join(CLAIM_ACCOUNTANTS)} "
-            f"(or give the claimed epsilon explicitly)"
-        )
+    validation.one_of(
+        "claim sampler",
+        claim_sampler,
+        CLAIM_ACCOUNTANTS,
+        where="audit",
+        note=" (or give the claimed epsilon explicitly)",
+    )
 
 
 def accounted_epsilon(
@@ -55,12 +57,12 @@ def accounted_epsilon(
 def bgm_assumptions(audited: AuditedSampler) -> list[str]:
     """What the BGM audit's ε_emp rests on, in sentences for the report."""
     return [
-        "Worst-Case threat model: the batched Gaussian mechanism, every batch sum released (002 "
-        "App. A).",
+        "Worst-Case threat model: the batched Gaussian mechanism, every batch sum released "
+        "(002 App. A).",
         f"Zero-out adjacency; audited pair {audited.pair}.",
         f"Where the record lands under '{audited.sampler}': {audited.placement}.",
-        "Scores are exact log likelihood ratios of the pair; ε_emp is a lower bound on the "
-        "mechanism's ε only.",
+        "Scores are exact log likelihood ratios of the pair; "
+        "ε_emp is a lower bound on the mechanism's ε only.",
     ]
 
 
@@ -74,17 +76,15 @@ def simulate_bgm(
 ) -> tuple[GameScores, dict[str, float]]:
     """Scores of ``observations`` games (half on D, half on D') and the generation speed."""
     if observations < 4 or observations % 2:
-        raise ParamsError(
-            f"audit.observations = {observations} is invalid: it must be an even number >= 4"
+        raise validation.invalid(
+            "audit.observations", observations, "it must be an even number >= 4"
         )
     if observations > MAX_AUDIT_OBSERVATIONS:
-        raise ParamsError(
-            f"audit.observations = {observations} is invalid: it must be at most "
-            f"{MAX_AUDIT_OBSERVATIONS:,}"
+        raise validation.invalid(
+            "audit.observations", observations, f"it must be at most {MAX_AUDIT_OBSERVATIONS:,}"
         )
     refuse_beyond(
-        f"audit.observations = {observations} of games drawing {entries_per_game(audited.model)} "
-        "values each",
+        f"audit.observations = {observations} of games drawing {entries_per_game(audited.model)} values each",  # noqa: E501
         observations * entries_per_game(audited.model),
         MAX_AUDIT_DRAWS,
         "draws",

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from dpledger import validation
 from dpledger.audit.backend import select_backend
 from dpledger.audit.bgm import BgmAudit, audit_bgm
 from dpledger.audit.models import BgmModel, SlotModel
@@ -37,7 +38,6 @@ from dpledger.audit.result import AuditResult, conclude
 from dpledger.audit.samplers import TARGET_INDEX
 from dpledger.audit.simulate import GameScores
 from dpledger.engine import BKEngine
-from dpledger.errors import ParamsError
 from dpledger.models import Task
 from dpledger.params.bounds import (
     MAX_DPSGD_EPOCHS,
@@ -191,15 +191,13 @@ def audit_dpsgd(config: DpsgdAudit, workload: Workload | None = None) -> AuditRe
     }
     assumptions = [
         (
-            f"{config.threat_model} threat model (002 Alg. 1): the adversary inserts gradient "
-            "canaries and sees "
-            "⟨g̃_t, ĝ⟩ every step."
+            f"{config.threat_model} threat model (002 Alg. 1): "
+            "the adversary inserts gradient canaries and sees ⟨g̃_t, ĝ⟩ every step."
         ),
         "Zero-out adjacency: the audited record's gradient is the canary on D and zero on D'.",
         (
-            "Every game is a real training run with a fresh model (re-initialised, or the same "
-            "checkpoint), "
-            "sampler seed and noise."
+            "Every game is a real training run with a fresh model (re-initialised, "
+            "or the same checkpoint), sampler seed and noise."
         ),
     ]
     timing = {
@@ -220,11 +218,7 @@ def audit_dpsgd(config: DpsgdAudit, workload: Workload | None = None) -> AuditRe
 
 def _refuse_bad(config: DpsgdAudit) -> None:
     """One line for an unknown threat model or a run too large to play."""
-    if config.threat_model not in THREAT_MODELS:
-        raise ParamsError(
-            f"audit: threat_model = {config.threat_model!r} is invalid: allowed values are "
-            f"{', '.join(THREAT_MODELS)}"
-        )
+    validation.one_of("threat_model", config.threat_model, THREAT_MODELS, where="audit")
     observations, epochs = config.mechanism.observations, config.mechanism.epochs
     refuse_beyond(
         f"audit: dpsgd observations = {observations}",
@@ -241,16 +235,16 @@ def _refuse_bad(config: DpsgdAudit) -> None:
         "lower the observations or the epochs",
     )
     if config.threat_model != "worst-case" and (observations < 4 or observations % 2):
-        raise ParamsError(
-            f"audit: observations = {observations} is invalid: it must be an even number >= 4"
+        raise validation.invalid(
+            "observations", observations, "it must be an even number >= 4", where="audit"
         )
 
 
 def _check_dataset_size(mechanism: BgmAudit, workload: Workload) -> None:
     available, n = workload.x.shape[0], mechanism.dataset_size
     if not mechanism.batch_size <= n <= available:
-        raise ParamsError(
-            f"audit: dataset_size = {n} is invalid: it must be in [batch_size, {available}]"
+        raise validation.invalid(
+            "dataset_size", n, f"it must lie in [batch_size, {available}]", where="audit"
         )
 
 

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy.special import betaincinv
 
+from dpledger import validation
 from dpledger.errors import ParamsError
 
 THRESHOLD_METHODS: tuple[str, ...] = ("bonferroni", "split", "max")
@@ -192,17 +193,12 @@ def _best_threshold(
 def _check_inputs(present: np.ndarray, absent: np.ndarray, delta: float, confidence: float) -> None:
     if present.ndim != 1 or absent.ndim != 1 or present.shape != absent.shape:
         raise ParamsError(
-            f"audit: scores must be two 1-D arrays of equal length, got {present.shape} and "
-            f"{absent.shape}"
+            "audit: scores must be two 1-D arrays of equal length, "
+            f"got {present.shape} and {absent.shape}"
         )
-    if present.shape[0] < 2:
-        raise ParamsError(
-            f"audit: games per side = {present.shape[0]} is invalid: it must be at least 2"
-        )
-    if not 0.0 < delta < 1.0:
-        raise ParamsError(f"audit: delta = {delta} is invalid: it must be in (0, 1)")
-    if not 0.5 < confidence < 1.0:
-        raise ParamsError(f"audit: confidence = {confidence} is invalid: it must be in (0.5, 1)")
+    validation.at_least("games per side", present.shape[0], 2, where="audit")
+    validation.within("delta", delta, 0, 1, where="audit")
+    validation.within("confidence", confidence, 0.5, 1, where="audit")
     if not (np.all(np.isfinite(present)) and np.all(np.isfinite(absent))):
         raise ParamsError("audit: scores contain NaN or infinity; the score function overflowed")
 
@@ -237,9 +233,8 @@ def estimate_epsilon(
         return _estimate(best, delta, confidence, method, True, games, tried)
     if method == "split":
         return _split_estimate(present, absent, delta, confidence, split_fraction)
-    raise ParamsError(
-        f"audit.threshold = {method!r} is invalid: allowed values are "
-        f"{', '.join(THRESHOLD_METHODS)}"
+    raise validation.invalid(
+        "audit.threshold", method, f"allowed values are {', '.join(THRESHOLD_METHODS)}"
     )
 
 
@@ -273,10 +268,7 @@ def _split_estimate(
     evaluation size (counts scaled up); the chosen count, scaled to the evaluation games, fixes the
     threshold as an order statistic of the evaluation games, whose bound is then exact.
     """
-    if not 0.0 < split_fraction < 1.0:
-        raise ParamsError(
-            f"audit.split_fraction = {split_fraction} is invalid: it must be in (0, 1)"
-        )
+    validation.within("audit.split_fraction", split_fraction, 0, 1)
     games = present.shape[0]
     held = int(round(games * split_fraction))
     evaluated = games - held

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from dpledger import validation
 from dpledger.audit.backend import Backend
 from dpledger.errors import ParamsError
 
@@ -28,8 +29,8 @@ PatternSource = Callable[[np.random.Generator, int], np.ndarray]
 
 def _check_shifts(noise_multiplier: float, shift_present: float, shift_absent: float) -> None:
     if not noise_multiplier > 0:
-        raise ParamsError(
-            f"audit: noise_multiplier = {noise_multiplier} is invalid: it must be > 0"
+        raise validation.invalid(
+            "noise_multiplier", noise_multiplier, "it must be > 0", where="audit"
         )
     if not (shift_present > 0 and shift_absent >= 0):
         raise ParamsError(
@@ -75,7 +76,7 @@ class SlotModel:
                 "audit: slot_weights must be a non-empty list of non-negative numbers"
             )
         if self.epochs < 1:
-            raise ParamsError(f"audit: epochs = {self.epochs} is invalid: it must be >= 1")
+            raise validation.invalid("epochs", self.epochs, "it must be >= 1", where="audit")
 
     @property
     def _support_weights(self) -> np.ndarray:
@@ -175,13 +176,16 @@ class StepMixtureModel:
 
     def __post_init__(self) -> None:
         _check_shifts(self.noise_multiplier, self.shift_present, self.shift_absent)
-        if not 0.0 < self.inclusion_probability <= 1.0:
-            raise ParamsError(
-                f"audit: inclusion probability = {self.inclusion_probability} is invalid: it must "
-                "be in (0, 1]"
-            )
+        validation.within(
+            "inclusion probability",
+            self.inclusion_probability,
+            0,
+            1,
+            interval="left-open",
+            where="audit",
+        )
         if self.steps < 1:
-            raise ParamsError(f"audit: steps = {self.steps} is invalid: it must be >= 1")
+            raise validation.invalid("steps", self.steps, "it must be >= 1", where="audit")
 
     def simulate(self, backend: Backend, generator: Any, games: int, present: bool) -> Any:
         x = backend.normal(generator, (games, self.steps), self.noise_multiplier)

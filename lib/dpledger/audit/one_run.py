@@ -134,13 +134,15 @@ def assumptions(correlated: bool) -> tuple[str, ...]:
     lines = [
         "One run, m gradient canaries C·e_j on distinct coordinates, each in with probability 1/2 "
         "(2305.08846).",
-        "Side copy: the canary is added to the released noisy sums of its own coordinate, not to "
-        "the model; its effect on later iterates is assumed negligible.",
-        "Adversary: knows every other record (the standard DP adversary), so it removes the real "
-        "examples' clipped sum from each released coordinate; valid because the canaries never "
-        "enter the model, which makes those sums independent of the canaries' inclusion.",
-        "Scores: log likelihood ratio of one coordinate's residual sums under the sampler's law at "
-        "the noise std measured from them (the claimed σ on an honest run).",
+        "Side copy: the canary is added to the released noisy sums of its own coordinate, "
+        "not to the model; its effect on later iterates is assumed negligible.",
+        "Adversary: knows every other record (the standard DP adversary), "
+        "so it removes the real examples' clipped sum from each released coordinate; "
+        "valid because the canaries never enter the model, "
+        "which makes those sums independent of the canaries' inclusion.",
+        "Scores: "
+        "log likelihood ratio of one coordinate's residual sums under the sampler's law at the noise std measured from them "  # noqa: E501
+        "(the claimed σ on an honest run).",
     ]
     if correlated:
         lines.append(
@@ -167,15 +169,15 @@ def audit_one_run(
     there, scored at the noise std they show."""
     if "real" not in saved:
         raise DpledgerError(
-            f"audit.one_run: {ARTIFACT} has no real examples' clipped sums (an older train "
-            "stage wrote it); re-run the train stage"
+            f"audit.one_run: {ARTIFACT} has no real examples' clipped sums "
+            "(an older train stage wrote it); re-run the train stage"
         )
     raw, real = saved["raw"], saved["real"]
     whole = np.isfinite(raw).all(axis=1) & np.isfinite(real).all(axis=1)
     if raw.shape[0] != law.num_steps or real.shape != raw.shape or not whole.all():
         raise DpledgerError(
-            f"audit.one_run: {ARTIFACT} lacks {np.count_nonzero(~whole)} of {law.num_steps} "
-            "steps (or does not match the schedule); re-run the train stage"
+            f"audit.one_run: {ARTIFACT} lacks {np.count_nonzero(~whole)} of {law.num_steps} steps "
+            "(or does not match the schedule); re-run the train stage"
         )
     included = saved["included"].astype(bool)
     placed = law.placed(int(saved["seed"]), included.size)

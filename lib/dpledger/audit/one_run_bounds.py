@@ -262,6 +262,6 @@ def _check(
     ):
         if value not in allowed:
             raise ParamsError(
-                f"audit.one_run.{key} = {value!r} is invalid: allowed values are "
-                f"{', '.join(allowed)}"
+                f"audit.one_run.{key} = {value!r} is invalid: "
+                f"allowed values are {', '.join(allowed)}"
             )

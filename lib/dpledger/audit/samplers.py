@@ -178,8 +178,8 @@ def _pattern_model(
         ]
         if len({row.shape[0] for row in rows}) != 1:
             raise ParamsError(
-                f"sampler = {sampler!r} is invalid for the audit: its number of steps varies with "
-                "the seed"
+                f"sampler = {sampler!r} is invalid for the audit: "
+                "its number of steps varies with the seed"
             )
         return np.stack(rows)
 

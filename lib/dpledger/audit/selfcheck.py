@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from dpledger import validation
 from dpledger.audit.bgm import accounted_epsilon, simulate_bgm
 from dpledger.audit.estimate import clopper_pearson_upper, estimate_epsilon
 from dpledger.audit.samplers import audited_sampler
@@ -72,15 +73,11 @@ def run_selfcheck(
 ) -> SelfCheck:
     """Run ``repeats`` audits of ``observations`` games each; ``epsilon`` is the Laplace ε,
     ``steps`` and ``noise_multiplier`` set the Poisson BGM (q = 1/steps, one epoch)."""
-    if mechanism not in SELFCHECK_MECHANISMS:
-        raise ParamsError(
-            f"audit selfcheck: mechanism = {mechanism!r} is invalid: allowed values are "
-            f"{', '.join(SELFCHECK_MECHANISMS)}"
-        )
+    validation.one_of("mechanism", mechanism, SELFCHECK_MECHANISMS, where="audit selfcheck")
     if repeats < 1 or observations < 4:
         raise ParamsError(
-            f"audit selfcheck: repeats = {repeats}, observations = {observations}: need repeats >= "
-            "1 and observations >= 4"
+            f"audit selfcheck: repeats = {repeats}, observations = {observations}: "
+            "need repeats >= 1 and observations >= 4"
         )
     refuse_beyond(
         f"audit selfcheck: repeats = {repeats} × observations = {observations}",

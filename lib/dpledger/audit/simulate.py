@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
+from dpledger import validation
 from dpledger.audit.backend import Backend
 from dpledger.audit.models import BgmModel, PatternModel, SlotModel, StepMixtureModel
-from dpledger.errors import ParamsError
 
 CPU_CHUNK_ENTRIES = 1 << 21
 GPU_CHUNK_ENTRIES = 1 << 26
@@ -67,8 +67,7 @@ def simulate_scores(
 ) -> GameScores:
     """Scores of ``games_per_side`` games on D and as many on D' (observations = 2 ×
     games_per_side)."""
-    if games_per_side < 1:
-        raise ParamsError(f"audit: games per side = {games_per_side} is invalid: it must be >= 1")
+    validation.at_least("games per side", games_per_side, 1, where="audit")
     budget = CPU_CHUNK_ENTRIES if backend.device == "cpu" else GPU_CHUNK_ENTRIES
     chunk = chunk_games or max(1, budget // entries_per_game(model))
     starts = list(range(0, games_per_side, chunk))

@@ -113,15 +113,15 @@ def judge(
         )
     if epsilon_emp > epsilon_claimed:
         note = (
-            "ε_emp exceeds the claim, but the uncorrected 'max' threshold method is not a valid "
-            "bound"
+            "ε_emp exceeds the claim, "
+            "but the uncorrected 'max' threshold method is not a valid bound"
         )
         return Verdict("inconclusive", best, needed, projection, note)
     if best > epsilon_claimed:
         note = "the point estimate exceeds the claim; more observations may settle it"
         return Verdict("inconclusive", best, needed, projection, note)
     note = (
-        "no evidence against the claim at this number of observations (an audit cannot prove a "
-        "claim)"
+        "no evidence against the claim at this number of observations "
+        "(an audit cannot prove a claim)"
     )
     return Verdict("consistent", best, needed, projection, note)

@@ -10,11 +10,13 @@ from typing import Annotated, Any, Callable, Optional, get_type_hints
 
 import typer
 
+from dpledger import validation
+from dpledger.accounting.accountants import ACCOUNTANTS
+from dpledger.accounting.bounds import MAX_BANDS
 from dpledger.cli import strict_json
 from dpledger.errors import ParamsError
 from dpledger.params.calibrate import CalibrateParams
 
-MAX_BANDS = CalibrateParams.model_fields["bands"].metadata[-1].le
 MIN_NOISE = 1e-2
 
 
@@ -28,24 +30,19 @@ def _matrix(mechanism: str, bands: int, mechanism_params: Optional[str]) -> dict
     """mechanism_params of C from --mechanism, --bands and --mechanism-params (JSON)."""
     from dpledger.mechanisms import MECHANISMS, banded_params
 
-    if mechanism not in MECHANISMS:
-        raise ParamsError(
-            f"--mechanism = {mechanism!r} is invalid: allowed values are {', '.join(MECHANISMS)}"
-        )
-    if not 1 <= bands <= MAX_BANDS:
-        raise ParamsError(
-            f"--bands = {bands} is invalid: it must be an integer in [1, {MAX_BANDS}]"
-        )
+    validation.one_of("--mechanism", mechanism, MECHANISMS)
+    validation.within("--bands", bands, 1, MAX_BANDS, interval="closed")
     if mechanism_params is not None:
         try:
             matrix = json.loads(mechanism_params)
         except json.JSONDecodeError as error:
             raise ParamsError(f"--mechanism-params is not valid JSON: {error.msg}") from None
         if not isinstance(matrix, dict):
+            toeplitz = """'{"coefficients": [1, 0.5]}' (toeplitz)"""
+            blt = """'{"buffer_decays": [0.9], "output_scales": [0.2]}' (blt)"""
+            examples = f"{toeplitz} or {blt}"
             raise ParamsError(
-                "--mechanism-params is invalid: it must be a JSON object such as "
-                "'{\"coefficients\": [1, 0.5]}' (toeplitz) or "
-                '\'{"buffer_decays": [0.9], "output_scales": [0.2]}\' (blt)'
+                f"--mechanism-params is invalid: it must be a JSON object such as {examples}"
             )
         return matrix
     if mechanism in ("toeplitz", "blt"):
@@ -60,10 +57,9 @@ def _check_delta(delta: float, dataset_size: Optional[int]) -> list[str]:
     """Refuse a δ outside (0, 1) (NaN included); warn (returned lines) when δ >= 1/n."""
     from dpledger.accounting.description import vacuous_delta_warning
 
-    if not (math.isfinite(delta) and 0.0 < delta < 1.0):
-        raise ParamsError(f"--delta = {delta} is invalid: it must be a finite number in (0, 1)")
-    if dataset_size is not None and dataset_size < 1:
-        raise ParamsError(f"--dataset-size = {dataset_size} is invalid: it must be at least 1")
+    validation.within("--delta", delta, 0, 1)
+    if dataset_size is not None:
+        validation.at_least("--dataset-size", dataset_size, 1)
     warning = vacuous_delta_warning(delta, dataset_size)
     return [warning] if warning else []
 
@@ -86,7 +82,7 @@ Steps = Annotated[
     Optional[int], typer.Option("--steps", help="steps (default epochs × batches per epoch)")
 ]
 AccountantName = Annotated[
-    str, typer.Option("--accountant", help="auto | pld | rdp | allocation | montecarlo")
+    str, typer.Option("--accountant", help=" | ".join(("auto", *ACCOUNTANTS)))
 ]
 Sampler = Annotated[str, typer.Option("--sampler", help=SAMPLER_HELP)]
 GroupSize = Annotated[int, typer.Option("--group-size", help="k: add/remove up to k examples")]
@@ -176,14 +172,11 @@ class RunOptions:
         if self.sampler not in SAMPLERS:
             known = BUILT_SAMPLERS.get(self.sampler)
             reason = f" ({known.unaccounted_reason})" if known else ""
-            raise ParamsError(
-                f"--sampler = {self.sampler!r} is invalid: allowed values are "
-                f"{', '.join(SAMPLERS)}{reason}"
-            )
+            validation.one_of("--sampler", self.sampler, SAMPLERS, note=reason)
         if self.steps is None and self.epochs is None:
             raise ParamsError(
-                "--epochs (or --steps) is missing: say how long the run is; nothing defaults to "
-                "one epoch"
+                "--epochs (or --steps) is missing: say how long the run is; "
+                "nothing defaults to one epoch"
             )
         return describe(
             sampler=self.sampler,
@@ -204,11 +197,8 @@ class RunOptions:
         settings."""
         from dpledger.accounting import get_accountant, resolve_accountant
 
-        if not 1e-6 <= self.discretization <= 1e-1:
-            raise ParamsError(
-                f"--discretization = {self.discretization} is invalid: it must lie in [1e-6, 0.1]"
-            )
         for option, key, value in (
+            ("--discretization", "pld_discretization", self.discretization),
             ("--samples", "mc_samples", self.samples),
             ("--failure-probability", "mc_failure_probability", self.failure_probability),
             ("--evr-delta-ratio", "evr_delta_ratio", self.evr_delta_ratio),
@@ -294,23 +284,6 @@ def _run_fields(
     }
 
 
-BOUNDS = {
-    "noise": (
-        "the claim: ε is the allocation upper bound on calibrate's fixed loss grid, as the "
-        "pipeline records it; "
-        "dpledger epsilon at this σ refines its grid adaptively and may print a slightly different "
-        "valid upper bound"
-    ),
-    "epsilon": (
-        "a valid upper bound from an adaptively refined grid; the claim calibrate records (and "
-        "dpledger noise "
-        "prints) for a σ is the upper bound on its fixed calibration grid, which may differ "
-        "slightly"
-    ),
-}
-"""Which of the allocation accountant's two valid upper bounds each command prints."""
-
-
 def _bound_text(payload: dict[str, Any]) -> str:
     return f"\n  ({payload['bound']})" if payload.get("bound") else ""
 
@@ -319,9 +292,11 @@ def _epsilon(noise_multiplier: float, options: RunOptions) -> None:
     """Print ε at δ for DP-SGD / DP-FTRL with the given noise, sampling and sizes."""
     warnings = options.warnings()
     if not (math.isfinite(noise_multiplier) and noise_multiplier >= MIN_NOISE):
-        raise ParamsError(
-            f"--noise-multiplier = {noise_multiplier} is invalid: it must be a finite number >= "
-            f"{MIN_NOISE:g} (below it ε is in the hundreds and the accountants' grids explode)"
+        raise validation.invalid(
+            "--noise-multiplier",
+            noise_multiplier,
+            f"it must be a finite number >= {MIN_NOISE:g} "
+            "(below it ε is in the hundreds and the accountants' grids explode)",
         )
     description = options.description(noise_multiplier)
     chosen = options.chosen_accountant(description)
@@ -333,7 +308,7 @@ def _epsilon(noise_multiplier: float, options: RunOptions) -> None:
         "sampler": options.sampler,
         "noise_multiplier": noise_multiplier,
         **_run_fields(description, options, warnings, result),
-        "bound": BOUNDS["epsilon"] if chosen.name == "allocation" else None,
+        "bound": chosen.printed_bounds.get("epsilon"),
     }
     options.emit(
         payload,
@@ -359,13 +334,13 @@ def _noise(epsilon: float, options: RunOptions) -> None:
         "accountant": chosen.name,
         "sampler": options.sampler,
         **_run_fields(description, options, warnings, result),
-        "bound": BOUNDS["noise"] if chosen.name == "allocation" else None,
+        "bound": chosen.printed_bounds.get("noise"),
     }
     options.emit(
         payload,
-        f"noise_multiplier = {calibration.noise_multiplier:.6g} (epsilon = {result.epsilon:.6g} "
-        f"at delta = {options.delta:g}; {chosen.name}, {options.sampler}"
-        f"{_failure_text(result.details)})" + _bound_text(payload),
+        f"noise_multiplier = {calibration.noise_multiplier:.6g} "
+        f"(epsilon = {result.epsilon:.6g} at delta = {options.delta:g}; {chosen.name}, "
+        f"{options.sampler}{_failure_text(result.details)})" + _bound_text(payload),
     )
 
 

@@ -3,11 +3,11 @@ self-check)."""
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Optional
 
 import typer
 
+from dpledger import validation
 from dpledger.audit.estimate import THRESHOLD_METHODS, AuditStatistics
 from dpledger.cli import strict_json
 from dpledger.errors import ParamsError
@@ -26,11 +26,7 @@ def _print(summary: dict[str, Any], as_json: bool) -> None:
 
 
 def _check_threshold(threshold: str) -> None:
-    if threshold not in THRESHOLD_METHODS:
-        raise ParamsError(
-            f"--threshold = {threshold!r} is invalid: allowed values are "
-            f"{', '.join(THRESHOLD_METHODS)}"
-        )
+    validation.one_of("--threshold", threshold, THRESHOLD_METHODS)
 
 
 def _statistics(threshold: str, confidence: float, split_fraction: float = 0.2) -> AuditStatistics:
@@ -43,8 +39,8 @@ def _statistics(threshold: str, confidence: float, split_fraction: float = 0.2) 
 def _sampler_options(sampler: str, buffer_size: Optional[int]) -> dict[str, Any]:
     if sampler == "partial-shuffle" and buffer_size is None:
         raise ParamsError(
-            "--buffer-size is missing: --sampler partial-shuffle needs the shuffle buffer K (an "
-            "integer >= 1)"
+            "--buffer-size is missing: --sampler partial-shuffle needs the shuffle buffer K "
+            "(an integer >= 1)"
         )
     return {} if buffer_size is None else {"buffer_size": buffer_size}
 
@@ -53,11 +49,9 @@ def _check_numbers(positive: dict[str, float], probabilities: dict[str, float]) 
     """One line for a non-finite or non-positive size (σ, ε, clip norm, lr) or a probability outside
     (0, 1)."""
     for flag, value in positive.items():
-        if not (math.isfinite(value) and value > 0):
-            raise ParamsError(f"{flag} = {value} is invalid: it must be a finite number > 0")
+        validation.positive(flag, value)
     for flag, value in probabilities.items():
-        if not 0.0 < value < 1.0:
-            raise ParamsError(f"{flag} = {value} is invalid: it must lie in (0, 1)")
+        validation.within(flag, value, 0, 1)
 
 
 # torch.manual_seed takes at most 64 bits and numpy refuses negative seeds: one range for every
@@ -112,10 +106,8 @@ def bgm(
     _check_numbers({"--noise-multiplier": noise_multiplier}, {"--delta": delta})
     if steps < 1 or batch_size < 1:
         raise ParamsError(f"--steps = {steps}, --batch-size = {batch_size}: both must be >= 1")
-    if epsilon_claimed is not None and not (math.isfinite(epsilon_claimed) and epsilon_claimed > 0):
-        raise ParamsError(
-            f"--epsilon-claimed = {epsilon_claimed} is invalid: it must be a finite number > 0"
-        )
+    if epsilon_claimed is not None:
+        validation.positive("--epsilon-claimed", epsilon_claimed)
     own = sampler_class(sampler).accounted_as
     claim = claim_sampler or (own if own in CLAIM_ACCOUNTANTS else "poisson")
     config = BgmAudit(

@@ -50,8 +50,8 @@ def _render(params: Path, root: Path, as_json: bool) -> None:
         return
     report_dir = root / "reports"
     typer.echo(
-        f"wrote {report_dir / 'report.md'}, {report_dir / 'report.html'} ({metrics['figures']} "
-        "figures)"
+        f"wrote {report_dir / 'report.md'}, {report_dir / 'report.html'} "
+        f"({metrics['figures']} figures)"
     )
     if metrics["warnings"]:
         typer.echo(f"{metrics['warnings']} warning(s): {metrics['warning_kinds']}")

@@ -26,12 +26,11 @@ def samplers(as_json: bool = typer.Option(False, "--json", help="print a JSON li
         typer.echo(f"{row['name']:<{width}}  accounted as: {accounted:<26}  options: {options}")
         typer.echo(f"{'':<{width}}  {row['description']}")
     typer.echo(
-        "plugins: module:callable(dataset_size, batch_size, epochs, seed) -> iterable of index "
-        "arrays;"
+        "plugins: module:callable(dataset_size, batch_size, epochs, seed) "
+        "-> iterable of index arrays;"
     )
     typer.echo(
-        "         an accounted_as attribute names the accounted sampler it declares itself "
-        "equivalent to"
+        "         an accounted_as attribute names the accounted sampler it declares itself equivalent to"  # noqa: E501
     )
 
 

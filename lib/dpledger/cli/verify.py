@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from pydantic import ValidationError
 
+from dpledger import validation
 from dpledger.errors import ParamsError
 
 
@@ -23,9 +24,8 @@ def register(app: typer.Typer) -> None:  # noqa: C901  (typer command: options, 
         ),
         command: Optional[str] = typer.Option(
             None,
-            help="external command template with {init} {data} {out} {clip_norm} "
-            "{noise_multiplier} "
-            "{batch_size} {steps} {lr} {seed}; replaces --trainer",
+            help="external command template with {init} {data} {out} {clip_norm} {noise_multiplier} {batch_size} {steps} {lr} {seed}; "  # noqa: E501
+            "replaces --trainer",
         ),
         optimizer: str = typer.Option(
             "sgd", help="sgd | adam (Adam: warm-up steps, small σ; SGD-only tests skipped)"
@@ -50,12 +50,8 @@ def register(app: typer.Typer) -> None:  # noqa: C901  (typer command: options, 
         from dpledger.pipeline.verify import trainer_from_params
         from dpledger.verify.battery import OPTIMIZERS, run_battery
 
-        if not 0.0 < significance < 0.5:
-            raise ParamsError(f"--significance = {significance} is invalid: it must be in (0, 0.5)")
-        if optimizer not in OPTIMIZERS:
-            raise ParamsError(
-                f"--optimizer = {optimizer!r} is invalid: allowed values are {list(OPTIMIZERS)}"
-            )
+        validation.within("--significance", significance, 0, 0.5)
+        validation.one_of("--optimizer", optimizer, OPTIMIZERS)
         if self_check:
             _self_check(seeds, optimizer, significance, as_json)
             return
@@ -87,9 +83,9 @@ def register(app: typer.Typer) -> None:  # noqa: C901  (typer command: options, 
             typer.echo(json.dumps(result.to_json(), indent=2, ensure_ascii=False))
         else:
             typer.echo(
-                f"{'PASSED' if result.passed else 'BUG FOUND'}: {name} ({result.training_steps} "
-                "training steps, "
-                f"{result.wall_time_s:.1f} s, Holm at {significance})"
+                f"{'PASSED' if result.passed else 'BUG FOUND'}: {name} "
+                f"({result.training_steps} training steps, {result.wall_time_s:.1f} s, "
+                f"Holm at {significance})"
             )
             for finding in result.findings:
                 typer.echo(f"  {finding}")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpledger import validation
 from dpledger.data.loaders import require_finite
 from dpledger.errors import DpledgerError, ParamsError
 
@@ -50,8 +51,8 @@ def split_dataset(
     n_test = max(1, int(round(test_fraction * n)))
     if n_test >= n:
         raise ParamsError(
-            f"params: data.test_fraction = {test_fraction} leaves no training data out of {n} "
-            "examples"
+            "params: "
+            f"data.test_fraction = {test_fraction} leaves no training data out of {n} examples"
         )
     order = np.random.default_rng(seed).permutation(n)
     test, train = order[:n_test], order[n_test:]
@@ -74,8 +75,7 @@ def _class_labels(x: np.ndarray, y: np.ndarray, what: str) -> np.ndarray:
     if x.ndim < 2 or y.ndim != 1 or x.shape[0] != y.shape[0] or y.shape[0] == 0:
         raise DpledgerError(
             f"{what}: inputs of shape {x.shape} and labels of shape {y.shape}: expected (N, ...) "
-            "inputs and N labels "
-            "as a 1-D array of class indices 0..K-1 (not one-hot)"
+            "inputs and N labels as a 1-D array of class indices 0..K-1 (not one-hot)"
         )
     if y.dtype != np.bool_ and not np.issubdtype(y.dtype, np.number):
         raise DpledgerError(
@@ -174,8 +174,8 @@ def load_dataset(name: str, path: str | None, test_fraction: float, seed: int) -
             y_test = _class_labels(x_test, arrays["y_test"], f"{path}: x_test, y_test")
             if x_train.shape[1:] != x_test.shape[1:]:
                 raise DpledgerError(
-                    f"{path}: x_train has examples of shape {x_train.shape[1:]} but x_test "
-                    f"{x_test.shape[1:]}"
+                    f"{path}: "
+                    f"x_train has examples of shape {x_train.shape[1:]} but x_test {x_test.shape[1:]}"  # noqa: E501
                 )
             return Dataset(
                 x_train=np.ascontiguousarray(x_train, dtype=np.float32),
@@ -196,9 +196,8 @@ def load_dataset(name: str, path: str | None, test_fraction: float, seed: int) -
     elif name == "mnist":
         x_train, y_train, x_test, y_test = loaders.load_mnist_folder(source)
     else:
-        raise ParamsError(
-            f"params: data.name = {name!r} is invalid: allowed values are digits, npz, cifar10, "
-            "mnist"
+        raise validation.invalid(
+            "data.name", name, "allowed values are digits, npz, cifar10, mnist", where="params"
         )
     labels = np.concatenate([y_train, y_test])
     return Dataset(

@@ -38,9 +38,9 @@ def require_finite(x: np.ndarray, what: str) -> np.ndarray:
         bad = ~np.isfinite(x.reshape(x.shape[0], -1)).all(axis=1) if x.ndim > 1 else ~np.isfinite(x)
         if bad.any():
             raise DpledgerError(
-                f"{what}: example {int(np.flatnonzero(bad)[0])} holds a non-finite value (NaN or "
-                "inf); every input "
-                "must be finite (clipping cannot bound such a record's gradient), so fix or drop it"
+                f"{what}: example {int(np.flatnonzero(bad)[0])} holds a non-finite value "
+                "(NaN or inf); every input must be finite "
+                "(clipping cannot bound such a record's gradient), so fix or drop it"
             )
     return x
 
@@ -79,9 +79,9 @@ def _npz_array(path: Path, archive: np.lib.npyio.NpzFile, key: str) -> np.ndarra
         if "allow_pickle" not in str(error):
             raise
         raise DpledgerError(
-            f"{path}: array {key!r} holds Python objects (dtype=object); dpledger reads numeric "
-            "arrays only "
-            "and never unpickles a data file (save the array with a numeric dtype)"
+            f"{path}: array {key!r} holds Python objects (dtype=object); "
+            "dpledger reads numeric arrays only and never unpickles a data file "
+            "(save the array with a numeric dtype)"
         ) from None
 
 

@@ -35,13 +35,13 @@ def load_tokenizer(path: str | None, key: str = "data.tokenizer") -> Any:
     access)."""
     if path is None:
         raise ParamsError(
-            f"params: {key} is missing: data.name = 'text' is tokenized by the model's own "
-            "tokenizer folder"
+            f"params: {key} is missing: "
+            "data.name = 'text' is tokenized by the model's own tokenizer folder"
         )
     if not Path(path).is_dir():
         raise ParamsError(
-            f"params: {key} = {path!r} is invalid: no such folder (a tokenizer saved with "
-            "save_pretrained)"
+            f"params: {key} = {path!r} is invalid: no such folder "
+            "(a tokenizer saved with save_pretrained)"
         )
     from transformers import AutoTokenizer
 
@@ -66,8 +66,8 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``.jsonl`` (one JSON object a line) or ``.csv`` (a header row) file."""
     if path.suffix not in FORMATS:
         raise ParamsError(
-            f"params: data.path = {str(path)!r} is invalid: a text dataset is a "
-            f"{' or '.join(FORMATS)} file"
+            f"params: data.path = {str(path)!r} is invalid: "
+            f"a text dataset is a {' or '.join(FORMATS)} file"
         )
     try:
         content = path.read_text(encoding="utf-8")
@@ -93,8 +93,8 @@ def _column(records: list[dict[str, Any]], field: str, key: str, path: Path) -> 
     for number, record in enumerate(records, start=1):
         if field not in record:
             raise ParamsError(
-                f"params: {key} = {field!r} is invalid: record {number} of {path} has no such "
-                "field "
+                f"params: {key} = {field!r} is invalid: "
+                f"record {number} of {path} has no such field "
                 f"(it has {', '.join(map(str, record)) or 'none'})"
             )
     return [record[field] for record in records]
@@ -133,14 +133,13 @@ def _labels(values: list[Any], path: Path, field: str) -> np.ndarray:
             label = _label(value)
         except ValueError:
             raise DpledgerError(
-                f"{path}: record {number} has {field!r} = {json.dumps(value)[:40]}; class labels "
-                "are integers 0..K-1"
+                f"{path}: record {number} has {field!r} = {json.dumps(value)[:40]}; "
+                "class labels are integers 0..K-1"
             ) from None
         if not 0 <= label < MAX_CLASSES:
             raise DpledgerError(
-                f"{path}: record {number} has {field!r} = {label:.6g}; class labels are integers "
-                "0..K-1 "
-                f"with K at most {MAX_CLASSES}"
+                f"{path}: record {number} has {field!r} = {label:.6g}; "
+                f"class labels are integers 0..K-1 with K at most {MAX_CLASSES}"
             )
     return np.asarray([_label(value) for value in values], dtype=np.int64)
 

@@ -86,8 +86,8 @@ def canary_law(schedule: Schedule) -> CanaryLaw:
     if law is None:
         raise ParamsError(
             f"audit.one_run: sampler {schedule.sampler!r} states no closed-form law of membership "
-            "(plugins, pad_truncate, a droppable last batch), so canaries cannot be placed as it "
-            "places an example"
+            "(plugins, pad_truncate, a droppable last batch), "
+            "so canaries cannot be placed as it places an example"
         )
     if law.step_probability is not None:
         return CanaryLaw(
@@ -95,8 +95,8 @@ def canary_law(schedule: Schedule) -> CanaryLaw:
         )
     if len(law.slot_weights) * sampler.epochs != schedule.num_steps:
         raise ParamsError(
-            f"audit.one_run: sampler {schedule.sampler!r} has {schedule.num_steps} steps, not "
-            f"{sampler.epochs} epochs × {len(law.slot_weights)} slots; "
+            f"audit.one_run: sampler {schedule.sampler!r} has {schedule.num_steps} steps, "
+            f"not {sampler.epochs} epochs × {len(law.slot_weights)} slots; "
             "set audit.one_run.enabled: false"
         )
     return CanaryLaw(

@@ -26,8 +26,8 @@ def check_clipping(mode: str, clip_norm: float, gamma: float) -> None:
     """Refuse an unknown mode or a non-positive threshold or γ, with one line."""
     if mode not in CLIPPING_MODES:
         raise ParamsError(
-            f"params: train.clipping = {mode!r} is invalid: allowed values are "
-            f"{', '.join(CLIPPING_MODES)}"
+            f"params: train.clipping = {mode!r} is invalid: "
+            f"allowed values are {', '.join(CLIPPING_MODES)}"
         )
     if not clip_norm > 0 or not math.isfinite(clip_norm):
         raise ParamsError(

@@ -30,8 +30,8 @@ def autocast(device: torch.device, precision: str = "fp32") -> ContextManager:
     slower)."""
     if precision not in PRECISIONS:
         raise ParamsError(
-            f"params: train.precision = {precision!r} is invalid: allowed values are "
-            f"{', '.join(PRECISIONS)}"
+            f"params: train.precision = {precision!r} is invalid: "
+            f"allowed values are {', '.join(PRECISIONS)}"
         )
     dtype = PRECISIONS[precision]
     if dtype is None or device.type != "cuda":
@@ -50,8 +50,7 @@ def placement_problem(
         return None
     places = ", ".join(sorted(f"{d} {str(t).removeprefix('torch.')}" for d, t in found))
     return (
-        f"engine: the trainable parameters are on {places} but the engine was built for {device} "
-        f"{str(dtype).removeprefix('torch.')}; move or cast the model (all of it, to one device) "
-        "before "
-        "building the engine"
+        "engine: "
+        f"the trainable parameters are on {places} but the engine was built for {device} {str(dtype).removeprefix('torch.')}; "  # noqa: E501
+        "move or cast the model (all of it, to one device) before building the engine"
     )

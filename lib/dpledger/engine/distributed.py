@@ -64,10 +64,9 @@ class GroupSum:
         lowest, highest = self.span(torch.tensor([numel, digest], dtype=torch.int64, device=device))
         if not torch.equal(highest, lowest):
             raise ParamsError(
-                f"engine: rank {self.rank} has {numel} trainable parameter entries but another "
-                "rank of the process "
-                "group has a different model (count or parameter names); every rank must build the "
-                "same model"
+                "engine: "
+                f"rank {self.rank} has {numel} trainable parameter entries but another rank of the process group has a different model "  # noqa: E501
+                "(count or parameter names); every rank must build the same model"
             )
 
 

@@ -90,8 +90,8 @@ class NoiseSource:
     ) -> None:
         if secure and mechanism != "identity":
             raise ParamsError(
-                "params: train.secure_noise = true is invalid with calibrate.mechanism = "
-                f"{mechanism!r}: "
+                "params: "
+                f"train.secure_noise = true is invalid with calibrate.mechanism = {mechanism!r}: "
                 "the secure source supports only identity (DP-SGD) noise"
             )
         if mechanism != "identity" and num_steps is None:
@@ -219,8 +219,8 @@ class NoiseSource:
             self._stream_position = 0
         if step >= self.num_steps:
             raise ParamsError(
-                f"engine: step {step} is past the {self.num_steps} steps the correlated noise was "
-                "built for"
+                "engine: "
+                f"step {step} is past the {self.num_steps} steps the correlated noise was built for"
             )
         while True:
             row = next(self._stream)

@@ -261,9 +261,9 @@ class LayerNorms:
                 str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             )
             raise UnsupportedLayerError(
-                f"engine: layer {label}: re-running its forward one example at a time (generic "
-                f"rule) failed: {first}"
-                " (random operations such as dropout inside it must be off)"
+                f"engine: layer {label}: re-running its forward one example at a time "
+                f"(generic rule) failed: {first} "
+                "(random operations such as dropout inside it must be off)"
             ) from error
         finally:
             recorder.recomputing = False

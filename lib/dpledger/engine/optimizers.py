@@ -88,7 +88,7 @@ def make_scheduler(
         raise ParamsError(f"{where}: allowed values are {allowed}")
     if warmup_steps and warmup_steps >= total_steps:
         raise ParamsError(
-            f"params: train.warmup_steps = {warmup_steps} is invalid: the schedule has "
-            f"{total_steps} logical steps and the warm-up must end before the last one"
+            f"params: train.warmup_steps = {warmup_steps} is invalid: "
+            f"the schedule has {total_steps} logical steps and the warm-up must end before the last one"  # noqa: E501
         )
     return torch.optim.lr_scheduler.LambdaLR(optimizer, LrSchedule(kind, warmup_steps, total_steps))

@@ -242,8 +242,8 @@ class Recorder:
         inputs = args[0] if args else next(iter(kwargs.values()), None)
         if not isinstance(inputs, Tensor) or not isinstance(output, Tensor):
             raise UnsupportedLayerError(
-                f"engine: layer {name} ({type(module).__name__}) was called without a tensor input "
-                "or output"
+                f"engine: layer {name} ({type(module).__name__}) "
+                "was called without a tensor input or output"
             )
         if inputs.dim() and inputs.shape[0] == 1 and output.dim() and output.shape[0] == 1:
             inputs, output = self._broadcast(inputs, 0, name), self._broadcast(output, 0, name)

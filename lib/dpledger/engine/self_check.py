@@ -151,24 +151,26 @@ class SelfCheckResult:
         if self.loss_relative_error > self.tolerance * LOSS_TOLERANCE_FACTOR:
             return (
                 "self-check: each example's loss alone differs from its loss in the batch "
-                f"(relative error {self.loss_relative_error:.3g}; {where}): the model mixes "
-                "examples or is random with dropout off, so per-example clipping bounds nothing; "
+                f"(relative error {self.loss_relative_error:.3g}; {where}): "
+                "the model mixes examples or is random with dropout off, "
+                "so per-example clipping bounds nothing; "
                 "make each example's loss depend on it alone"
             )
         failing = [w for w in self.worst_parameters if w.relative_error > self.tolerance]
         if not failing:
             return (
-                "self-check: the engine's per-example norms differ from the naive per-example "
-                f"loop's (relative error {self.norm_relative_error:.3g}; {where}); do not train "
-                "privately with this model"
+                "self-check: "
+                "the engine's per-example norms differ from the naive per-example loop's "
+                f"(relative error {self.norm_relative_error:.3g}; {where}); "
+                "do not train privately with this model"
             )
         layers = ", ".join(dict.fromkeys(w.layer for w in failing))
         worst = ", ".join(f"{w.name} {w.relative_error:.3g}" for w in failing)
         return (
-            f"self-check: the engine's private gradient of layer(s) {layers} differs from the "
-            f"naive per-example loop (relative error {worst}; {where}): its per-layer rule is "
-            "wrong for this model; fix or "
-            "unregister the rule, or freeze the layer"
+            "self-check: the engine's private gradient of layer(s) "
+            f"{layers} differs from the naive per-example loop (relative error {worst}; {where}): "
+            "its per-layer rule is wrong for this model; fix or unregister the rule, "
+            "or freeze the layer"
         )
 
 
@@ -289,10 +291,10 @@ def _check_dtype(model: nn.Module, names: Sequence[str], precision: Precision) -
             return dtype
     need = _copy_bytes(model, names, candidates[precision][-1])
     raise SelfCheckError(
-        f"self-check: a {candidates[precision][-1]} copy of the model needs about "
-        f"{need / 2**30:.2f} GiB, more than {MEMORY_SHARE:.0%} of the {free / 2**30:.2f} GiB free; "
-        "check a subset of the parameters per run "
-        "(train.self_check_parameters: glob patterns)"
+        "self-check: "
+        f"a {candidates[precision][-1]} copy of the model needs about {need / 2**30:.2f} GiB, "
+        f"more than {MEMORY_SHARE:.0%} of the {free / 2**30:.2f} GiB free; "
+        "check a subset of the parameters per run (train.self_check_parameters: glob patterns)"
     )
 
 

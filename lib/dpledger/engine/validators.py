@@ -33,9 +33,8 @@ class UnsupportedLayerError(DpledgerError):
 
 GHOST_MODES = ("auto", "always", "never")
 BATCHNORM_FIX = (
-    "replace it with GroupNorm by dpledger.engine.replace_batchnorm(model), or put it in eval mode "
-    "with running "
-    "statistics and freeze it"
+    "replace it with GroupNorm by dpledger.engine.replace_batchnorm(model), "
+    "or put it in eval mode with running statistics and freeze it"
 )
 
 
@@ -70,9 +69,8 @@ def layer_refusal(
     without a rule get the generic rule."""
     if isinstance(module, _BatchNorm):
         return (
-            f"engine: trainable parameter {', '.join(names)} is in layer {label}, a BatchNorm: it "
-            "mixes examples, "
-            f"so no per-example gradient exists; {BATCHNORM_FIX}"
+            f"engine: trainable parameter {', '.join(names)} is in layer {label}, a BatchNorm: "
+            f"it mixes examples, so no per-example gradient exists; {BATCHNORM_FIX}"
         )
     if rule is None:
         return None
@@ -102,9 +100,8 @@ def data_dependent_state(module: nn.Module) -> str | None:
             None
             if not module.training and module.running_mean is not None
             else (
-                "normalises with batch statistics, which mix examples (and padding rows) into "
-                "every per-example "
-                f"gradient; {BATCHNORM_FIX}"
+                "normalises with batch statistics, which mix examples (and padding rows) "
+                f"into every per-example gradient; {BATCHNORM_FIX}"
             )
         )
     if isinstance(module, _InstanceNorm):
@@ -112,8 +109,8 @@ def data_dependent_state(module: nn.Module) -> str | None:
             None
             if not (module.training and module.track_running_stats)
             else (
-                "updates its running statistics from the private batch without noise; use "
-                "track_running_stats=False or put it in eval mode"
+                "updates its running statistics from the private batch without noise; "
+                "use track_running_stats=False or put it in eval mode"
             )
         )
     return None if module.max_norm is None else f"{MAX_NORM_REASON}; use max_norm=None"
@@ -142,8 +139,8 @@ def check_losses(losses: Tensor) -> None:
 
 
 NO_FORWARD = (
-    "engine: no forward pass of the model was recorded since the last backward; run it in training "
-    "mode (model.train()) with gradients enabled before engine.backward"
+    "engine: no forward pass of the model was recorded since the last backward; "
+    "run it in training mode (model.train()) with gradients enabled before engine.backward"
 )
 
 
@@ -151,12 +148,10 @@ def batch_mismatch_message(label: str, rows: int, batch: int) -> str:
     """A layer whose input's leading dimension is not the batch and could not be proved to be rows
     of it."""
     return (
-        f"engine: layer {label} saw batch dimension "
-        f"{rows} but there are {batch} losses; its input must be batch-first "
-        "(or of size 1 there, shared by the batch), or its rows a contiguous view of a batch-first "
-        "tensor "
-        "(x.view(-1, d) of x (B, T, d)), where the engine can prove which example each row belongs "
-        "to"
+        f"engine: layer {label} saw batch dimension {rows} but there are {batch} losses; "
+        "its input must be batch-first (or of size 1 there, shared by the batch), "
+        "or its rows a contiguous view of a batch-first tensor (x.view(-1, d) of x (B, T, d)), "
+        "where the engine can prove which example each row belongs to"
     )
 
 
@@ -170,9 +165,10 @@ def check_canary(canary: object, parameters: int) -> None:
 
 def outside_use_message(name: str) -> str:
     return (
-        f"engine: trainable parameter {name} is used outside the forward of its layer (e.g. a head "
-        "tied by F.linear(h, embed.weight)), where it would get no gradient; tie modules instead "
-        "(head.weight = embed.weight), or use it under torch.no_grad() or detached"
+        f"engine: trainable parameter {name} is used outside the forward of its layer (e.g. "
+        "a head tied by F.linear(h, embed.weight)), where it would get no gradient; "
+        "tie modules instead (head.weight = embed.weight), or use it under torch.no_grad() "
+        "or detached"
     )
 
 
@@ -182,10 +178,9 @@ def in_place_message(label: str) -> str:
     so only the engine's version check stops the per-example gradients being formed from the changed
     values."""
     return (
-        f"engine: layer {label}: its input was changed in place after the layer used it (e.g. h += "
-        "layer(h)), "
-        "so its per-example gradients cannot be formed; use an out-of-place operation (h = h + "
-        "layer(h))"
+        f"engine: layer {label}: its input was changed in place after the layer used it (e.g. "
+        "h += layer(h)), so its per-example gradients cannot be formed; "
+        "use an out-of-place operation (h = h + layer(h))"
     )
 
 
@@ -281,12 +276,10 @@ def broadcast_failure_message(layers: list[str], error: Exception) -> str:
     engine cannot follow."""
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return (
-        f"engine: the model fails ({first}) on the output of layer "
-        f"{', '.join(dict.fromkeys(layers))} (one of "
-        "them), which sees inputs of batch size 1 shared by the batch and whose output the engine "
-        "expands to the "
-        "batch so each example gets its own gradient; freeze that layer's parameters "
-        "(requires_grad=False)"
+        f"engine: the model fails ({first}) "
+        f"on the output of layer {', '.join(dict.fromkeys(layers))} (one of them), "
+        "which sees inputs of batch size 1 shared by the batch and whose output the engine expands to the batch so each example gets its own gradient; "  # noqa: E501
+        "freeze that layer's parameters (requires_grad=False)"
     )
 
 
@@ -448,11 +441,11 @@ def check_state_unchanged(model: nn.Module, trained: Trained, before: dict[str, 
         if old is None or new is None or not _same_state(old, new):
             what = "appeared" if old is None else "disappeared" if new is None else "changed"
             raise DpledgerError(
-                f"engine: {name} {what} during a private step: the model changes its own state "
-                "from the data "
+                f"engine: {name} {what} during a private step: "
+                "the model changes its own state from the data "
                 "(like BatchNorm's running statistics), which would release data without noise; "
-                "compute it "
-                "without state, register it as a trainable parameter, or freeze it unchanged"
+                "compute it without state, register it as a trainable parameter, "
+                "or freeze it unchanged"
             )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from dpledger import validation
 from dpledger.errors import ParamsError, UnsupportedMechanismError
 
 MECHANISMS = ("identity", "banded", "toeplitz", "blt")
@@ -55,8 +56,7 @@ def banded_params(bands: int) -> dict[str, Any]:
 
 def coefficients(mechanism: str, mechanism_params: dict[str, Any], num_steps: int) -> np.ndarray:
     """The first ``num_steps`` Toeplitz coefficients of C (zero-padded), validated non-negative."""
-    if num_steps < 1:
-        raise ParamsError(f"num_steps = {num_steps} is invalid: it must be at least 1")
+    validation.at_least("num_steps", num_steps, 1)
     if mechanism == "identity":
         raw = np.ones(1)
     elif mechanism in ("banded", "toeplitz"):
@@ -82,9 +82,7 @@ def coefficients(mechanism: str, mechanism_params: dict[str, Any], num_steps: in
             )
         raw = blt_coefficients(decays, scales, num_steps)
     else:
-        raise ParamsError(
-            f"mechanism = {mechanism!r} is invalid: allowed values are {', '.join(MECHANISMS)}"
-        )
+        validation.one_of("mechanism", mechanism, MECHANISMS)
     check_coefficients(raw, mechanism)
     out = np.zeros(num_steps)
     out[: min(num_steps, raw.size)] = raw[:num_steps]
@@ -104,11 +102,9 @@ def check_coefficients(values: np.ndarray, mechanism: str) -> None:
         )
     if np.any(values < 0):
         raise UnsupportedMechanismError(
-            f"mechanism {mechanism} has a negative coefficient ({values.min():.3g}): the "
-            "balls-in-bins accountant "
-            "needs C >= 0 entrywise (004 Lemma 3.2; Appendix A shows the worst case can differ "
-            "otherwise); "
-            f"use non-negative coefficients"
+            f"mechanism {mechanism} has a negative coefficient ({values.min():.3g}): "
+            "the balls-in-bins accountant needs C >= 0 entrywise (004 Lemma 3.2; "
+            "Appendix A shows the worst case can differ otherwise); use non-negative coefficients"
         )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dpledger import validation
 from dpledger.errors import ParamsError
 from dpledger.local_folders import TRUST_REMOTE_CODE, refuse_remote_code, refuse_remote_code_spec
 from dpledger.models.lora import adapter_base, add_lora, is_adapter_folder, load_adapter
@@ -77,9 +78,8 @@ def _config(options: dict[str, Any], num_labels: int | None) -> Any:
         )
     if not (Path(path) / "config.json").is_file():
         raise ParamsError(
-            f"params: train.model_options.path = {path!r} is invalid: not a transformers "
-            "checkpoint "
-            "(no config.json; save the model with save_pretrained)"
+            f"params: train.model_options.path = {path!r} is invalid: "
+            "not a transformers checkpoint (no config.json; save the model with save_pretrained)"
         )
     refuse_remote_code(path, "train.model_options.path")
     try:
@@ -88,9 +88,8 @@ def _config(options: dict[str, Any], num_labels: int | None) -> Any:
         )
     except Exception as error:  # a foreign or damaged config.json fails in many ways
         raise ParamsError(
-            f"params: train.model_options.path = {path!r} is invalid: not a transformers "
-            "checkpoint "
-            f"({_first_line(error)})"
+            f"params: train.model_options.path = {path!r} is invalid: "
+            f"not a transformers checkpoint ({_first_line(error)})"
         ) from None
 
 
@@ -105,19 +104,21 @@ def _checked_init(options: dict[str, Any]) -> str:
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ParamsError(
-            f"params: train.model_options {unknown} are invalid for model 'hf': allowed keys are "
-            f"{', '.join(OPTIONS)}"
+            f"params: train.model_options {unknown} are invalid for model 'hf': "
+            f"allowed keys are {', '.join(OPTIONS)}"
         )
     if ("path" in options) == ("config" in options):
         raise ParamsError(
-            "params: train.model_options is invalid for model 'hf': give path (a local folder) or "
-            "config"
+            "params: train.model_options is invalid for model 'hf': give path (a local folder) "
+            "or config"
         )
     init = options.get("init", "pretrained")
     if init not in ("pretrained", "random") or (init == "pretrained" and "config" in options):
-        raise ParamsError(
-            f"params: train.model_options.init = {init!r} is invalid: allowed values are "
-            "pretrained (with path), random"
+        raise validation.invalid(
+            "train.model_options.init",
+            init,
+            "allowed values are pretrained (with path), random",
+            where="params",
         )
     return init
 
@@ -144,18 +145,18 @@ def load_hf_model(
     if head not in supported:
         where = options.get("path") or f"config model_type {config.model_type!r}"
         raise ParamsError(
-            f"params: train.task = {task!r} is invalid for the {type(config).__name__} model in "
-            f"{where}: transformers "
-            f"has no {head} head for it (it has: "
+            "params: "
+            f"train.task = {task!r} is invalid for the {type(config).__name__} model in {where}: "
+            f"transformers has no {head} head for it (it has: "
             f"{', '.join(supported) or 'none of ' + ', '.join(HEADS)})"
         )
     if head == "sequence-classification" and getattr(config, "pad_token_id", None) is None:
         where = options.get("path") or "train.model_options.config"
         raise ParamsError(
-            f"params: train.task = {task!r} is invalid for the {type(config).__name__} model in "
-            f"{where}: it has no "
-            "pad_token_id, and its classifier pools at the last token that is not padding; set "
-            "pad_token_id "
+            "params: "
+            f"train.task = {task!r} is invalid for the {type(config).__name__} model in {where}: "
+            "it has no pad_token_id, "
+            "and its classifier pools at the last token that is not padding; set pad_token_id "
             "(e.g. to the eos token id) in its config"
         )
     import transformers
@@ -177,9 +178,9 @@ def load_hf_model(
         Exception
     ) as error:  # foreign files: a truncated safetensors, a pickle refused by weights_only, ...
         raise ParamsError(
-            f"params: train.model_options.path = {options.get('path')!r} is invalid: its weights "
-            "cannot be loaded "
-            f"safely ({type(error).__name__}: {_first_line(error)[:160]})"
+            f"params: train.model_options.path = {options.get('path')!r} is invalid: "
+            f"its weights cannot be loaded safely ({type(error).__name__}: "
+            f"{_first_line(error)[:160]})"
         ) from None
     if adapter is not None:
         model = load_adapter(model, adapter, options["path"], head)
@@ -198,12 +199,13 @@ def _check_lora(
     both."""
     if lora is not None and adapter is not None:
         raise ParamsError(
-            f"params: train.lora is invalid with train.model_options.path = {adapter!r}: that "
-            "folder is a peft adapter already (its own rank and targets apply); remove train.lora"
+            f"params: train.lora is invalid with train.model_options.path = {adapter!r}: "
+            "that folder is a peft adapter already (its own rank and targets apply); "
+            "remove train.lora"
         )
     if (lora is not None or adapter is not None) and init != "pretrained":
         raise ParamsError(
-            f"params: train.model_options.init = {init!r} is invalid with LoRA: an adapter "
-            "fine-tunes pretrained weights (set model_options.path to a local save_pretrained "
-            "folder, init: pretrained)"
+            f"params: train.model_options.init = {init!r} is invalid with LoRA: "
+            "an adapter fine-tunes pretrained weights "
+            "(set model_options.path to a local save_pretrained folder, init: pretrained)"
         )

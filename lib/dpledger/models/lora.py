@@ -54,10 +54,11 @@ def adapter_base(folder: str) -> str:
         if (candidate / "config.json").is_file():
             return str(candidate)
     raise ParamsError(
-        f"params: train.model_options.path = {folder!r} is a peft adapter whose base model "
-        f"{base!r} ({ADAPTER_CONFIG}: base_model_name_or_path) is not a local save_pretrained "
-        "folder (relative to the project or to the adapter); save the base model locally and point "
-        "base_model_name_or_path at it"
+        "params: "
+        f"train.model_options.path = {folder!r} is a peft adapter whose base model {base!r} "
+        f"({ADAPTER_CONFIG}: base_model_name_or_path) is not a local save_pretrained folder "
+        "(relative to the project or to the adapter); "
+        "save the base model locally and point base_model_name_or_path at it"
     )
 
 
@@ -71,8 +72,8 @@ def is_peft(model: nn.Module) -> bool:
 def _peft_task(task: str) -> str:
     if task not in PEFT_TASKS:
         raise ParamsError(
-            f"params: train.lora is invalid for train.task = {task!r}: LoRA is offered for "
-            f"{', '.join(PEFT_TASKS)} (text models)"
+            f"params: train.lora is invalid for train.task = {task!r}: "
+            f"LoRA is offered for {', '.join(PEFT_TASKS)} (text models)"
         )
     return PEFT_TASKS[task]
 
@@ -98,8 +99,9 @@ def add_lora(model: nn.Module, lora: LoraParams, task: str) -> nn.Module:
     except (ValueError, KeyError, TypeError) as error:
         lines = str(error).strip().splitlines()
         raise ParamsError(
-            f"params: train.lora.target_modules = {lora.target_modules!r} is invalid for the "
-            f"{type(model).__name__} model: {lines[0] if lines else type(error).__name__}"
+            "params: "
+            f"train.lora.target_modules = {lora.target_modules!r} is invalid for the {type(model).__name__} model: "  # noqa: E501
+            f"{lines[0] if lines else type(error).__name__}"
         ) from None
 
 

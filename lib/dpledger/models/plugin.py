@@ -38,12 +38,12 @@ def load_plugin_model(
     ) as error:  # the user's code: its failure is one line naming it, not a traceback
         first = (str(error).strip().splitlines() or [""])[0][:160]
         raise ParamsError(
-            f"params: train.model = {name!r} is invalid: the factory raised "
-            f"{type(error).__name__}: {first}"
+            f"params: train.model = {name!r} is invalid: "
+            f"the factory raised {type(error).__name__}: {first}"
         ) from None
     if not isinstance(model, nn.Module):
         raise ParamsError(
-            f"params: train.model = {name!r} is invalid: it returned {type(model).__name__}, not a "
-            "torch.nn.Module"
+            f"params: train.model = {name!r} is invalid: it returned {type(model).__name__}, "
+            "not a torch.nn.Module"
         )
     return model

@@ -66,8 +66,9 @@ def _files(model: nn.Module, tokenizer: str | None, merged: bool) -> tuple[str, 
     if is_peft(model):
         source = model.peft_config["default"].base_model_name_or_path
         files = [
-            "`adapter_config.json`, `adapter_model.safetensors`: the LoRA adapter only; load "
-            f"it with `PeftModel.from_pretrained(base, folder)` on the base model in `{source}`"
+            "`adapter_config.json`, `adapter_model.safetensors`: the LoRA adapter only; "
+            "load it with `PeftModel.from_pretrained(base, "
+            f"folder)` on the base model in `{source}`"
         ]
         if merged:
             files.append(f"`{MERGED}/`: the base with the adapter merged in (`from_pretrained`)")

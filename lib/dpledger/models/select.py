@@ -26,26 +26,24 @@ def task_for(model: str, task: str, data: Dataset) -> Task:
     text = data.name == "text"
     if task in TEXT_TASKS and not text:
         raise ParamsError(
-            f"params: train.task = {task!r} is invalid with data.name = {data.name!r}: it needs "
-            "data.name: text"
+            f"params: train.task = {task!r} is invalid with data.name = {data.name!r}: "
+            "it needs data.name: text"
         )
     if model in MODELS and text:
         raise ParamsError(
-            f"params: train.model = {model!r} is invalid with data.name = 'text': zoo models take "
-            "images; "
-            "use hf or a plugin module:callable"
+            f"params: train.model = {model!r} is invalid with data.name = 'text': "
+            "zoo models take images; use hf or a plugin module:callable"
         )
     if task != "causal-lm" and text and not data.has_labels:
         raise ParamsError(
-            f"params: data.label_field is invalid: train.task = {task!r} needs class labels, and "
-            f"{data.name} file has no such field"
+            f"params: data.label_field is invalid: train.task = {task!r} needs class labels, "
+            f"and {data.name} file has no such field"
         )
     if task == "causal-lm" and data.x_train.shape[1] < 2:
         raise ParamsError(
-            "params: train.task = 'causal-lm' is invalid for this data: its texts hold at most 1 "
-            "token (data.max_length "
-            "or the texts themselves), so no next token is predicted (perplexity would read 1.0); "
-            "at least 2 are needed"
+            "params: train.task = 'causal-lm' is invalid for this data: "
+            "its texts hold at most 1 token (data.max_length or the texts themselves), "
+            "so no next token is predicted (perplexity would read 1.0); at least 2 are needed"
         )
     return Task(task, keyword_images=model == "hf" and not text)
 
@@ -86,35 +84,33 @@ def check_outputs(model: nn.Module, task: Task, data: Dataset, name: str) -> Non
         layout = " (images are read as (N, C, H, W))" if x.ndim == 4 else ""
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
         raise ParamsError(
-            f"params: train.model = {name!r} is invalid for this data: calling it on a batch of "
-            "shape "
-            f"{tuple(x.shape)}{layout} failed ({type(error).__name__}: {first})"
+            f"params: train.model = {name!r} is invalid for this data: "
+            f"calling it on a batch of shape {tuple(x.shape)}{layout} failed "
+            f"({type(error).__name__}: {first})"
         ) from None
     if not isinstance(logits, torch.Tensor):
         raise ParamsError(
-            f"params: train.model = {name!r} is invalid: it returned {type(logits).__name__}, not "
-            "logits"
+            f"params: train.model = {name!r} is invalid: it returned {type(logits).__name__}, "
+            "not logits"
         )
     if not logits.is_floating_point() or logits.ndim < 1 or logits.shape[0] != x.shape[0]:
         raise ParamsError(
-            f"params: train.model = {name!r} is invalid: on a batch of {x.shape[0]} it returned "
-            f"{logits.dtype} "
-            f"logits of shape {tuple(logits.shape)}; one row of floating-point logits per example "
-            "is needed"
+            f"params: train.model = {name!r} is invalid: "
+            f"on a batch of {x.shape[0]} it returned {logits.dtype} logits of shape {tuple(logits.shape)}; "  # noqa: E501
+            "one row of floating-point logits per example is needed"
         )
     if task.name == "causal-lm":
         if logits.ndim != 3 or logits.shape[-1] < int(data.vocab_size or 0):
             raise ParamsError(
-                f"params: train.model = {name!r} is invalid for data.tokenizer: it scores "
-                f"{logits.shape[-1]} tokens (logits of shape {tuple(logits.shape)}) but the "
-                "tokenizer "
-                f"has {data.vocab_size}"
+                f"params: train.model = {name!r} is invalid for data.tokenizer: "
+                f"it scores {logits.shape[-1]} tokens (logits of shape {tuple(logits.shape)}) "
+                f"but the tokenizer has {data.vocab_size}"
             )
         return
     top = int(max(data.y_train.max(), data.y_test.max()))
     if logits.ndim != 2 or logits.shape[1] <= top:
         raise ParamsError(
-            f"params: data.path labels reach {top} but train.model = {name!r} has "
-            f"{logits.shape[-1]} classes (logits of shape {tuple(logits.shape)}): labels must be "
-            f"0..{logits.shape[-1] - 1}"
+            "params: "
+            f"data.path labels reach {top} but train.model = {name!r} has {logits.shape[-1]} classes "  # noqa: E501
+            f"(logits of shape {tuple(logits.shape)}): labels must be 0..{logits.shape[-1] - 1}"
         )

@@ -67,14 +67,13 @@ def tuning_hint(
 ) -> str:
     """One line for stderr and the report: the step's signal-to-noise and what moves it."""
     return (
-        f"per-step signal-to-noise {snr['signal_to_noise']:.3g} = B/(σ·√d) with B = "
-        f"{batch_size:g}, "
-        f"σ = {noise_multiplier:.3g}, d = {trainable:,} trainable parameters (noise norm "
-        f"{snr['noise_norm']:.3g} against a clipped mean of norm ≤ R = "
-        f"{snr['clipped_mean_bound']:g}); "
-        "it grows with the logical batch (batching.batch_size; train.physical_batch_size keeps "
-        "memory "
-        "flat), more data, fewer trainable parameters (LoRA, a smaller model) and a larger ε"
+        f"per-step signal-to-noise {snr['signal_to_noise']:.3g} = B/(σ·√d) "
+        f"with B = {batch_size:g}, σ = {noise_multiplier:.3g}, "
+        f"d = {trainable:,} trainable parameters "
+        f"(noise norm {snr['noise_norm']:.3g} against a clipped mean of norm ≤ R = {snr['clipped_mean_bound']:g}); "  # noqa: E501
+        "it grows with the logical batch (batching.batch_size; "
+        "train.physical_batch_size keeps memory flat), more data, fewer trainable parameters "
+        "(LoRA, a smaller model) and a larger ε"
     )
 
 

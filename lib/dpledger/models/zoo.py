@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dpledger import validation
 from dpledger.errors import ParamsError
 from dpledger.models.cnn import CNN
 from dpledger.models.mlp import MLP
@@ -33,8 +34,8 @@ def _check_option(key: str, value: Any) -> None:
     if isinstance(value, list):
         if len(value) > MAX_LIST_LENGTH:
             raise ParamsError(
-                f"params: train.model_options.{key} has {len(value)} entries; at most "
-                f"{MAX_LIST_LENGTH}"
+                f"params: train.model_options.{key} has {len(value)} entries; "
+                f"at most {MAX_LIST_LENGTH}"
             )
         for item in value:
             _check_option(key, item)
@@ -51,10 +52,7 @@ def check_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
 
     The model is built and run on the ``meta`` device (shapes only: no memory, no random draws), so
     nothing is allocated before the bounds are checked."""
-    if name not in MODELS:
-        raise ParamsError(
-            f"params: train.model = {name!r} is invalid: allowed values are {', '.join(MODELS)}"
-        )
+    validation.one_of("train.model", name, MODELS, where="params")
     for key, value in opts.items():
         _check_option(key, value)
     try:

@@ -128,8 +128,7 @@ def check_dataset_size(params: Params, dataset_size: int) -> None:
         )
     steps = batching.epochs * -(-dataset_size // batching.batch_size)
     refuse_beyond(
-        f"batching.epochs = {batching.epochs} with {dataset_size} examples in batches of "
-        f"{batching.batch_size}",
+        f"batching.epochs = {batching.epochs} with {dataset_size} examples in batches of {batching.batch_size}",  # noqa: E501
         steps,
         MAX_TRAIN_STEPS,
         "training steps",

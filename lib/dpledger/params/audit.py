@@ -77,8 +77,8 @@ class AuditParams(Section):
     )
     dpsgd_model: Literal["digits", "train"] = Field(
         default="digits",
-        description="digits (an MLP on the embedded digits) | train (the train stage's model, loss "
-        "and data)",
+        description="digits (an MLP on the embedded digits) | train (the train stage's model, "
+        "loss and data)",
     )
     dpsgd_threat_model: Literal["natural", "partially-informed", "worst-case"] = (
         "partially-informed"

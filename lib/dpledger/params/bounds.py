@@ -44,8 +44,8 @@ def refuse_beyond(what: str, amount: int, limit: int, unit: str, hint: str) -> N
     """Raise one line when ``amount`` (the up-front estimate of ``what``) exceeds ``limit``."""
     if amount > limit:
         raise ParamsError(
-            f"params: {what} is too large: {amount:,} {unit} exceeds the limit of {limit:,} "
-            f"{unit}; {hint}"
+            f"params: {what} is too large: "
+            f"{amount:,} {unit} exceeds the limit of {limit:,} {unit}; {hint}"
         )
 
 
@@ -56,6 +56,5 @@ def refuse_beyond_memory(what: str, nbytes: int, hint: str) -> None:
     if nbytes > limit:
         raise ParamsError(
             f"params: {what} is too large: it needs about {nbytes / 2**30:,.1f} GiB of memory, "
-            "more than half of "
-            f"this machine's {machine_memory() / 2**30:,.1f} GiB; {hint}"
+            f"more than half of this machine's {machine_memory() / 2**30:,.1f} GiB; {hint}"
         )

@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from dpledger.accounting import bounds
+from dpledger.accounting.accountants import ACCOUNTANTS
 from dpledger.accounting.description import SAMPLERS as ACCOUNTED_SAMPLERS
 from dpledger.accounting.description import describe
 from dpledger.params.bounds import MAX_LIST_LENGTH
@@ -33,10 +35,13 @@ class CalibrateParams(Section):
     """Target (epsilon, delta); the noise multiplier is calibrated to meet it."""
 
     epsilon: float = Field(
-        gt=0.0, le=100.0, allow_inf_nan=False, description="target epsilon (at most 100)"
+        gt=0.0,
+        le=bounds.MAX_EPSILON,
+        allow_inf_nan=False,
+        description=f"target epsilon (at most {bounds.MAX_EPSILON:g})",
     )
     delta: float = Field(gt=0.0, lt=1.0, allow_inf_nan=False, description="target delta")
-    accountant: Literal["auto", "pld", "rdp", "allocation", "montecarlo"] = Field(
+    accountant: Literal[("auto", *ACCOUNTANTS)] = Field(  # type: ignore[valid-type]
         default="auto",
         description="auto: pld (poisson, fixed), allocation (balls-in-bins, C = I), montecarlo (C "
         "!= I)",
@@ -45,14 +50,16 @@ class CalibrateParams(Section):
         default="poisson", validate_default=True, description="sampling the accountant assumes"
     )
     mechanism: Literal["identity", "banded", "toeplitz", "blt"] = "identity"
-    bands: int = Field(default=1, ge=1, le=4096, description="w for a w-banded correlation matrix")
+    bands: int = Field(
+        default=1, ge=1, le=bounds.MAX_BANDS, description="w for a w-banded correlation matrix"
+    )
     group_sizes: list[int] = Field(
         default_factory=lambda: [1, 2, 4, 8], min_length=1, max_length=MAX_LIST_LENGTH
     )
     mc_samples: int = Field(
         default=1 << 18,
-        ge=1000,
-        le=1 << 26,
+        ge=bounds.MIN_MC_SAMPLES,
+        le=bounds.MAX_MC_SAMPLES,
         description="Monte Carlo samples to estimate/calibrate",
     )
     mc_failure_probability: float | None = Field(
@@ -60,8 +67,8 @@ class CalibrateParams(Section):
         gt=0.0,
         lt=1.0,
         allow_inf_nan=False,
-        description="Monte Carlo claim's failure probability; null: min(delta/10, 1e-6); sets the "
-        "EVR sample count",
+        description="Monte Carlo claim's failure probability; null: min(delta/10, 1e-6); "
+        "sets the EVR sample count",
     )
     mc_device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="Monte Carlo sampling device"
@@ -75,12 +82,15 @@ class CalibrateParams(Section):
         default=0.5, gt=0.0, lt=1.0, description="calibrate at delta' = ratio * delta"
     )
     pld_discretization: float = Field(
-        default=1e-4, ge=1e-6, le=1e-2, description="PLD value discretization interval"
+        default=bounds.DISCRETIZATION,
+        ge=bounds.DISCRETIZATION_RANGE[0],
+        le=bounds.DISCRETIZATION_RANGE[1],
+        description="PLD value discretization interval",
     )
     table_discretization: float = Field(
         default=1e-3,
-        ge=1e-6,
-        le=1e-1,
+        ge=bounds.TABLE_DISCRETIZATION_RANGE[0],
+        le=bounds.TABLE_DISCRETIZATION_RANGE[1],
         description="PLD interval of the group table and the epsilon curve (pessimistic)",
     )
     curve_points: int = Field(
@@ -99,7 +109,10 @@ class CalibrateParams(Section):
         max_length=MAX_LIST_LENGTH,
     )
     rmse_samples: int = Field(
-        default=8192, ge=1000, le=1 << 22, description="Monte Carlo samples of the RMSE plot"
+        default=8192,
+        ge=bounds.MIN_MC_SAMPLES,
+        le=1 << 22,
+        description="Monte Carlo samples of the RMSE plot",
     )
 
     @field_validator("sampler")
@@ -121,9 +134,8 @@ class CalibrateParams(Section):
             ]
             raise PydanticCustomError(
                 "sampler",
-                "calibrate.accountant = {accountant} supports samplers {allowed} (auto picks one "
-                "that covers "
-                "calibrate.sampler)",
+                "calibrate.accountant = {accountant} supports samplers {allowed} "
+                "(auto picks one that covers calibrate.sampler)",
                 {"accountant": accountant, "allowed": ", ".join(covered)},
             )
         return value
@@ -142,15 +154,21 @@ class CalibrateParams(Section):
     @field_validator("group_sizes")
     @classmethod
     def _positive_groups(cls, value: list[int]) -> list[int]:
-        if any(k < 1 or k > 1024 for k in value):
+        if any(k < 1 or k > bounds.MAX_GROUP_SIZE for k in value):
             raise PydanticCustomError(
-                "group_sizes", "every group size must be an integer in [1, 1024]", {}
+                "group_sizes",
+                "every group size must be an integer in [1, {largest}]",
+                {"largest": bounds.MAX_GROUP_SIZE},
             )
         return sorted(set(value))
 
     @field_validator("rmse_epsilons")
     @classmethod
     def _positive_epsilons(cls, value: list[float]) -> list[float]:
-        if any(not 0 < e <= 100 for e in value):
-            raise PydanticCustomError("rmse_epsilons", "every epsilon must lie in (0, 100]", {})
+        if any(not 0 < e <= bounds.MAX_EPSILON for e in value):
+            raise PydanticCustomError(
+                "rmse_epsilons",
+                "every epsilon must lie in (0, {largest}]",
+                {"largest": f"{bounds.MAX_EPSILON:g}"},
+            )
         return sorted(set(value))

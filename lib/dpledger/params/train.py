@@ -149,8 +149,8 @@ class TrainParams(Section):
         if value and info.data.get("lora") is None and not adapter:
             raise PydanticCustomError(
                 "export_merged",
-                "merged weights are a LoRA export: set train.lora or give a peft adapter folder as "
-                "train.model_options.path",
+                "merged weights are a LoRA export: "
+                "set train.lora or give a peft adapter folder as train.model_options.path",
             )
         return value
 

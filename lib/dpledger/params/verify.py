@@ -29,15 +29,15 @@ class VerifyParams(Section):
     )
     model: Literal["synthetic", "train"] = Field(
         default="synthetic",
-        description="synthetic (the battery's MLP) | train (the train stage's model, task loss and "
-        "data)",
+        description="synthetic (the battery's MLP) | train (the train stage's model, "
+        "task loss and data)",
     )
     optimizer: Literal["sgd", "adam"] = "sgd"
     significance: float = Field(default=0.01, gt=0.0, lt=0.5)
     fail_pipeline: bool = Field(
         default=True,
-        description="stop `dvc repro` when a bug is found; false lets it go on so the report leads "
-        "with the failure",
+        description="stop `dvc repro` when a bug is found; "
+        "false lets it go on so the report leads with the failure",
     )
 
     @field_validator("command")
@@ -67,7 +67,7 @@ class VerifyParams(Section):
         if value == "train" and info.data.get("command"):
             raise PydanticCustomError(
                 "model",
-                "an external verify.command trains the synthetic MLP only; use verify.trainer with "
-                "model: train",
+                "an external verify.command trains the synthetic MLP only; "
+                "use verify.trainer with model: train",
             )
         return value

@@ -59,8 +59,8 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         []
         if record.mechanism == "identity"
         else [
-            f"The ledger's mechanism is '{record.mechanism}' (correlated noise); this audit models "
-            "independent noise per step."
+            f"The ledger's mechanism is '{record.mechanism}' (correlated noise); "
+            "this audit models independent noise per step."
         ]
     )
     assumptions = list(result.assumptions) + correlated

@@ -17,8 +17,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from dpledger import io, plotting
 from dpledger.accounting import (
     ACCOUNTANTS,
@@ -26,12 +24,13 @@ from dpledger.accounting import (
     CalibrationRecord,
     MechanismDescription,
     calibrate_noise,
+    epsilon_curve,
     get_accountant,
     group_table,
     resolve_accountant,
 )
-from dpledger.accounting.accountants import poisson_at_same_noise
-from dpledger.accounting.allocation import allocation_upper
+from dpledger.accounting.accountants import accountant_type
+from dpledger.accounting.accountants.montecarlo import poisson_at_same_noise
 from dpledger.accounting.description import vacuous_delta_warning
 from dpledger.accounting.group import GroupEpsilon
 from dpledger.accounting.optimize import RmseSetting, amplified_rmse, optimize_matrix
@@ -110,51 +109,17 @@ def choose_matrix(
 def other_accountants(
     params: Params, description: MechanismDescription, chosen: str
 ) -> list[AccountantResult]:
-    """ε at the calibrated σ from every other accountant that supports the description (Monte Carlo
-    only as the claim: its verification takes minutes, and a deterministic claim needs no sampled
-    cross-check)."""
+    """ε at the calibrated σ from every other deterministic accountant that supports the
+    description (a sampled one only as the claim: a Monte Carlo verification takes minutes, and a
+    deterministic claim needs no sampled cross-check)."""
     results = []
     for name in ACCOUNTANTS:
-        if name == "montecarlo":
+        if name == chosen or not accountant_type(name).deterministic:
             continue
         accountant = get_accountant(name, **accountant_settings(params))
-        if name != chosen and accountant.unsupported(description) is None:
+        if accountant.unsupported(description) is None:
             results.append(accountant.epsilon(description, params.calibrate.delta))
     return results
-
-
-def epsilon_curve(
-    params: Params, description: MechanismDescription, claim: float
-) -> list[tuple[int, float]]:
-    """(steps, ε after that many steps) on ~curve_points grid points including the last step.
-
-    Each value is valid for every step count up to its own, so the curve is made monotone by a
-    reverse running minimum, and the last point is min(claim, curve). PLD points use the pessimistic
-    table discretization; allocation points the dominating bound on a 0.1 loss grid (whole epochs:
-    an upper bound for every step inside them); Monte Carlo points are estimates at δ' (no EVR; the
-    final claim is EVR-verified).
-    """
-    cal = params.calibrate
-    name = accountant_name(cal)
-    grid = sorted(
-        {int(round(t)) for t in np.linspace(1, description.steps, cal.curve_points)}
-        | {description.steps}
-    )
-    if name == "montecarlo":
-        accountant = get_accountant("montecarlo", **accountant_settings(params))
-        values = [
-            accountant.epsilon_estimate(description.with_steps(t), cal.delta) for t in grid[:-1]
-        ]
-    elif name == "allocation":
-        values = [allocation_upper(description.with_steps(t), cal.delta, 0.1) for t in grid[:-1]]
-    else:
-        accountant = get_accountant(name, discretization=cal.table_discretization)
-        values = [
-            accountant.epsilon(description.with_steps(t), cal.delta).epsilon for t in grid[:-1]
-        ]
-    values.append(claim)
-    values = list(np.minimum.accumulate(np.asarray(values)[::-1])[::-1])
-    return [(int(t), float(v)) for t, v in zip(grid, values)]
 
 
 def rmse_rows(
@@ -198,7 +163,9 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     assumptions = ([warning] if warning else []) + list(result.assumptions)
     others = other_accountants(params, described, name)
     groups = group_table(described, cal.delta, cal.group_sizes, cal.table_discretization)
-    curve = epsilon_curve(params, described, result.epsilon)
+    curve = epsilon_curve(
+        accountant, described, cal.delta, result.epsilon, cal.curve_points, cal.table_discretization
+    )
     rows = rmse_rows(params, described, matrix) if cal.sampler == "balls-in-bins" else []
     record = CalibrationRecord(
         description=described,

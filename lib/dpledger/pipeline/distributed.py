@@ -76,10 +76,10 @@ class Ranks:
         lowest, highest = rank_span(mine, self.group)
         if not torch.equal(highest, lowest):
             raise DpledgerError(
-                "train: the ranks start from different states (steps "
-                f"{int(lowest[0])}…{int(highest[0])}): every rank "
-                "must read the same artifacts/train/checkpoint.json (on several machines: a shared "
-                "project folder)"
+                "train: the ranks start from different states "
+                f"(steps {int(lowest[0])}…{int(highest[0])}): "
+                "every rank must read the same artifacts/train/checkpoint.json "
+                "(on several machines: a shared project folder)"
             )
 
 
@@ -110,8 +110,8 @@ def run_ranks(
         world_size = int(os.environ["WORLD_SIZE"])
         if processes not in (1, world_size):
             raise ParamsError(
-                f"params: train.processes = {processes} is invalid under torchrun with "
-                f"{world_size} processes: "
+                "params: "
+                f"train.processes = {processes} is invalid under torchrun with {world_size} processes: "  # noqa: E501
                 "use 1 (torchrun decides) or the same number"
             )
         check_local_rank(int(os.environ["LOCAL_RANK"]), device)
@@ -132,9 +132,9 @@ def check_local_rank(local_rank: int, device: torch.device) -> None:
     GPUs."""
     if device.type == "cuda" and local_rank >= torch.cuda.device_count():
         raise ParamsError(
-            f"torchrun: local rank {local_rank} has no GPU: only {torch.cuda.device_count()} CUDA "
-            "devices are "
-            "visible on this machine; start at most that many processes per node (--nproc-per-node)"
+            f"torchrun: local rank {local_rank} has no GPU: "
+            f"only {torch.cuda.device_count()} CUDA devices are visible on this machine; "
+            "start at most that many processes per node (--nproc-per-node)"
         )
 
 
@@ -162,8 +162,8 @@ def spawn_ranks(
     naming it; a :class:`DpledgerError` raised by a rank is raised here as it is."""
     if device.type == "cuda" and torch.cuda.device_count() < processes:
         raise ParamsError(
-            f"params: train.processes = {processes} is invalid: only {torch.cuda.device_count()} "
-            "CUDA devices are visible"
+            f"params: train.processes = {processes} is invalid: "
+            f"only {torch.cuda.device_count()} CUDA devices are visible"
         )
     context = mp.get_context("spawn")
     results = context.SimpleQueue()

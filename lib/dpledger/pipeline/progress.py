@@ -51,8 +51,8 @@ class Progress:
         elif loss is not None and self.shows_loss(self.done):
             percent = 100 * self.done / self.total
             print(
-                f"train: step {self.done}/{self.total} ({percent:.0f} %), loss {loss:.4g}, ε spent "
-                f"{epsilon:.3g}",
+                f"train: step {self.done}/{self.total} ({percent:.0f} %), loss {loss:.4g}, "
+                f"ε spent {epsilon:.3g}",
                 file=self.stream,
                 flush=True,
             )

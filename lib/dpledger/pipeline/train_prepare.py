@@ -44,14 +44,14 @@ def load_inputs(params: Params, root: Path) -> tuple[CalibrationRecord, Schedule
     data = load_data(params.data, params.seed)
     if schedule.dataset_size != data.train_size:
         raise DpledgerError(
-            f"train: the schedule indexes {schedule.dataset_size} examples but the training set "
-            f"has {data.train_size}; "
+            "train: "
+            f"the schedule indexes {schedule.dataset_size} examples but the training set has {data.train_size}; "  # noqa: E501
             "re-run the schedule stage"
         )
     if schedule.num_steps > record.steps:
         raise DpledgerError(
-            f"train: the schedule has {schedule.num_steps} steps but calibration accounted for "
-            f"{record.steps}; "
+            "train: "
+            f"the schedule has {schedule.num_steps} steps but calibration accounted for {record.steps}; "  # noqa: E501
             "training past the accounted steps would spend unproven privacy — re-run calibrate"
         )
     return record, schedule, data

@@ -86,7 +86,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         raise BugFoundError(
             f"verify: the trainer {name!r} failed {', '.join(result.failed_tests)}: "
             + next(test.diagnosis for test in result.tests if not test.passed)
-            + " (outputs are written; set verify.fail_pipeline: false to render the report with "
-            "this finding)"
+            + " (outputs are written; set verify.fail_pipeline: "
+            "false to render the report with this finding)"
         )
     return metrics

@@ -115,8 +115,9 @@ def _audit_contradicted(
         severity="warning",
         title="Audit contradicts the claimed ε",
         message=(
-            f"The canary audit found ε_emp ≥ {format_lower(empirical)}{at}, above the claimed "
-            f"ε = {format_upper(claimed)}: this run leaks more than its privacy claim allows."
+            f"The canary audit found ε_emp ≥ {format_lower(empirical)}{at}, "
+            f"above the claimed ε = {format_upper(claimed)}: "
+            "this run leaks more than its privacy claim allows."
         ),
     )
 
@@ -133,10 +134,9 @@ def _one_run_contradicted(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         severity="warning",
         title="The run's own canaries contradict the claimed ε",
         message=(
-            f"{format_value(audit.get('one_run_canaries'))} canaries in this run's noisy sums give "
-            f"ε_emp ≥ {format_lower(audit.get('epsilon_emp_one_run'))}{at} "
-            f"({audit.get('one_run_method')}), above the claimed ε = "
-            f"{format_upper(audit.get('epsilon_claimed'))}: "
+            f"{format_value(audit.get('one_run_canaries'))} canaries in this run's noisy sums give ε_emp ≥ {format_lower(audit.get('epsilon_emp_one_run'))}{at} "  # noqa: E501
+            f"({audit.get('one_run_method')}), "
+            f"above the claimed ε = {format_upper(audit.get('epsilon_claimed'))}: "
             "this run did not add the noise its ledger claims."
         ),
     )
@@ -220,8 +220,7 @@ def _sources_disagree(
         message=(
             "; ".join(found)
             + ". The numbers shown come from files edited or written by different runs: "
-            "trust the sealed calibration record and re-run the pipeline from the first stage that "
-            "disagrees."
+            "trust the sealed calibration record and re-run the pipeline from the first stage that disagrees."  # noqa: E501
         ),
     )
 
@@ -238,9 +237,9 @@ def _sigma_disagrees(
         severity="warning",
         title="σ used ≠ σ claimed",
         message=(
-            f"The outputs disagree on the noise multiplier ({stated}): the claimed ε was proven "
-            "for one σ and "
-            "training may have used another. Re-run the pipeline from calibrate."
+            f"The outputs disagree on the noise multiplier ({stated}): "
+            "the claimed ε was proven for one σ and training may have used another. "
+            "Re-run the pipeline from calibrate."
         ),
     )
 
@@ -261,10 +260,9 @@ def _nonfinite_examples(
         severity="warning",
         title="Examples dropped for a non-finite gradient",
         message=(
-            f"{format_value(int(count))} example-step(s) had a NaN or infinite gradient norm and "
-            "contributed "
-            "nothing (clip factor 0; the privacy claim still holds). Check the data for NaN/inf "
-            "values."
+            f"{format_value(int(count))} example-step(s) "
+            "had a NaN or infinite gradient norm and contributed nothing (clip factor 0; "
+            "the privacy claim still holds). Check the data for NaN/inf values."
         ),
     )
 
@@ -281,9 +279,9 @@ def _loss_diverged(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         severity="warning",
         title="Training loss is not finite",
         message=(
-            "A training or test loss is NaN or infinite: the model diverged or the data holds "
-            "non-finite "
-            "values. Its accuracy numbers mean little."
+            "A training or test loss is NaN or infinite: "
+            "the model diverged or the data holds non-finite values. "
+            "Its accuracy numbers mean little."
         ),
     )
 
@@ -307,9 +305,8 @@ def _learned_nothing(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         ):
             return None
         found = (
-            f"test accuracy {format_percent(accuracy)} against {format_percent(baseline)} for the "
-            "best "
-            "constant guess (always the test split's majority class)"
+            f"test accuracy {format_percent(accuracy)} against {format_percent(baseline)} for the best constant guess "  # noqa: E501
+            "(always the test split's majority class)"
             + (f", binomial p = {format_value(p_value)}" if p_value is not None else "")
             + ("; it predicts a single class for every test example" if one_class else "")
         )
@@ -317,9 +314,8 @@ def _learned_nothing(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         if math.isfinite(perplexity) and perplexity < unigram:
             return None
         found = (
-            f"test perplexity {format_value(perplexity)} is no better than "
-            f"{format_value(unigram)}, the "
-            "perplexity of the training split's token frequencies alone (uniform: "
+            f"test perplexity {format_value(perplexity)} is no better than {format_value(unigram)}, "  # noqa: E501
+            "the perplexity of the training split's token frequencies alone (uniform: "
             f"{format_value(train.get('baseline_perplexity_uniform'))})"
         )
     else:
@@ -341,11 +337,9 @@ def _tuning_advice(train: dict[str, Any]) -> str:
     )
     return (
         f"{ratio} may drown the gradient. Raise it with a larger logical batch "
-        "(batching.batch_size, with "
-        "train.physical_batch_size to fit memory), more data, fewer trainable parameters (LoRA, a "
-        "smaller "
-        "model) or a larger ε; clipping: automatic and adam often learn where flat clipping and "
-        "sgd do not."
+        "(batching.batch_size, with train.physical_batch_size to fit memory), more data, "
+        "fewer trainable parameters (LoRA, a smaller model) or a larger ε; clipping: "
+        "automatic and adam often learn where flat clipping and sgd do not."
     )
 
 
@@ -360,9 +354,8 @@ def _utility_unchecked(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         severity="notice",
         title="Utility not checked against a baseline",
         message=(
-            "metrics/train.json has no baseline (majority class or unigram perplexity), so whether "
-            "the model "
-            "learned anything is unknown; re-run the train stage."
+            "metrics/train.json has no baseline (majority class or unigram perplexity), "
+            "so whether the model learned anything is unknown; re-run the train stage."
         ),
     )
 
@@ -386,8 +379,8 @@ def _budget_exceeded(metrics: dict[str, dict[str, Any]]) -> Finding | None:
     problems = []
     if _exceeds(train.get("epsilon_spent"), calibrate.get("epsilon")):
         problems.append(
-            f"spent ε = {format_upper(train['epsilon_spent'])}, more than the claimed "
-            f"ε = {format_upper(calibrate['epsilon'])}"
+            f"spent ε = {format_upper(train['epsilon_spent'])}, "
+            f"more than the claimed ε = {format_upper(calibrate['epsilon'])}"
         )
     if _exceeds(train.get("steps_done"), calibrate.get("steps")):
         problems.append(
@@ -443,10 +436,9 @@ def _delta_vacuous(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         severity="warning",
         title="δ ≥ 1/n",
         message=(
-            f"δ = {format_value(calibrate.get('delta'))} is at least 1/n for n = "
-            f"{format_value(calibrate.get('dataset_size'))} examples: a mechanism that publishes "
-            "one example "
-            f"outright meets it, so the (ε, δ) claim says little. Use δ < 1/n."
+            f"δ = {format_value(calibrate.get('delta'))} is at least 1/n for n = {format_value(calibrate.get('dataset_size'))} examples: "  # noqa: E501
+            "a mechanism that publishes one example outright meets it, so the (ε, δ) "
+            "claim says little. Use δ < 1/n."
         ),
     )
 
@@ -461,9 +453,8 @@ def _mc_failure(metrics: dict[str, dict[str, Any]], threshold: float) -> Finding
         title="Monte Carlo failure probability above threshold",
         message=(
             f"The Monte Carlo accountant's failure probability is {format_value(probability)}, "
-            "above "
-            f"report.mc_failure_warning = {format_value(threshold)}: the claimed ε holds only with "
-            f"probability 1 − {format_value(probability)}."
+            f"above report.mc_failure_warning = {format_value(threshold)}: "
+            f"the claimed ε holds only with probability 1 − {format_value(probability)}."
         ),
     )
 
@@ -489,10 +480,9 @@ def _audit_inconclusive(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         severity="notice",
         title="Audit inconclusive",
         message=(
-            f"The audit neither contradicts nor supports the claim (ε_emp ≥ "
-            f"{format_lower(audit.get('epsilon_emp'))} from "
-            f"{format_value(audit.get('observations'))} "
-            f"observations); more observations would sharpen it."
+            "The audit neither contradicts nor supports the claim "
+            f"(ε_emp ≥ {format_lower(audit.get('epsilon_emp'))} from {format_value(audit.get('observations'))} observations); "  # noqa: E501
+            "more observations would sharpen it."
         ),
     )
 
@@ -510,6 +500,6 @@ def _metrics_not_flat(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         kind="metrics-not-flat",
         severity="notice",
         title="Metrics not flat",
-        message=f"Nested values in metrics/*.json ({', '.join(nested)}): dvc metrics diff cannot "
-        "compare them.",
+        message=f"Nested values in metrics/*.json ({', '.join(nested)}): "
+        "dvc metrics diff cannot compare them.",
     )

@@ -158,10 +158,7 @@ def _utility(metrics: dict[str, dict[str, Any]], threshold: float) -> str:
         points = 100 * (train["test_accuracy"] - train["baseline_accuracy"])
         return f"{format_value(points)} points above baseline"
     if "baseline_perplexity_unigram" in train and "test_perplexity" in train:
-        return (
-            f"perplexity {format_value(train['test_perplexity'])} < unigram "
-            f"{format_value(train['baseline_perplexity_unigram'])}"
-        )
+        return f"perplexity {format_value(train['test_perplexity'])} < unigram {format_value(train['baseline_perplexity_unigram'])}"  # noqa: E501
     return "no baseline"
 
 

@@ -78,11 +78,10 @@ def _findings_blocks(findings: list[Finding], inputs: ReportInputs) -> list[Bloc
     ]
     if not findings and not inputs.not_run():
         all_clear = (
-            "The claimed ε survives every check this report makes: the sampler used is the one "
-            "accounted, "
+            "The claimed ε survives every check this report makes: "
+            "the sampler used is the one accounted, "
             "training stayed within the accounted steps and ε, every implementation test passed, "
-            "and the "
-            "audit does not contradict the claim."
+            "and the audit does not contradict the claim."
         )
         blocks.append(Alert("tip", "No warnings", text(all_clear)))
     return blocks

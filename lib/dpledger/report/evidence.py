@@ -163,8 +163,8 @@ def group_section(inputs: ReportInputs) -> list[Block]:
         blocks.append(Paragraph(text(NOT_RUN)))
     elif is_table(group):
         intro = (
-            "ε when one user contributes k examples (group privacy), per method, as computed "
-            "by calibrate:"
+            "ε when one user contributes k examples (group privacy), per method, "
+            "as computed by calibrate:"
         )
         blocks += [Paragraph(text(intro)), records_table(group, _group_cell)]
     else:

@@ -223,10 +223,7 @@ def _spent_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
     if not inputs.ran("train"):
         return label, text(MISSING), text(), text(NOT_RUN)
     m = inputs.metrics["train"]
-    result = (
-        f"ε = {format_upper(m.get('epsilon_spent'))} after "
-        f"{format_value(m.get('steps_done'))} steps"
-    )
+    result = f"ε = {format_upper(m.get('epsilon_spent'))} after {format_value(m.get('steps_done'))} steps"  # noqa: E501
     if "budget-exceeded" in kinds:
         verdict = Badge("over budget", "bad")
     elif "sources-disagree" in kinds:

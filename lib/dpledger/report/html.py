@@ -132,9 +132,9 @@ class _HtmlRenderer(Renderer):
         return f"<pre><code>{escape(block.code)}</code></pre>"
 
     def alert(self, block: doc.Alert) -> str:
+        label = f'<span class="label">{ALERT_LABELS[block.kind]}</span>'
         return (
-            f'<div class="alert {block.kind}" role="alert"><span '
-            f'class="label">{ALERT_LABELS[block.kind]}</span>'
+            f'<div class="alert {block.kind}" role="alert">{label}'
             f"<strong>{escape(block.title)}.</strong> {self.text(block.content)}</div>"
         )
 

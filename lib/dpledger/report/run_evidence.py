@@ -27,11 +27,7 @@ def run_evidence_row(inputs: ReportInputs) -> tuple[Text, ...]:
     m = inputs.metrics["audit"]
     heuristic = m.get("epsilon_last_iterate_heuristic")
     one_run = m.get("epsilon_emp_one_run")
-    result = (
-        f"proven ε ≤ {format_upper(m.get('epsilon_claimed'))} · last-iterate heuristic ε ≈ "
-        f"{format_value(heuristic) if heuristic is not None else 'n/a'} · one-run ε_emp ≥ "
-        f"{format_lower(one_run) if one_run is not None else 'n/a'}"
-    )
+    result = f"proven ε ≤ {format_upper(m.get('epsilon_claimed'))} · last-iterate heuristic ε ≈ {format_value(heuristic) if heuristic is not None else 'n/a'} · one-run ε_emp ≥ {format_lower(one_run) if one_run is not None else 'n/a'}"  # noqa: E501
     confidence = m.get("one_run_confidence")
     details = " · ".join(
         f"{name} {value}"

@@ -42,8 +42,8 @@ def seal_problems(root: Path) -> list[str]:
             verified_schedule(root / paths.SCHEDULE_DIR, "report")
         except DpledgerError:
             problems.append(
-                f"{paths.SCHEDULE_HEADER.as_posix()} does not match its digest (relabelled or "
-                "edited)"
+                f"{paths.SCHEDULE_HEADER.as_posix()} does not match its digest "
+                "(relabelled or edited)"
             )
     return problems
 

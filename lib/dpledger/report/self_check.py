@@ -19,8 +19,7 @@ def _checked(train: dict[str, Any]) -> str:
     seconds, wall = train.get("self_check_seconds"), train.get("wall_time_s")
     parts = [
         f"{format_value(train.get('self_check_examples'))} examples",
-        f"{format_value(train.get('self_check_parameters_checked'))} of "
-        f"{format_value(train.get('self_check_parameters_trainable'))} parameters",
+        f"{format_value(train.get('self_check_parameters_checked'))} of {format_value(train.get('self_check_parameters_trainable'))} parameters",  # noqa: E501
         format_value(train.get("self_check_dtype")),
         f"{format_value(seconds)} s",
     ]
@@ -62,9 +61,9 @@ def self_check_findings(metrics: dict[str, dict[str, Any]]) -> list[tuple[str, s
             (
                 "self-check-failed",
                 "Engine self-check failed",
-                "The engine's private gradient on this model differed from a naive per-example "
-                f"loop (relative error {error}): the clipped sum may not be DP-SGD's, so neither "
-                "is the claim.",
+                "The engine's private gradient on this model differed from a naive per-example loop "  # noqa: E501
+                f"(relative error {error}): the clipped sum may not be DP-SGD's, "
+                "so neither is the claim.",
             )
         ]
     if passed is True:
@@ -73,9 +72,9 @@ def self_check_findings(metrics: dict[str, dict[str, Any]]) -> list[tuple[str, s
         (
             "self-check-missing",
             "Engine exactness not checked on this model",
-            "The train stage ran without the engine's self-check (train.self_check: false, or "
-            "outputs of an older version): nothing shows that this model's private gradients are "
-            "exactly DP-SGD's. "
+            "The train stage ran without the engine's self-check (train.self_check: false, "
+            "or outputs of an older version): "
+            "nothing shows that this model's private gradients are exactly DP-SGD's. "
             "Set train.self_check: true and rerun train.",
         )
     ]

@@ -43,51 +43,43 @@ def _model_sentence(m: dict[str, Any]) -> Text:
     return text(
         "Model ",
         Code(str(m["model_architecture"])),
-        f": {format_value(m.get('parameters_trainable'))} trainable of "
-        f"{format_value(m.get('parameters_total'))} parameters.",
+        ": "
+        f"{format_value(m.get('parameters_trainable'))} trainable of {format_value(m.get('parameters_total'))} parameters.",  # noqa: E501
     )
 
 
 def _baseline_sentence(m: dict[str, Any]) -> Text:
     if "baseline_accuracy" in m:
         return text(
-            f"Test accuracy {format_percent(m.get('test_accuracy'))} against "
-            f"{format_percent(m['baseline_accuracy'])} "
-            f"for always predicting class {format_value(m.get('baseline_class'))} (the test "
-            "split's majority, the "
-            "best constant guess); "
-            f"one-sided binomial p = {format_value(m.get('above_baseline_p_value'))} that a model "
-            "right at the "
-            f"baseline's rate scores as well, on {format_value(m.get('test_examples'))} test "
-            "examples; "
-            f"classes predicted: {format_value(m.get('predicted_classes'))}; macro F1 "
-            f"{format_value(m.get('test_macro_f1'))}."
+            f"Test accuracy {format_percent(m.get('test_accuracy'))} against {format_percent(m['baseline_accuracy'])} for always predicting class {format_value(m.get('baseline_class'))} "  # noqa: E501
+            "(the test split's majority, the best constant guess); "
+            f"one-sided binomial p = {format_value(m.get('above_baseline_p_value'))} that a model right at the baseline's rate scores as well, "  # noqa: E501
+            f"on {format_value(m.get('test_examples'))} test examples; classes predicted: "
+            f"{format_value(m.get('predicted_classes'))}; "
+            f"macro F1 {format_value(m.get('test_macro_f1'))}."
         )
     if "baseline_perplexity_unigram" in m:
         return text(
-            f"Test perplexity {format_value(m.get('test_perplexity'))} against "
-            f"{format_value(m['baseline_perplexity_unigram'])} for the training split's token "
-            "frequencies "
-            f"(unigram, add-one smoothed) and {format_value(m.get('baseline_perplexity_uniform'))} "
-            "for a uniform "
-            "guess over the vocabulary."
+            f"Test perplexity {format_value(m.get('test_perplexity'))} against {format_value(m['baseline_perplexity_unigram'])} for the training split's token frequencies "  # noqa: E501
+            "(unigram, add-one smoothed) "
+            f"and {format_value(m.get('baseline_perplexity_uniform'))} for a uniform guess over the vocabulary."  # noqa: E501
         )
     return text(
-        "No baseline was recorded (an older train stage): re-run train to compare the model with "
-        "one."
+        "No baseline was recorded (an older train stage): "
+        "re-run train to compare the model with one."
     )
 
 
 def tuning_help(m: dict[str, Any]) -> list[Block]:
     """The step's signal-to-noise B/(σ·√d) and the levers that move it."""
     intro = text(
-        "DP tuning: each step adds noise of expected norm σ·R·√d/B = "
-        f"{format_value(m.get('noise_norm'))} to a "
-        f"clipped mean of norm at most R = {format_value(m.get('clipped_mean_bound'))} (B = "
-        f"{format_value(m.get('expected_batch_size'))} expected examples a step, d = "
-        f"{format_value(m.get('parameters_trainable'))} trainable parameters, σ = "
-        f"{format_value(m.get('noise_multiplier'))}): a signal-to-noise of at most "
-        f"{format_value(m.get('signal_to_noise'))} per step. What raises it:"
+        "DP tuning: "
+        f"each step adds noise of expected norm σ·R·√d/B = {format_value(m.get('noise_norm'))} to a clipped mean of norm at most R = {format_value(m.get('clipped_mean_bound'))} "  # noqa: E501
+        f"(B = {format_value(m.get('expected_batch_size'))} expected examples a step, "
+        f"d = {format_value(m.get('parameters_trainable'))} trainable parameters, "
+        f"σ = {format_value(m.get('noise_multiplier'))}): "
+        f"a signal-to-noise of at most {format_value(m.get('signal_to_noise'))} per step. "
+        "What raises it:"
     )
     levers = (
         text(
@@ -99,8 +91,8 @@ def tuning_help(m: dict[str, Any]) -> list[Block]:
         ),
         text("more training data: a smaller sampling rate needs a smaller σ for the same ε"),
         text(
-            "fewer trainable parameters (LoRA, a smaller model, frozen layers): the noise norm "
-            "grows as √d"
+            "fewer trainable parameters (LoRA, a smaller model, frozen layers): "
+            "the noise norm grows as √d"
         ),
         text("a larger ε (a smaller σ), when the privacy budget allows"),
         text(

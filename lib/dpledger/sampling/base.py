@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Iterator, NamedTuple
 
 import numpy as np
 
+from dpledger import validation
 from dpledger.accounting.description import ACCOUNTED_SAMPLINGS, MechanismDescription, describe
 from dpledger.errors import ParamsError
 
@@ -57,11 +58,11 @@ def steps_per_epoch(dataset_size: int, batch_size: int, *, drop_last: bool = Fal
 def require_int(name: str, value: Any, low: int, high: int | None = None, *, what: str = "") -> int:
     """``value`` as an int in [low, high], else a one-line ParamsError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ParamsError(f"{name} = {value!r} is invalid: it must be an integer")
+        raise validation.invalid(name, value, "it must be an integer")
     value = int(value)
     if value < low or (high is not None and value > high):
         allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ParamsError(f"{name} = {value} is invalid: it must be {allowed}{what}")
+        raise validation.invalid(name, value, f"it must be {allowed}{what}")
     return value
 
 

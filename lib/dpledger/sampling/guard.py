@@ -58,8 +58,7 @@ class SamplerCheck:
             else f" No sound accountant exists for '{self.effective}'."
         )
         return (
-            f"The accountant assumed the '{self.accounted}' sampler but training used "
-            f"{self.describe_used()}: "
+            f"The accountant assumed the '{self.accounted}' sampler but training used {self.describe_used()}: "  # noqa: E501
             f"the claimed epsilon does not describe this run.{reason}"
         )
 
@@ -75,10 +74,9 @@ class SamplerCheck:
         if self.used_as is None:
             return None
         return (
-            f"The batches came from the plugin sampler '{self.used}', which declares itself "
-            "equivalent to "
-            f"'{self.used_as}'; dpledger does not prove this declaration (the audit tests it "
-            "empirically)."
+            f"The batches came from the plugin sampler '{self.used}', "
+            f"which declares itself equivalent to '{self.used_as}'; "
+            "dpledger does not prove this declaration (the audit tests it empirically)."
         )
 
     def to_metrics(self) -> dict[str, Any]:
@@ -144,12 +142,12 @@ def check_schedule(
         hint = (
             "re-run the schedule and calibrate stages with the same data and batching"
             if sizes_differ
-            else "make calibrate.sampler and schedule.sampler equal, or set "
-            "train.allow_sampler_mismatch: true to "
-            "train anyway and have the report flag the mismatch"
+            else "make calibrate.sampler and schedule.sampler equal, "
+            "or set train.allow_sampler_mismatch: "
+            "true to train anyway and have the report flag the mismatch"
         )
         raise SamplerMismatchError(
-            f"the schedule was built with {', '.join(differences)}: the claimed epsilon does not "
-            f"describe it; {hint}"
+            f"the schedule was built with {', '.join(differences)}: "
+            f"the claimed epsilon does not describe it; {hint}"
         )
     return check

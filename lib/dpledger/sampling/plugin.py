@@ -32,17 +32,17 @@ def load_plugin(name: str) -> Callable[..., Iterable[Any]]:
         inspect.signature(target).bind(0, 0, 0, 0)
     except TypeError:
         raise ParamsError(
-            f"sampler = {name!r} is invalid: {name.split(':')[1]}{inspect.signature(target)} "
-            "cannot be called as "
-            "(dataset_size, batch_size, epochs, seed)"
+            f"sampler = {name!r} is invalid: "
+            f"{name.split(':')[1]}{inspect.signature(target)} cannot be called as (dataset_size, "
+            "batch_size, epochs, seed)"
         ) from None
     except ValueError:
         pass  # no signature to inspect (a builtin): the call itself will tell
     declared = getattr(target, "accounted_as", None)
     if declared is not None and declared not in ACCOUNTED_SAMPLERS:
         raise ParamsError(
-            f"sampler = {name!r} is invalid: its accounted_as = {declared!r} is not one of "
-            f"{', '.join(ACCOUNTED_SAMPLERS)}"
+            f"sampler = {name!r} is invalid: "
+            f"its accounted_as = {declared!r} is not one of {', '.join(ACCOUNTED_SAMPLERS)}"
         )
     return target
 
@@ -55,9 +55,9 @@ def checked_batch(name: str, step: int, raw: Any, dataset_size: int) -> Batch:
         return real_batch(np.zeros(0, dtype=np.int64))
     if indices.ndim != 1 or not np.issubdtype(indices.dtype, np.integer):
         raise ParamsError(
-            f"sampler = {name!r} is invalid: step {step} yielded {indices.dtype} array of shape "
-            f"{indices.shape}; "
-            f"each step must be a 1-D integer array"
+            f"sampler = {name!r} is invalid: "
+            f"step {step} yielded {indices.dtype} array of shape {indices.shape}; "
+            "each step must be a 1-D integer array"
         )
     if indices.min() < 0 or indices.max() >= dataset_size:
         raise ParamsError(
@@ -101,8 +101,8 @@ class PluginSampler(BatchSampler):
         stream = self.plugin(self.dataset_size, self.batch_size, self.epochs, self.seed)
         if not isinstance(stream, Iterable):
             raise ParamsError(
-                f"sampler = {self.name!r} is invalid: it returned {type(stream).__name__}, not an "
-                "iterable of index arrays"
+                f"sampler = {self.name!r} is invalid: it returned {type(stream).__name__}, "
+                "not an iterable of index arrays"
             )
         for step, raw in enumerate(islice(stream, start, None), start=start):
             yield checked_batch(self.name, step, raw, self.dataset_size)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from dpledger import validation
 from dpledger.errors import ParamsError
 from dpledger.sampling.balls_in_bins import BallsInBinsRedrawnSampler, BallsInBinsSampler
 from dpledger.sampling.base import INDEX_DTYPE, Batch, BatchSampler
@@ -43,9 +44,8 @@ def sampler_class(name: str) -> type[BatchSampler]:
         return SAMPLERS[name]
     if is_plugin_name(name):
         return PluginSampler
-    raise ParamsError(
-        f"sampler = {name!r} is invalid: allowed values are {', '.join(SAMPLERS)} or "
-        "module:callable"
+    raise validation.invalid(
+        "sampler", name, f"allowed values are {', '.join(SAMPLERS)} or module:callable"
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Iterable, Iterator
 
 import numpy as np
 
-from dpledger.errors import ParamsError
+from dpledger import validation
 from dpledger.sampling.base import (
     INDEX_DTYPE,
     Batch,
@@ -34,10 +34,9 @@ from dpledger.sampling.base import (
 
 LAST_BATCH_POLICIES = ("keep", "drop")
 SHUFFLE_REASON = (
-    "shuffling (one permutation per epoch) has no tight accountant and audits show Poisson "
-    "accounting "
-    "under-states its epsilon several-fold; build batches with balls-in-bins (accountant "
-    "allocation) or poisson"
+    "shuffling (one permutation per epoch) "
+    "has no tight accountant and audits show Poisson accounting under-states its epsilon several-fold; "  # noqa: E501
+    "build batches with balls-in-bins (accountant allocation) or poisson"
 )
 
 
@@ -69,10 +68,7 @@ class OrderedSampler(BatchSampler):
 
     def __init__(self, *, last_batch: str = "keep", **sizes: Any) -> None:
         super().__init__(**sizes)
-        if last_batch not in LAST_BATCH_POLICIES:
-            raise ParamsError(
-                f"last_batch = {last_batch!r} is invalid: allowed values are 'keep', 'drop'"
-            )
+        validation.one_of("last_batch", last_batch, LAST_BATCH_POLICIES)
         self.last_batch = last_batch
 
     @property
@@ -115,8 +111,8 @@ class ShuffleSampler(OrderedSampler):
 
     name = "shuffle"
     description = (
-        "one permutation per epoch, fixed batches (no tight accountant; Poisson "
-        "accounting understates ε)"
+        "one permutation per epoch, fixed batches (no tight accountant; "
+        "Poisson accounting understates ε)"
     )
     unaccounted_reason = SHUFFLE_REASON
 

@@ -189,8 +189,8 @@ def _noise_family(
         failed = rejected and confirmed[stage_one.name]
         finished = (stage_one if failed or not rejected else stage_two).finish(passed=not failed)
         note = (
-            f" (a first sample gave p = {stage_one.p_value:.3g}; an independent replicate did not "
-            "confirm it)"
+            f" (a first sample gave p = {stage_one.p_value:.3g}; "
+            "an independent replicate did not confirm it)"
             if rejected and not failed
             else ""
         )

@@ -109,20 +109,19 @@ def run_t1(
     c_star = float(grid[plateau])
     if passed:
         diagnosis = (
-            f"the loss change depends on C below C* = {c_star:.3g} (probe gradient norm "
-            f"{task.probe_norm:.3g}) "
-            "and is constant above: gradients are clipped"
+            f"the loss change depends on C below C* = {c_star:.3g} "
+            f"(probe gradient norm {task.probe_norm:.3g}) and is constant above: "
+            "gradients are clipped"
         )
     elif varies:
         diagnosis = (
-            "the loss change varies with C but not as clipping predicts (ΔL not monotone "
-            "in C below the plateau)"
+            "the loss change varies with C but not as clipping predicts "
+            "(ΔL not monotone in C below the plateau)"
         )
     else:
         diagnosis = (
-            "the loss change is the same for every C (σ = 0, B = 1): gradients are not clipped, so "
-            "one "
-            "example's influence is unbounded and no ε holds"
+            "the loss change is the same for every C (σ = 0, B = 1): gradients are not clipped, "
+            "so one example's influence is unbounded and no ε holds"
         )
     figure = Figure(
         title="T1: loss change vs clip norm (σ = 0, B = 1)",
@@ -146,8 +145,8 @@ def run_t1(
             "loss_changes": changes.tolist(),
             "c_star": c_star,
             "lr": lr,
-            "decision": "pass iff ΔL is not flat below the plateau (SGD: and the slope's p < the "
-            "significance)",
+            "decision": "pass iff ΔL is not flat below the plateau (SGD: "
+            "and the slope's p < the significance)",
         },
         figure=figure,
     )
@@ -185,13 +184,13 @@ def run_t2(runner: Runner, config: BatteryConfig, seed: int, significance: float
     passed = not test.flat and (runner.optimizer == "adam" or test.p_value < significance)
     if passed:
         diagnosis = (
-            "the loss change shrinks with B as per-example clipping predicts (update ∝ "
-            "C/B, 000 Eq. 6)"
+            "the loss change shrinks with B as per-example clipping predicts (update ∝ C/B, "
+            "000 Eq. 6)"
         )
     elif test.flat:
         diagnosis = (
-            "the loss change does not depend on B: clipping happens after averaging (mini-batch "
-            "clipping), so the guarantee is weaker by up to a factor of B"
+            "the loss change does not depend on B: clipping happens after averaging "
+            "(mini-batch clipping), so the guarantee is weaker by up to a factor of B"
         )
     else:
         diagnosis = (
@@ -290,20 +289,20 @@ def run_sensitivity(runner: Runner, config: BatteryConfig, seed: int) -> TestRes
     passed = ratio <= 1.0 + SENSITIVITY_TOLERANCE
     if passed:
         diagnosis = (
-            f"one example moves the model by at most {ratio:.4g}× η·C/B: per-example "
-            "sensitivity is bounded by C"
+            f"one example moves the model by at most {ratio:.4g}× η·C/B: "
+            "per-example sensitivity is bounded by C"
         )
         if ratio < 1.0 - SENSITIVITY_TOLERANCE:
             diagnosis += (
-                " (less than the bound: clipped to less than C or over-normalised, so "
-                "accuracy is lost)"
+                " (less than the bound: clipped to less than C or over-normalised, "
+                "so accuracy is lost)"
             )
     else:
         cause = (
             "the update is not divided by B, or clipping happens after averaging"
             if abs(ratio - config.sensitivity_batch_size) < 0.05 * config.sensitivity_batch_size
-            else "the model mixes the examples of a batch, so one example moves the others' "
-            "gradients"
+            else "the model mixes the examples of a batch, "
+            "so one example moves the others' gradients"
             if "input replaced" in labels[worst]
             else "clipping does not bound each example's gradient norm by C"
         )

@@ -20,9 +20,9 @@ EXAMPLES = 4
 
 ENGINE_SELF_CHECK = Check(
     "engine_self_check",
-    "issue 26: the BK engine's per-example norms and clipped sum (σ = 0) on the battery's model "
-    "equal a naive "
-    "per-example loop's, every parameter, flat, per-layer and automatic clipping",
+    "issue 26: the BK engine's per-example norms and clipped sum (σ = 0) "
+    "on the battery's model equal a naive per-example loop's, every parameter, flat, "
+    "per-layer and automatic clipping",
     "max relative error / tolerance",
 )
 
@@ -73,9 +73,8 @@ def run_engine_self_check(task: SyntheticTask) -> TestResult:
         statistic=max(ratios),
         steps=0,
         diagnosis=(
-            f"the engine equals a naive per-example loop on {task.description} within "
-            f"{result.tolerance:g} ({result.dtype}; worst relative error "
-            f"{max(ratios) * result.tolerance:.3g})"
+            f"the engine equals a naive per-example loop on {task.description} within {result.tolerance:g} "  # noqa: E501
+            f"({result.dtype}; worst relative error {max(ratios) * result.tolerance:.3g})"
         ),
         figure=_figure(ratios),
     )

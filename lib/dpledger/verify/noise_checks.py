@@ -176,23 +176,19 @@ def run_t3(
     passed = not no_noise and not test.flat and test.slope > 0 and test.p_value < significance
     if passed:
         diagnosis = (
-            f"the distance between noisy runs grows with C (slope p = {test.p_value:.2g}): the "
-            "noise "
-            "scales with the clip norm"
+            f"the distance between noisy runs grows with C (slope p = {test.p_value:.2g}): "
+            "the noise scales with the clip norm"
         )
     elif no_noise:
         diagnosis = (
-            "runs with different seeds end at the same model: there is no noise, or it ignores the "
-            "seed "
-            "(a fixed noise seed is no noise to anyone who knows it)"
+            "runs with different seeds end at the same model: there is no noise, "
+            "or it ignores the seed (a fixed noise seed is no noise to anyone who knows it)"
         )
     else:
         diagnosis = (
             f"the distance between noisy runs does not grow with C (slope p = {test.p_value:.2g}): "
-            "the noise "
-            "is not multiplied by C (uncalibrated), so the accountant's ε, which assumes std σ·C, "
-            "is wrong "
-            "whenever C ≠ 1"
+            "the noise is not multiplied by C (uncalibrated), so the accountant's ε, "
+            "which assumes std σ·C, is wrong whenever C ≠ 1"
         )
     means = [float(pair_distance[pair_c == c].mean()) for c in clip_values]
     t3 = T3.slope(
@@ -260,15 +256,15 @@ def _run_t3_control(
     low, high = float(clip_values[0]), float(clip_values[-1])
     if passed:
         diagnosis = (
-            f"with σ = 0 the models at every C in [{low:.3g}, {high:.3g}] coincide: this C range "
-            "disables clipping, so T3's slope comes from the noise"
+            f"with σ = 0 the models at every C in [{low:.3g}, {high:.3g}] coincide: "
+            "this C range disables clipping, so T3's slope comes from the noise"
         )
     else:
         diagnosis = (
-            f"with σ = 0 the model still changes with C in [{low:.3g}, {high:.3g}] (relative "
-            f"deviation {deviations.max():.3g}) although no per-example gradient norm along the "
-            f"run exceeds {largest:.3g}: clipping acts beyond the largest gradient norm, so the "
-            "clip threshold is not C"
+            f"with σ = 0 the model still changes with C in [{low:.3g}, {high:.3g}] "
+            f"(relative deviation {deviations.max():.3g}) "
+            f"although no per-example gradient norm along the run exceeds {largest:.3g}: "
+            "clipping acts beyond the largest gradient norm, so the clip threshold is not C"
         )
     return T3_CONTROL.deterministic(
         statistic=float(deviations.max()),
@@ -323,29 +319,28 @@ def run_noise_distribution(
     def explain_ks(passed: bool) -> str:
         if passed:
             return (
-                "the update noise standardized by η·σ·C/B is consistent with N(0, 1) (KS D = "
-                f"{d_statistic:.3g})"
+                "the update noise standardized by η·σ·C/B is consistent with N(0, 1) "
+                f"(KS D = {d_statistic:.3g})"
             )
         shape = "its scale is off" if abs(std_ratio - 1) > 0.1 else "its shape is not Gaussian"
         return (
             f"the update noise standardized by η·σ·C/B is not N(0, 1) (KS D = {d_statistic:.3g}; "
-            "std ratio "
-            f"{std_ratio:.3g}): {shape}, so the Gaussian mechanism the accountant assumes is not "
-            "what runs"
+            f"std ratio {std_ratio:.3g}): {shape}, "
+            "so the Gaussian mechanism the accountant assumes is not what runs"
         )
 
     def explain_scale(passed: bool) -> str:
         if not passed:
             return (
-                f"the update noise is {std_ratio:.3g}× the std σ·C/B the accountant assumes: the "
-                "real noise "
-                f"multiplier is about {std_ratio:.3g}·σ, so the reported ε is too small"
+                f"the update noise is {std_ratio:.3g}× the std σ·C/B the accountant assumes: "
+                f"the real noise multiplier is about {std_ratio:.3g}·σ, "
+                "so the reported ε is too small"
             )
         if upper_p < 1e-6:
             return (
-                f"the update noise is {std_ratio:.3g}× σ·C/B, more than claimed: the guarantee "
-                "holds, but accuracy "
-                "is lost (or the noise is not what the code intends)"
+                f"the update noise is {std_ratio:.3g}× σ·C/B, more than claimed: "
+                "the guarantee holds, but accuracy is lost "
+                "(or the noise is not what the code intends)"
             )
         return f"the update noise has std {std_ratio:.4g}× σ·C/B, as the accountant assumes"
 
@@ -428,27 +423,22 @@ def run_noise_independence(
 
     def explain(passed: bool) -> str:
         if passed:
-            return (
-                f"noise accumulated over {steps} steps has {ratio:.3g}× the variance of {steps} "
-                "independent steps"
-            )
+            return f"noise accumulated over {steps} steps has {ratio:.3g}× the variance of {steps} independent steps"  # noqa: E501
         if ratio > 1:
             return (
-                f"after {steps} steps the noise variance is {ratio * steps:.3g}× one step's "
-                f"instead of {steps}×: "
-                "the same noise is reused across steps, so the difference of consecutive iterates "
-                "carries no noise"
+                f"after {steps} steps the noise variance is {ratio * steps:.3g}× one step's instead of {steps}×: "  # noqa: E501
+                "the same noise is reused across steps, "
+                "so the difference of consecutive iterates carries no noise"
             )
         return (
-            f"after {steps} steps the noise variance is {ratio * steps:.3g}× one step's instead of "
-            f"{steps}×: "
+            f"after {steps} steps the noise variance is {ratio * steps:.3g}× one step's instead of {steps}×: "  # noqa: E501
             "noise is added on fewer steps than trained, so later steps are unprotected"
         )
 
     check = Check(
         NOISE_INDEPENDENCE,
-        f"beyond 000: pure-noise runs of {steps} steps must carry {steps}× one step's noise "
-        "variance (F-test)",
+        "beyond 000: "
+        f"pure-noise runs of {steps} steps must carry {steps}× one step's noise variance (F-test)",
         f"variance after {steps} steps / ({steps} × one step's)",
     )
     return check.pending(

@@ -121,8 +121,8 @@ def parse_command_template(template: str) -> list[str]:
         ) from None
     if not arguments:
         raise ParamsError(
-            "params: verify.command is empty: give a command with the placeholders {init} {data} "
-            "{out} …"
+            "params: verify.command is empty: "
+            "give a command with the placeholders {init} {data} {out} …"
         )
     found: set[str] = set()
     for argument in arguments:
@@ -144,8 +144,8 @@ def parse_command_template(template: str) -> list[str]:
         )
     if missing:
         raise ParamsError(
-            f"params: verify.command lacks the placeholders {missing}; all of {list(PLACEHOLDERS)} "
-            "are needed"
+            f"params: verify.command lacks the placeholders {missing}; "
+            f"all of {list(PLACEHOLDERS)} are needed"
         )
     return arguments
 

@@ -156,8 +156,9 @@ class Runner:
         self.steps_used += steps
         if changed := self.task.changed_frozen_parameter(model):
             raise TrainerError(
-                f"the trainer under test changed {changed!r}, a parameter the engine does not "
-                "train (requires_grad=False): that change is released without clipping or noise; "
+                f"the trainer under test changed {changed!r}, "
+                "a parameter the engine does not train (requires_grad=False): "
+                "that change is released without clipping or noise; "
                 "train only the trainable parameters"
             )
         return model

@@ -65,8 +65,8 @@ def ghost_cost(layer: nn.Embedding, a: Tensor) -> tuple[int, int]:
 
 
 MAX_NORM_REASON = (
-    "max_norm renormalises, in place and without noise, the rows of the tokens each forward pass "
-    "looks up, "
+    "max_norm renormalises, in place and without noise, "
+    "the rows of the tokens each forward pass looks up, "
     "so the weights show which tokens the private batch held"
 )
 

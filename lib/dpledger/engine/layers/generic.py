@@ -151,8 +151,8 @@ def check_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any])
         mask = kwargs.get("attn_mask", args[5] if len(args) > 5 else None)
         if isinstance(mask, Tensor) and mask.dim() == 3:
             return (
-                "a 3-D attn_mask (batch × heads, L, S) mixes the batch and head dimensions; use "
-                "a 2-D mask"
+                "a 3-D attn_mask (batch × heads, L, S) mixes the batch and head dimensions; "
+                "use a 2-D mask"
             )
     return None
 
@@ -190,8 +190,8 @@ def per_example_grads(
     for k, dim in zip(used, out_dims):
         if outputs[k].dim() <= dim or outputs[k].shape[dim] != batch:
             raise GenericRuleError(
-                f"output {k} has shape {tuple(outputs[k].shape)}, with no batch dimension of size "
-                f"{batch} at {dim}"
+                f"output {k} has shape {tuple(outputs[k].shape)}, "
+                f"with no batch dimension of size {batch} at {dim}"
             )
     tensor_slots = [i for i, d in enumerate(in_dims) if d is not None]
     primals = {name: p.detach() for name, p in params.items()}
