@@ -141,7 +141,8 @@ class _Moves(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.Tensor.to:
-            device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+            moves = {k: v for k, v in kwargs.items() if k != "copy"}
+            device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **moves)
             if device is not None and device.type == NAME:
                 return to_pretend(args[0] if dtype is None else args[0].to(dtype))
         if func is torch.Tensor.numpy and isinstance(args[0], OnPretend):
