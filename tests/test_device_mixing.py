@@ -37,7 +37,8 @@ def _cnn() -> nn.Module:
 
 def _rows(n: int = 6):
     generator = torch.Generator().manual_seed(1)
-    return torch.rand(n, 1, 8, 8, generator=generator), torch.randint(0, 4, (n,), generator=generator)
+    images = torch.rand(n, 1, 8, 8, generator=generator)
+    return images, torch.randint(0, 4, (n,), generator=generator)
 
 
 def test_the_pretend_device_refuses_what_a_gpu_refuses():
@@ -48,7 +49,8 @@ def test_the_pretend_device_refuses_what_a_gpu_refuses():
             _ = on - torch.ones(3)
         with pytest.raises(TypeError, match="numpy"):
             on.numpy()
-        assert (on + torch.tensor(2.0)).device == device  # a 0-dim CPU scalar is allowed, as on CUDA
+        # a 0-dim CPU scalar is allowed, as on CUDA
+        assert (on + torch.tensor(2.0)).device == device
         reset_host_syncs()
         assert on.cpu().device.type == "cpu" and float(on.sum()) == 0.0
         assert host_syncs() == {"copy": 1, "read": 1}
