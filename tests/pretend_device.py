@@ -3,8 +3,8 @@
 ``with pretend_device() as device:`` yields ``torch.device("pretend", 0)``. Inside the block a
 tensor moved there (``.to(device)``, ``model.to(device)``, a factory with ``device=device``) is a
 CPU tensor wrapped in :class:`OnPretend`, whose ``device`` says ``pretend:0``; every operation runs
-on the wrapped data and its results stay on the pretend device. What a real accelerator refuses, this one
-refuses with the same message:
+on the wrapped data and its results stay on the pretend device. What a real accelerator refuses,
+this one refuses with the same message:
 
 - an operation that mixes a pretend tensor with a CPU tensor (any but a 0-dim CPU scalar, which CUDA
   also accepts): ``Expected all tensors to be on the same device``;
