@@ -148,3 +148,32 @@ def test_the_train_stage_trains_on_another_device_with_the_default_params(tmp_pa
     assert (tmp_path / "artifacts/train").is_dir()
     saved = torch.load(tmp_path / "artifacts/train/model.pt")
     assert all(type(t) is torch.Tensor and t.device.type == "cpu" for t in saved.values())
+
+
+def test_the_one_run_audit_records_without_waiting_for_the_device(tmp_path):
+    """The canary recorder keeps each step's watched coordinates on the device and copies them to
+    the host once per checkpoint; what it saves equals the CPU run's."""
+    from dpledger.engine.canaries import CanaryPlan, CanaryRecorder, load_observations
+
+    x, y = _rows(8)
+    saved = {}
+    for where in ("cpu", "pretend"):
+        with pretend_device() as pretend:
+            device = pretend if where == "pretend" else torch.device("cpu")
+            model = _mlp().to(device)
+            engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=8.0)
+            recorder = CanaryRecorder(CanaryPlan.draw(3, 20, engine.numel), engine, 3, 1.0)
+            xd, yd = x.to(device), y.to(device)
+            reset_host_syncs()
+            for step in range(3):
+                engine.private_step(classification_loss(model, xd, yd))
+                recorder.record(step)
+            if where == "pretend":
+                assert host_syncs() == {}
+            (tmp_path / where).mkdir()
+            recorder.save(tmp_path / where, "key", 3)
+        saved[where] = load_observations(tmp_path / where / "canaries.npz")
+    assert all(
+        torch.equal(torch.from_numpy(saved["cpu"][k]), torch.from_numpy(saved["pretend"][k]))
+        for k in ("raw", "real")
+    )
