@@ -140,8 +140,9 @@ class CanaryRecorder:
         )
         self.plan, self.engine, self.clip_norm = plan, engine, float(clip_norm)
         self._saved = 0  # rows kept on disk so far
-        self.raw = np.full((num_steps, plan.coordinates.size), np.nan, dtype=np.float32)
-        self.real = np.full_like(self.raw, np.nan)
+        self._pending: list[tuple[int, torch.Tensor]] = []  # rows not yet copied to the host
+        self._raw = np.full((num_steps, plan.coordinates.size), np.nan, dtype=np.float32)
+        self._real = np.full_like(self._raw, np.nan)
         sizes = np.array([p.numel() for p in engine.params], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)])
         owner = np.searchsorted(starts, plan.coordinates, side="right") - 1
@@ -161,17 +162,39 @@ class CanaryRecorder:
 
     def record(self, step: int) -> None:
         """Keep the canary coordinates of the noisy sum the engine released at ``step`` and of the
-        real examples' clipped sum in it (one copy to the host)."""
+        real examples' clipped sum in it (kept on the device until the next ``save``)."""
         watched = self.engine.last_watched
         if watched is None:
             raise DpledgerError(f"audit.one_run: the engine released no noisy sum at step {step}")
-        rows = watched.float().cpu().numpy() / self.clip_norm
-        self.raw[step], self.real[step] = rows
+        self._pending.append((step, watched.float()))
+
+    def _to_host(self) -> None:
+        """The rows recorded since the last call, into ``raw`` and ``real``: one copy to the host
+        per checkpoint, none per step (a step never waits for the device)."""
+        if self._pending:
+            steps = [step for step, _ in self._pending]
+            rows = torch.stack([rows for _, rows in self._pending]).cpu().numpy() / self.clip_norm
+            self._raw[steps], self._real[steps] = rows[:, 0], rows[:, 1]
+            self._pending = []
+
+    @property
+    def raw(self) -> np.ndarray:
+        """(steps × canaries) released noisy sum at the canary coordinates, units of C (NaN where
+        not recorded)."""
+        self._to_host()
+        return self._raw
+
+    @property
+    def real(self) -> np.ndarray:
+        """(steps × canaries) the real examples' clipped sum there, units of C."""
+        self._to_host()
+        return self._real
 
     def save(self, folder: Path, key: str, steps_done: int) -> None:
         """Keep what was recorded up to ``steps_done``: at a checkpoint only the rows since the last
         one, as a part file (a checkpoint then writes O(rows) bytes, not the whole record); once the
         last step is done, the whole record as ``canaries.npz`` and the parts are removed."""
+        self._to_host()
         if steps_done == self.raw.shape[0]:
             _write(
                 folder / ARTIFACT,

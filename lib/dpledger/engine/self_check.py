@@ -509,7 +509,8 @@ def _engine_pass(
         sums = {name: value.detach() for name, value in zip(engine.parameter_names, released)}
     finally:
         engine.detach()
-    return _EnginePass(torch.cat(losses), torch.cat(norms), sums)
+    # the naive loop's losses and norms are host numbers: the engine's join them on the CPU
+    return _EnginePass(torch.cat(losses).cpu(), torch.cat(norms).cpu(), sums)
 
 
 def _relative(difference: Tensor, scale: Tensor, floor: float = 0.0) -> float:
