@@ -33,9 +33,9 @@ from scipy.optimize import brentq
 
 from dpledger.accounting.pld import PldRun, pld_epsilon
 from dpledger.audit import one_run
+from dpledger.audit.canaries import CanaryRecorder, canary_law, recorder_for
 from dpledger.data import load_data
 from dpledger.engine import BKEngine
-from dpledger.engine.canaries import CanaryRecorder, canary_law, recorder_for
 from dpledger.models import build_task_model, task_for
 from dpledger.params import DataParams
 from dpledger.pipeline import run_stage

@@ -49,9 +49,7 @@ import numpy as np
 
 from dpledger.accounting.last_iterate import last_iterate_epsilon
 from dpledger.audit.backend import NumpyBackend
-from dpledger.audit.models import SlotModel, StepMixtureModel
-from dpledger.audit.one_run_bounds import OneRunEstimate, one_run_epsilon
-from dpledger.engine.canaries import (
+from dpledger.audit.canaries import (
     ARTIFACT,
     CanaryLaw,
     canary_law,
@@ -59,6 +57,8 @@ from dpledger.engine.canaries import (
     observe,
     stream,
 )
+from dpledger.audit.models import SlotModel, StepMixtureModel
+from dpledger.audit.one_run_bounds import OneRunEstimate, one_run_epsilon
 from dpledger.errors import DpledgerError, ParamsError
 from dpledger.sampling.schedule import Schedule
 

@@ -31,9 +31,9 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from dpledger import io, paths, plotting
 from dpledger.accounting.record import CalibrationRecord
+from dpledger.audit.canaries import CanaryRecorder, recorder_for
 from dpledger.data import Dataset, load_data
 from dpledger.engine import BKEngine, make_optimizer, make_scheduler, retain_freed_memory
-from dpledger.engine.canaries import CanaryRecorder, recorder_for
 from dpledger.engine.checkpoint import (
     Ledger,
     fingerprint,
