@@ -1,7 +1,7 @@
 """The order-statistics tail of a one-run audit (Xiang, Wang, Xiao, Tian, Wang 2025, 2509.08704).
 
-n canaries, each "in" with probability 1/2. The auditor ranks them by confidence, releases its r most
-confident guesses and makes T mistakes among them. When each canary's observation is an independent
+n canaries, each "in" with probability 1/2. The auditor ranks them by confidence, releases its r
+most confident guesses and makes T mistakes among them. When each canary's observation is an independent
 draw of a binary experiment (P: out, Q: in) and the guesses follow the experiment's own likelihood
 ratio L = log dQ/dP (confidence |L|, guess "in" when L > 0), the cut decomposition gives T exactly:
 conditioned on the score quantile W of the best canary NOT released, the r released ones are i.i.d.
@@ -63,8 +63,8 @@ class Channel:
     @classmethod
     def epsilon_delta(cls, epsilon: float, delta: float) -> "Channel":
         """The (ε, δ) randomized response: the least private experiment that is (ε, δ)-DP (every
-        (ε, δ)-DP pair is a post-processing of it). Q: +∞ with δ, ±ε with (1 − δ)·(e^ε, 1)/(1 + e^ε);
-        P the mirror image."""
+        (ε, δ)-DP pair is a post-processing of it). Q: +∞ with δ, ±ε with (1 − δ)·(e^ε, 1) /
+        (1 + e^ε); P the mirror image."""
         c = (1.0 - delta) * float(expit(-epsilon))
         log_ratio = np.array([np.inf, -np.inf, epsilon, -epsilon])
         mass = 0.5 * np.array([delta, delta, c * np.exp(epsilon) + c, c + c * np.exp(epsilon)])
