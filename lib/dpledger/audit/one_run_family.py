@@ -1,24 +1,22 @@
 """The order-statistics bound of one run (:mod:`dpledger.audit.one_run_order`) in its two forms.
 
-- ``order`` (the claimed mechanism's family): the null is "every canary's coordinate is released
-  as the ledger's mechanism releases it": T steps, the canary in each step with probability q
-  (Poisson), Gaussian noise of std σ' (units of the clip norm C). Under it the canaries are independent
-  draws of that experiment: each has its own coordinate, whose noise is independent of every other
-  coordinate's, and its own placements. The guesses rank by the experiment's likelihood ratio at σ'
-  (:func:`dpledger.audit.one_run.score` at σ'), so the tail is exact, not a bound; σ' is searched
-  down from the claim for the least noise still refuted, and ε_emp is the ε of that σ' (the add
-  direction, where a canary is an extra example; its accountant is dp_accounting's PLD, rounded
-  optimistically so ε_emp is not overstated). The loss distribution of the null is rounded
-  pessimistically, which makes it more informative and so the test conservative. What it refutes
-  is "the run is this Gaussian mechanism at σ' or more noise", not a generic (ε, δ) claim.
-- ``order-eps-delta`` (a generic (ε, δ) test): the null is any mechanism that is (ε, δ)-DP for each
-  canary, by the paper's theorem (the least mistakes such a mechanism allows is that of i.i.d.
-  canaries through the (ε, δ) randomized response); guesses are "in" for the highest scores.
+- ``order`` (the claimed mechanism's family). Null: "every canary's coordinate is released as the
+  ledger's mechanism releases it": T steps, the canary in each step with probability q (Poisson),
+  Gaussian noise of std σ' (units of the clip norm C). Under it the canaries are independent draws
+  of one experiment: each has its own coordinate, whose noise is independent of every other
+  coordinate's, and its own placements. The canaries are ranked by a statistic fixed in advance
+  (:mod:`dpledger.audit.one_run_statistic`), whose law under each null is computed exactly, so the
+  tail is exact, not a bound. σ' is searched for the least noise still refuted; ε_emp is the ε of
+  that σ' (adding a canary; dp_accounting's PLD, rounded optimistically so it is not overstated).
+  It refutes "the run is this Gaussian mechanism at σ' or more noise", not a generic (ε, δ) claim.
+- ``order-eps-delta`` (a generic (ε, δ) test). Null: any mechanism that is (ε, δ)-DP for each
+  canary; by the paper's theorem the fewest mistakes it allows are those of i.i.d. canaries through
+  the (ε, δ) randomized response. Guesses are "in" for the highest scores.
 
 The number of guesses r is never picked after looking: every r of :data:`RELEASE_FRACTIONS` is
 tested with a Bonferroni share of the significance, or a held-out part of the canaries picks it
 (``split``). ε_emp is the largest refuted; the search assumes refutation is monotone in the
-parameter (more noise, fewer refutations), true of both families.
+parameter (more noise or a smaller ε, fewer refutations), true of both families.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The order-statistics tail of a one-run audit (Xiang, Wang, Xiao, Tian, Wang 2025, 2509.08704).
 
 n canaries, each "in" with probability 1/2. The auditor ranks them by confidence, releases its r
-most confident guesses and makes T mistakes among them. When each canary's observation is an independent
-draw of a binary experiment (P: out, Q: in) and the guesses follow the experiment's own likelihood
+most confident guesses and makes T mistakes among them. When each canary's observation is an
+independent draw of a binary experiment (P: out, Q: in) and the guesses follow the experiment's own likelihood
 ratio L = log dQ/dP (confidence |L|, guess "in" when L > 0), the cut decomposition gives T exactly:
 conditioned on the score quantile W of the best canary NOT released, the r released ones are i.i.d.
 above it, each wrong with the mean error rate γ̄(W) above that quantile, and W is the (n − r)-th of n
