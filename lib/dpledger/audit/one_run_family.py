@@ -214,7 +214,15 @@ def family_estimate(
 
     parameter = float("inf") if theta is None else 1.0 / theta
     return OrderEstimate(
-        "order", epsilon(theta), parameter, confidence, n, r, mistakes, tried, threshold,
+        "order",
+        epsilon(theta),
+        parameter,
+        confidence,
+        n,
+        r,
+        mistakes,
+        tried,
+        threshold,
         epsilon(top),
     )
 

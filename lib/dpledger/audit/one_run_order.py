@@ -2,19 +2,19 @@
 
 n canaries, each "in" with probability 1/2. The auditor ranks them by confidence, releases its r
 most confident guesses and makes T mistakes among them. When each canary's observation is an
-independent draw of a binary experiment (P: out, Q: in) and the guesses follow the experiment's own likelihood
-ratio L = log dQ/dP (confidence |L|, guess "in" when L > 0), the cut decomposition gives T exactly:
-conditioned on the score quantile W of the best canary NOT released, the r released ones are i.i.d.
-above it, each wrong with the mean error rate γ̄(W) above that quantile, and W is the (n − r)-th of n
-uniform order statistics, Beta(n − r, r + 1):
+independent draw of a binary experiment (P: out, Q: in) and the guesses follow a fixed rule, the
+cut decomposition gives T exactly: conditioned on the score quantile W of the best canary NOT
+released, the r released ones are i.i.d. above it, each wrong with the mean error rate γ̄(W) above
+that quantile, and W is the (n − r)-th of n uniform order statistics, Beta(n − r, r + 1):
 
     P[T ≤ u] = E_W[ BinCDF(u; r, γ̄(W)) ],  γ̄(w) = G(w)/(1 − w),  G(w) = ∫_w^1 γ(v) dv,
 
-with γ = 1/(1 + e^{|L|}) the error of the likelihood-ratio guess at a canary, ordered by confidence.
-For r = n there is no cut and T ~ Binomial(n, E[γ]). A small P[T ≤ u] refutes the experiment as the
-canaries' channel. The paper's theorem extends the same tail to any mechanism whose trade-off is
-that experiment's and any guesser (it is the least number of mistakes such a mechanism allows);
-here it is used in two ways (:mod:`dpledger.audit.one_run_family`).
+with γ(v) the error of a guess at score quantile v (for the experiment's own likelihood ratio L:
+confidence |L|, "in" when L > 0, γ = 1/(1 + e^{|L|})). For r = n there is no cut and
+T ~ Binomial(n, E[γ]). A small P[T ≤ u] refutes the experiment as the canaries' channel. The
+paper's theorem extends the tail of the likelihood-ratio guesser to any mechanism whose trade-off
+is that experiment's and any guesser (the least number of mistakes such a mechanism allows); here
+it is used in two ways (:mod:`dpledger.audit.one_run_family`).
 
 A channel is its values of L and their mass under the mixture M = (P + Q)/2 (the canaries' bits are
 fair coins, so M is what a canary's observation follows); ±∞ are atoms that reveal the bit.
