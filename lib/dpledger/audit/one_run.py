@@ -58,6 +58,7 @@ from dpledger.audit.canaries import (
     stream,
 )
 from dpledger.audit.models import SlotModel, StepMixtureModel
+from dpledger.audit.noise_tails import NoiseSupport, noise_support
 from dpledger.audit.one_run_bounds import OneRunEstimate, ceiling_epsilon, one_run_epsilon
 from dpledger.audit.one_run_family import OrderEstimate, eps_delta_estimate, family_estimate
 from dpledger.errors import DpledgerError, ParamsError
@@ -329,6 +330,20 @@ def ideal_epsilon(
     placed = law.placed(seed, canaries)
     observation = observe(raw, np.zeros_like(raw), included, placed)
     scores = score(law, observation, measured_noise(observation))
+    if bound in ORDER_BOUNDS:
+        settings = {"threshold": threshold, "split_fraction": 0.5, "correlated": False}
+        order, _ = order_estimates(
+            observation,
+            scores,
+            included,
+            law,
+            noise_multiplier=noise_multiplier,
+            delta=delta,
+            confidence=confidence,
+            **settings,
+        )
+        found = order[bound]
+        return 0.0 if found is None else found.epsilon
     return _estimate(scores, included, bound, delta, confidence, threshold).epsilon
 
 
@@ -379,6 +394,24 @@ def heuristic_epsilon(
     return {"epsilon_last_iterate_heuristic": epsilon, "note": note}
 
 
+def run_noise_support(
+    law: CanaryLaw | None, noise_multiplier: float, secure: bool, steps: int
+) -> NoiseSupport:
+    """The run's noise reach and tail δ: the secure path, else the shorter of the engine's two
+    (Philox on the CPU in float32, torch's float64 chunks elsewhere: which one a device takes is
+    not in the ledger), for an example used as often as the sampler uses one (T·q for Poisson, once
+    an epoch otherwise; once per step when the sampler states no law)."""
+    if law is None:
+        uses = float(steps)
+    elif law.step_probability is not None:
+        uses = law.num_steps * law.step_probability
+    else:
+        uses = float(law.epochs)
+    paths = ("secure",) if secure else ("philox", "torch-float64")
+    found = [noise_support(p, noise_multiplier, uses) for p in paths]
+    return min(found, key=lambda s: s.reach)
+
+
 def audit_run(
     settings: Any,
     schedule: Schedule,
@@ -388,6 +421,7 @@ def audit_run(
     epsilon: float,
     delta: float,
     correlated: bool,
+    secure: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The audit stage's part: (flat metrics, details) of the last-iterate heuristic and, when
     ``settings.enabled`` (params ``audit.one_run``), of the one-run audit of the recorded canaries.
@@ -397,10 +431,14 @@ def audit_run(
     except ParamsError:
         law = None
     heuristic = heuristic_epsilon(law, noise_multiplier, delta, correlated)
+    support = run_noise_support(law, noise_multiplier, secure, schedule.num_steps)
     metrics: dict[str, Any] = {
-        "epsilon_last_iterate_heuristic": heuristic["epsilon_last_iterate_heuristic"]
+        "epsilon_last_iterate_heuristic": heuristic["epsilon_last_iterate_heuristic"],
+        "noise_support": support.line(),
+        "noise_support_sigma": support.reach,
+        "noise_tail_delta": support.tail_delta,
     }
-    details: dict[str, Any] = {"last_iterate": heuristic}
+    details: dict[str, Any] = {"last_iterate": heuristic, "noise_support": asdict(support)}
     if not settings.enabled:
         return metrics, details
     if law is None:

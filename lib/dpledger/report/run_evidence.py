@@ -34,11 +34,13 @@ def run_evidence_row(inputs: ReportInputs) -> tuple[Text, ...]:
     )
     confidence = m.get("one_run_confidence")
     details = " · ".join(
-        f"{name} {value}"
+        f"{name} {value}".strip()
         for name, value in (
             ("canaries", m.get("one_run_canaries")),
             ("confidence", format_percent(confidence) if confidence is not None else None),
             ("method", m.get("one_run_method")),
+            ("ceiling ε", format_value(m["one_run_ceiling"]) if "one_run_ceiling" in m else None),
+            ("", m.get("noise_support")),
         )
         if value is not None
     )
