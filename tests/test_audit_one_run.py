@@ -19,6 +19,7 @@ from scipy.special import expit
 from dpledger.accounting.last_iterate import last_iterate_epsilon, participation
 from dpledger.accounting.pld import PldRun, pld_epsilon
 from dpledger.audit import one_run
+from dpledger.audit.canaries import CanaryPlan, CanaryRecorder, canary_law, observe, recorder_for
 from dpledger.audit.one_run_bounds import (
     epsilon_refuted,
     fdp_refutes,
@@ -28,7 +29,6 @@ from dpledger.audit.one_run_bounds import (
 )
 from dpledger.data import load_data
 from dpledger.engine import BKEngine
-from dpledger.engine.canaries import CanaryPlan, CanaryRecorder, canary_law, observe, recorder_for
 from dpledger.errors import DpledgerError
 from dpledger.models import build_task_model, task_for
 from dpledger.params import DataParams

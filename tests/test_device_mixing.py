@@ -153,7 +153,7 @@ def test_the_train_stage_trains_on_another_device_with_the_default_params(tmp_pa
 def test_the_one_run_audit_records_without_waiting_for_the_device(tmp_path):
     """The canary recorder keeps each step's watched coordinates on the device and copies them to
     the host once per checkpoint; what it saves equals the CPU run's."""
-    from dpledger.engine.canaries import CanaryPlan, CanaryRecorder, load_observations
+    from dpledger.audit.canaries import CanaryPlan, CanaryRecorder, load_observations
 
     x, y = _rows(8)
     saved = {}

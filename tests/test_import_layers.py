@@ -173,19 +173,13 @@ def test_each_known_circle_still_stands():
 ENGINE_FORBIDDEN = ("params", "sampling", "io", "pipeline", "audit", "report")
 """What the engine may not import, so that it is a library a user can take alone (with ``errors``,
 ``precision``, ``devices`` and ``philox_normal`` below it)."""
-ENGINE_EXEMPT = {LIB / "dpledger/engine/canaries.py"}
-"""The canary recorder, which is moving to ``audit/`` (the one-run audit's branch); remove this
-exemption when engine/canaries.py is gone."""
-
-
 def engine_imports_of(packages: tuple[str, ...], graph: dict[Path, set[Path]]) -> list[str]:
-    """Every import by an engine module (the exempt ones aside) of one of ``packages``, as
-    'a -> b'."""
+    """Every import by an engine module of one of ``packages``, as 'a -> b'."""
     engine = LIB / "dpledger" / "engine"
     return sorted(
         f"{module_name(source)} -> {module_name(target)}"
         for source, targets in graph.items()
-        if engine in source.parents and source not in ENGINE_EXEMPT
+        if engine in source.parents
         for target in targets
         if target != PACKAGE_ROOT and top_package(target) in packages
     )
@@ -197,8 +191,7 @@ def test_the_engine_imports_nothing_of_the_pipeline_side():
 
 def test_the_engine_check_catches_an_import_of_io():
     bk, io_file = LIB / "dpledger/engine/bk.py", LIB / "dpledger/io.py"
-    canaries = LIB / "dpledger/engine/canaries.py"
-    graph = {bk: {io_file}, canaries: {io_file}}
+    graph = {bk: {io_file}}
     assert engine_imports_of(ENGINE_FORBIDDEN, graph) == ["dpledger.engine.bk -> dpledger.io"]
 
 

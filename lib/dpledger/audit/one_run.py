@@ -49,9 +49,7 @@ import numpy as np
 
 from dpledger.accounting.last_iterate import last_iterate_epsilon
 from dpledger.audit.backend import NumpyBackend
-from dpledger.audit.models import SlotModel, StepMixtureModel
-from dpledger.audit.one_run_bounds import OneRunEstimate, one_run_epsilon
-from dpledger.engine.canaries import (
+from dpledger.audit.canaries import (
     ARTIFACT,
     CanaryLaw,
     canary_law,
@@ -59,11 +57,20 @@ from dpledger.engine.canaries import (
     observe,
     stream,
 )
+from dpledger.audit.models import SlotModel, StepMixtureModel
+from dpledger.audit.noise_tails import NoiseSupport, noise_support
+from dpledger.audit.one_run_bounds import OneRunEstimate, ceiling_epsilon, one_run_epsilon
+from dpledger.audit.one_run_family import OrderEstimate, eps_delta_estimate, family_estimate
 from dpledger.errors import DpledgerError, ParamsError
 from dpledger.sampling.schedule import Schedule
 
 ADVERSARY = "adversary knows the other records"  # the report's words for what the scores remove
 MAD_TO_STD = 1.482602218505602  # 1/Φ⁻¹(3/4): the median absolute deviation of N(0, s²) is s/1.4826
+# the least noise std the scores use: a run that released its sums with no noise at all shows 0, and
+# its canaries must then score as certain (a contradiction), not as an invalid σ
+NOISE_FLOOR = 1e-6
+ORDER_BOUNDS = ("order", "order-eps-delta")
+CANNOT_TEST = "cannot test this claim"
 
 
 def measured_noise(observation: np.ndarray) -> float:
@@ -72,7 +79,7 @@ def measured_noise(observation: np.ndarray) -> float:
     observation alone, so scoring at it keeps the bound valid; on an honest run it is the claimed σ,
     on a run with less noise it is what makes the scores sharp."""
     deviations = np.abs(observation - np.median(observation))
-    return float(MAD_TO_STD * np.median(deviations))
+    return max(float(MAD_TO_STD * np.median(deviations)), NOISE_FLOOR)
 
 
 def score(law: CanaryLaw, observation: np.ndarray, noise_multiplier: float) -> np.ndarray:
@@ -91,11 +98,35 @@ def score(law: CanaryLaw, observation: np.ndarray, noise_multiplier: float) -> n
     return slot.score(backend, x)
 
 
+ORDER_METHODS = {
+    "order": "order statistics (2509.08704), the ledger's Gaussian family",
+    "order-eps-delta": "order statistics (2509.08704), generic (ε, δ)",
+}
+
+
+def _method(estimate: OneRunEstimate | OrderEstimate) -> str:
+    """The report's words for how ε_emp was reached."""
+    if isinstance(estimate, OrderEstimate):
+        return f"{ORDER_METHODS[estimate.form]}, {estimate.threshold}, {ADVERSARY}"
+    name = f"{estimate.bound} ({estimate.family})" if estimate.bound == "fdp" else "steinke"
+    return f"{name}, {estimate.threshold}, {ADVERSARY}"
+
+
+def verdict_for(epsilon_emp: float, epsilon_claimed: float, ceiling: float) -> str:
+    """contradicted above the claim; where the claim is above the most this audit could ever show
+    (its ceiling: every guess right), a consistent result is no evidence, so it says so."""
+    if epsilon_emp > epsilon_claimed:
+        return "contradicted"
+    return CANNOT_TEST if epsilon_claimed > ceiling else "consistent"
+
+
 @dataclass(frozen=True)
 class OneRunResult:
-    """ε_emp of the run against the claim, with what it rests on."""
+    """ε_emp of the run against the claim, with what it rests on; ``order`` holds both forms of the
+    order-statistics bound (None where a form does not apply, with the reason in ``notes``)."""
 
-    estimate: OneRunEstimate
+    estimate: OneRunEstimate | OrderEstimate
+    ceiling: float
     epsilon_claimed: float
     verdict: str
     placement: str
@@ -103,29 +134,39 @@ class OneRunResult:
     noise_claimed: float
     noise_measured: float
     assumptions: tuple[str, ...]
+    order: dict[str, OrderEstimate | None]
+    notes: tuple[str, ...] = ()
 
     def summary(self) -> dict[str, Any]:
         """The flat facts metrics/audit.json carries for the one-run audit."""
         e = self.estimate
-        return {
+        flat: dict[str, Any] = {
             "epsilon_emp_one_run": e.epsilon,
             "one_run_verdict": self.verdict,
             "one_run_confidence": e.confidence,
             "one_run_canaries": e.canaries,
             "one_run_noise_measured": self.noise_measured,
-            "one_run_method": (f"{e.bound} ({e.family})" if e.bound == "fdp" else "steinke")
-            + f", {e.threshold}, {ADVERSARY}",
+            "one_run_method": _method(e),
+            "one_run_ceiling": self.ceiling,
+            "one_run_fraction_of_claim": e.epsilon / self.epsilon_claimed,
         }
+        for form, found in self.order.items():
+            key = "one_run_" + form.replace("-", "_")
+            flat[f"{key}_epsilon"] = None if found is None else found.epsilon
+            flat[f"{key}_ceiling"] = None if found is None else found.ceiling
+        return flat
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **self.summary(),
             "estimate": asdict(self.estimate),
+            "order": {k: None if v is None else asdict(v) for k, v in self.order.items()},
             "epsilon_claimed": self.epsilon_claimed,
             "placement": self.placement,
             "steps": self.steps,
             "noise_claimed": self.noise_claimed,
             "assumptions": list(self.assumptions),
+            "notes": list(self.notes),
         }
 
 
@@ -134,22 +175,61 @@ def assumptions(correlated: bool) -> tuple[str, ...]:
     lines = [
         "One run, m gradient canaries C·e_j on distinct coordinates, each in with probability 1/2 "
         "(2305.08846).",
-        "Side copy: the canary is added to the released noisy sums of its own coordinate, "
-        "not to the model; its effect on later iterates is assumed negligible.",
-        "Adversary: knows every other record (the standard DP adversary), "
-        "so it removes the real examples' clipped sum from each released coordinate; "
-        "valid because the canaries never enter the model, "
-        "which makes those sums independent of the canaries' inclusion.",
-        "Scores: "
-        "log likelihood ratio of one coordinate's residual sums under the sampler's law at the noise std measured from them "  # noqa: E501
-        "(the claimed σ on an honest run).",
+        "Side copy: the canary is added to the released noisy sums of its own coordinate, not to "
+        "the model; its effect on later iterates is assumed negligible.",
+        "Adversary: knows every other record (the standard DP adversary), so it removes the real "
+        "examples' clipped sum from each released coordinate; valid because the canaries never "
+        "enter the model, which makes those sums independent of the canaries' inclusion.",
+        "Scores: log likelihood ratio of one coordinate's residual sums under the sampler's law at "
+        "the noise std measured from them (the claimed σ on an honest run).",
+        "order (the ledger's family): refutes 'each canary coordinate is released as the ledger's "
+        "Poisson-subsampled Gaussian at noise σ′'; under it the canaries are independent "
+        "(own coordinate, own noise, own placements), so the order-statistics tail of a fixed "
+        "statistic is exact (2509.08704); it is not a test of a generic (ε, δ) claim.",
+        "order-eps-delta: refutes 'the run is (ε, δ)-DP for each canary' by the order-statistics "
+        "tail of the (ε, δ) randomized response, which 2509.08704 proves is the least number of "
+        "mistakes any such mechanism allows.",
+        "The number of guesses is fixed in advance: a Bonferroni grid (or held-out canaries); "
+        "ε_emp is the largest ε refuted, from the run's actual guesses (one random draw).",
     ]
     if correlated:
         lines.append(
             "Correlated noise: the scores assume independent noise per step, so they lose power; "
-            "the bound stays valid (it holds for any score)."
+            "the bound stays valid (it holds for any score); the family form does not apply."
         )
     return tuple(lines)
+
+
+def order_estimates(
+    observation: np.ndarray,
+    scores: np.ndarray,
+    included: np.ndarray,
+    law: CanaryLaw,
+    **settings: Any,
+) -> tuple[dict[str, OrderEstimate | None], tuple[str, ...]]:
+    """Both forms of the order-statistics bound, with why a form was not computed. ``settings``:
+    noise_multiplier, delta, confidence, threshold, split_fraction, correlated."""
+    common = {k: settings[k] for k in ("delta", "confidence", "threshold", "split_fraction")}
+    found: dict[str, OrderEstimate | None] = {
+        "order-eps-delta": eps_delta_estimate(scores, included, **common)
+    }
+    notes: list[str] = []
+    if law.step_probability is None or settings["correlated"]:
+        found["order"] = None
+        notes.append(
+            "order (family): not computed; it models independent Gaussian noise per step and "
+            "Poisson placement, and this run has "
+            + ("correlated noise" if settings["correlated"] else f"{law.placement} placement")
+        )
+    else:
+        found["order"] = family_estimate(
+            observation,
+            included,
+            step_probability=law.step_probability,
+            noise_claimed=settings["noise_multiplier"],
+            **common,
+        )
+    return found, tuple(notes)
 
 
 def audit_one_run(
@@ -166,7 +246,55 @@ def audit_one_run(
     correlated: bool,
 ) -> OneRunResult:
     """ε_emp of the run from its recorded canary coordinates, less the real examples' clipped sums
-    there, scored at the noise std they show."""
+    there: the params' ``bound`` and both order-statistics forms. ``order`` falls back to the
+    ``fdp`` bound where the family form does not apply (stated in the notes)."""
+    observation, included = _observation(saved, law)
+    measured = measured_noise(observation)
+    scores = score(law, observation, measured)
+    settings = {
+        "noise_multiplier": noise_multiplier,
+        "delta": delta,
+        "confidence": confidence,
+        "threshold": threshold,
+        "split_fraction": split_fraction,
+        "correlated": correlated,
+    }
+    order, notes = order_estimates(observation, scores, included, law, **settings)
+    chosen = order.get(bound)
+    if chosen is not None:
+        estimate: OneRunEstimate | OrderEstimate = chosen
+        ceiling = chosen.ceiling
+    else:
+        if bound in ORDER_BOUNDS:
+            notes += (f"{bound} does not apply to this run; the fdp bound is reported instead",)
+            bound = "fdp"
+        estimate = _estimate(scores, included, bound, delta, confidence, threshold, split_fraction)
+        ceiling = ceiling_epsilon(
+            included,
+            bound="steinke" if bound == "steinke" else "fdp",
+            family="gaussian" if bound == "fdp-gaussian" else "eps-delta",
+            delta=delta,
+            confidence=confidence,
+            threshold=threshold,
+            split_fraction=split_fraction,
+        )
+    return OneRunResult(
+        estimate,
+        ceiling,
+        epsilon_claimed,
+        verdict_for(estimate.epsilon, epsilon_claimed, ceiling),
+        law.placement,
+        law.num_steps,
+        noise_multiplier,
+        measured,
+        assumptions(correlated),
+        order,
+        notes,
+    )
+
+
+def _observation(saved: dict[str, np.ndarray], law: CanaryLaw) -> tuple[np.ndarray, np.ndarray]:
+    """(canaries × steps residual observations, inclusion bits) of a whole record."""
     if "real" not in saved:
         raise DpledgerError(
             f"audit.one_run: {ARTIFACT} has no real examples' clipped sums "
@@ -181,21 +309,7 @@ def audit_one_run(
         )
     included = saved["included"].astype(bool)
     placed = law.placed(int(saved["seed"]), included.size)
-    observation = observe(raw, real, included, placed)
-    measured = measured_noise(observation)
-    scores = score(law, observation, measured)
-    estimate = _estimate(scores, included, bound, delta, confidence, threshold, split_fraction)
-    verdict = "contradicted" if estimate.epsilon > epsilon_claimed else "consistent"
-    return OneRunResult(
-        estimate,
-        epsilon_claimed,
-        verdict,
-        law.placement,
-        law.num_steps,
-        noise_multiplier,
-        measured,
-        assumptions(correlated),
-    )
+    return observe(raw, real, included, placed), included
 
 
 def ideal_epsilon(
@@ -216,6 +330,20 @@ def ideal_epsilon(
     placed = law.placed(seed, canaries)
     observation = observe(raw, np.zeros_like(raw), included, placed)
     scores = score(law, observation, measured_noise(observation))
+    if bound in ORDER_BOUNDS:
+        settings = {"threshold": threshold, "split_fraction": 0.5, "correlated": False}
+        order, _ = order_estimates(
+            observation,
+            scores,
+            included,
+            law,
+            noise_multiplier=noise_multiplier,
+            delta=delta,
+            confidence=confidence,
+            **settings,
+        )
+        found = order[bound]
+        return 0.0 if found is None else found.epsilon
     return _estimate(scores, included, bound, delta, confidence, threshold).epsilon
 
 
@@ -266,6 +394,24 @@ def heuristic_epsilon(
     return {"epsilon_last_iterate_heuristic": epsilon, "note": note}
 
 
+def run_noise_support(
+    law: CanaryLaw | None, noise_multiplier: float, secure: bool, steps: int
+) -> NoiseSupport:
+    """The run's noise reach and tail δ: the secure path, else the shorter of the engine's two
+    (Philox on the CPU in float32, torch's float64 chunks elsewhere: which one a device takes is
+    not in the ledger), for an example used as often as the sampler uses one (T·q for Poisson, once
+    an epoch otherwise; once per step when the sampler states no law)."""
+    if law is None:
+        uses = float(steps)
+    elif law.step_probability is not None:
+        uses = law.num_steps * law.step_probability
+    else:
+        uses = float(law.epochs)
+    paths = ("secure",) if secure else ("philox", "torch-float64")
+    found = [noise_support(p, noise_multiplier, uses) for p in paths]
+    return min(found, key=lambda s: s.reach)
+
+
 def audit_run(
     settings: Any,
     schedule: Schedule,
@@ -275,6 +421,7 @@ def audit_run(
     epsilon: float,
     delta: float,
     correlated: bool,
+    secure: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The audit stage's part: (flat metrics, details) of the last-iterate heuristic and, when
     ``settings.enabled`` (params ``audit.one_run``), of the one-run audit of the recorded canaries.
@@ -284,10 +431,14 @@ def audit_run(
     except ParamsError:
         law = None
     heuristic = heuristic_epsilon(law, noise_multiplier, delta, correlated)
+    support = run_noise_support(law, noise_multiplier, secure, schedule.num_steps)
     metrics: dict[str, Any] = {
-        "epsilon_last_iterate_heuristic": heuristic["epsilon_last_iterate_heuristic"]
+        "epsilon_last_iterate_heuristic": heuristic["epsilon_last_iterate_heuristic"],
+        "noise_support": support.line(),
+        "noise_support_sigma": support.reach,
+        "noise_tail_delta": support.tail_delta,
     }
-    details: dict[str, Any] = {"last_iterate": heuristic}
+    details: dict[str, Any] = {"last_iterate": heuristic, "noise_support": asdict(support)}
     if not settings.enabled:
         return metrics, details
     if law is None:

@@ -265,3 +265,31 @@ def _check(
                 f"audit.one_run.{key} = {value!r} is invalid: "
                 f"allowed values are {', '.join(allowed)}"
             )
+
+
+def ceiling_epsilon(
+    included: np.ndarray,
+    *,
+    bound: str,
+    family: str,
+    delta: float,
+    confidence: float,
+    threshold: str,
+    split_fraction: float,
+) -> float:
+    """The most ε_emp this audit could show, whatever the run: every "in" guess right while in
+    canaries remain, at the best r it may use (the grid with its Bonferroni share, or any r of the
+    judged part for ``split``). A claim above it cannot be refuted by these canaries."""
+    included = np.asarray(included, dtype=bool)
+    significance = 1.0 - confidence
+    if threshold == "bonferroni":
+        judged, grid = included, guess_grid(included.size)
+        significance /= grid.size
+    else:
+        judged = included[int(round(included.size * split_fraction)) :]
+        grid = guess_grid(judged.size)
+    inside = int(np.count_nonzero(judged))
+    return max(
+        epsilon_refuted(bound, judged.size, r, min(r, inside), significance, delta, family)
+        for r in grid.tolist()
+    )

@@ -307,7 +307,7 @@ class BKEngine:
     def watch(self, select: Callable[[list[Tensor]], Tensor]) -> None:
         """Keep each step's released noisy sum and clipped sum (this rank's: no noise, no canary)
         at the coordinates ``select`` gathers from per-parameter tensors, as ``last_watched``
-        (``NoisySum.watch``; the one-run audit's record, engine/canaries.py)."""
+        (``NoisySum.watch``; the one-run audit's record, audit/canaries.py)."""
         self._sum.watch(select)
 
     @property

@@ -38,10 +38,11 @@ class OneRunParams(Section):
     split_fraction: float = Field(
         default=0.5, gt=0.0, lt=1.0, description="held-out canaries for split"
     )
-    bound: Literal["fdp", "fdp-gaussian", "steinke"] = Field(
-        default="fdp",
-        description="fdp (f-DP test of the (ε, δ) trade-off) | fdp-gaussian (of the Gaussian one) "
-        "| steinke",
+    bound: Literal["order", "order-eps-delta", "fdp", "fdp-gaussian", "steinke"] = Field(
+        default="order",
+        description="order (order statistics against the ledger's Gaussian family; fdp where it "
+        "does not apply) | order-eps-delta (order statistics, generic (ε, δ)) | fdp (f-DP test of "
+        "the (ε, δ) trade-off) | fdp-gaussian (of the Gaussian one) | steinke",
     )
 
 

@@ -96,6 +96,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         epsilon=record.epsilon,
         delta=record.delta,
         correlated=record.mechanism != "identity",
+        secure=params.train.secure_noise,
     )
     metrics.update(run_metrics)
     details.update(run_details)

@@ -31,9 +31,9 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from dpledger import paths
 from dpledger.accounting.record import CalibrationRecord
+from dpledger.audit.canaries import CanaryRecorder, recorder_for
 from dpledger.data import Dataset
 from dpledger.engine import BKEngine, retain_freed_memory
-from dpledger.engine.canaries import CanaryRecorder, recorder_for
 from dpledger.engine.device import autocast, select_device
 from dpledger.engine.validators import check_state_unchanged, state_snapshot
 from dpledger.ledger import (

@@ -30,11 +30,13 @@ def run_evidence_row(inputs: ReportInputs) -> tuple[Text, ...]:
     result = f"proven ε ≤ {format_upper(m.get('epsilon_claimed'))} · last-iterate heuristic ε ≈ {format_value(heuristic) if heuristic is not None else 'n/a'} · one-run ε_emp ≥ {format_lower(one_run) if one_run is not None else 'n/a'}"  # noqa: E501
     confidence = m.get("one_run_confidence")
     details = " · ".join(
-        f"{name} {value}"
+        f"{name} {value}".strip()
         for name, value in (
             ("canaries", m.get("one_run_canaries")),
             ("confidence", format_percent(confidence) if confidence is not None else None),
             ("method", m.get("one_run_method")),
+            ("ceiling ε", format_value(m["one_run_ceiling"]) if "one_run_ceiling" in m else None),
+            ("", m.get("noise_support")),
         )
         if value is not None
     )
