@@ -25,7 +25,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpledger.engine import capture, validators
+from dpledger.engine import capture, provenance, validators
 from dpledger.engine.layers import LayerRule, generic
 from dpledger.engine.owners import GENERIC, Layout
 from dpledger.engine.validators import UnsupportedLayerError
@@ -81,17 +81,26 @@ class Recorder:
     ) -> None:
         self.model, self.layout, self.on_backprops = model, layout, on_backprops
         self.calls: list[Call | GenericCall] = []
+        self.late: list[Call | GenericCall] = []  # recorded while a backward pass runs
         self.origins: dict[tuple[torch.device, torch.dtype], Tensor] = {}
         self.recomputing = False
+        self.in_backward = False
         self.model_batch: int | None = None
         self.row_sources: dict[
             int, tuple[Any, int]
         ] = {}  # this forward's taps of proved (B·k)-row outputs: k
-        hooked = layout.hooked_modules(model)
-        self.handles = [
-            module.register_forward_hook(self._forward_hook, with_kwargs=True) for module in hooked
-        ]
+        self.traces: dict[tuple, provenance.Trace] = {}
+        self.trace: provenance.Trace | None = None
+        self.probe: provenance.Probe | None = None
+        self.counts: dict[int, int] = {}
+        self.taken: set[int] = set()  # parameters of the calls handed to the current backward
+        self.module_handles: dict[int, Any] = {}
+        self.handles: list[Any] = []
+        for module in layout.hooked_modules(model):
+            self._hook(module)
+        self.inside = False  # the model's forward is running
         self.handles.append(model.register_forward_pre_hook(self._note_batch, with_kwargs=True))
+        self.handles.append(model.register_forward_hook(self._leave_model, always_call=True))
         self.handles += [
             module.register_forward_pre_hook(
                 functools.partial(validators.refuse_data_dependent_state, model)
@@ -105,7 +114,7 @@ class Recorder:
             model.register_forward_pre_hook(self._begin_check),
             model.register_forward_hook(self._end_check, always_call=True),
         ]
-        for module in hooked:
+        for module in layout.hooked_modules(model):
             own = (
                 frozenset(id(p) for p in layout.layer_params[id(module)].values()),
                 layout.rules[id(module)] == GENERIC,
@@ -115,17 +124,50 @@ class Recorder:
                 module.register_forward_hook(lambda m, i, o: self._leave_layer(), always_call=True),
             ]
 
+    def _hook(self, module: nn.Module) -> None:
+        handle = module.register_forward_hook(self._forward_hook, with_kwargs=True)
+        self.module_handles[id(module)] = handle
+        self.handles.append(handle)
+
     def take(self) -> list[Call | GenericCall]:
-        """The calls recorded since the last take; removes the first-pass check's hooks once it has
-        passed."""
+        """The calls recorded since the last take, for the backward pass about to run (calls
+        recorded during it are :meth:`take_late`'s); removes the first-pass check's hooks once it
+        has passed."""
         if self.check_passed:
             for handle in self.check_handles:
                 handle.remove()
             self.check_handles = []
         calls, self.calls = self.calls, []
+        self.taken = {id(p) for c in calls for p in c.params.values()}
+        self.in_backward, self.counts, self.late = True, {}, []
         return calls
 
+    def take_late(self) -> list[GenericCall]:
+        """After the backward pass: the generic-rule calls that a reentrant gradient checkpoint
+        recorded while re-running its forward during the pass and whose outputs got a gradient
+        (rule layers among them were handled as their gradients arrived); calls whose outputs got
+        none (a non-reentrant checkpoint's recomputation, which only restores saved tensors) are
+        dropped. A parameter used both there and elsewhere in the step is refused: its per-example
+        norm would be formed from separate uses."""
+        late, self.late = self.late, []
+        live = [
+            c
+            for c in late
+            if (c.backprops is not None if isinstance(c, Call) else any(
+                g is not None for g in c.out_grads
+            ))
+        ]
+        seen = set(self.taken)
+        for call in live:
+            ids = {id(p) for p in call.params.values()}
+            if ids & seen:
+                raise UnsupportedLayerError(validators.checkpoint_reuse_message(_label(call)))
+            seen |= ids
+        return [c for c in live if isinstance(c, GenericCall)]
+
     def clear_origin_grads(self) -> None:
+        """After the backward pass (also ends its recording of late calls)."""
+        self.in_backward = False
         for origin in self.origins.values():
             origin.grad = None
 
@@ -134,6 +176,7 @@ class Recorder:
         for handle in self.handles + self.check_handles:
             handle.remove()
         self.handles = self.check_handles = []
+        self.module_handles = {}
 
     def _origin(self, like: Tensor) -> Tensor:
         """A zero-dimensional leaf that requires grad, an input of the tap on a layer output that
@@ -183,8 +226,21 @@ class Recorder:
         self.check_passed = True
 
     def _note_batch(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """The batch size B of this forward pass: the leading size of the model's first tensor
-        input."""
+        """The batch size B of this forward pass (the leading size of the model's first tensor
+        input) and, for a training pass, the trace of its input shape (``provenance.py``)."""
+        if self.probe is not None:  # the model's own probe runs
+            return
+        self.inside = True
+        self._begin_pass(model, args, kwargs)
+
+    def _leave_model(self, model: nn.Module, args: Any, output: Any) -> None:
+        if self.probe is None:
+            self.inside = False
+
+    def _begin_pass(self, entry: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A forward pass of ``entry`` (the model, or a layer called on its own) begins: its batch
+        size B (the leading size of its first tensor input) and, for a training pass, the trace of
+        its input shape (``provenance.py``)."""
         first = next(
             (
                 leaf
@@ -194,16 +250,100 @@ class Recorder:
             None,
         )
         self.model_batch = None if first is None else first.shape[0]
-        self.row_sources = {}
+        self.row_sources, self.counts = {}, {}
         if torch.is_grad_enabled() and self.model.training:  # fp16 autocast: refused at once
-            where = f"the training forward pass of {type(model).__name__}"
+            where = f"the training forward pass of {type(entry).__name__}"
             refuse_float16_autocast(where, None if first is None else first.device)
+            self.trace = None if first is None else self._trace_for(entry, args, kwargs, first)
 
-    def _broadcast(self, tensor: Tensor, dim: int, name: str) -> Tensor:
-        """A tensor of size 1 along the batch dimension ``dim`` while the batch has B > 1 examples
-        (BERT's position embeddings, T5's relative position bias) as B copies, so that its gradient
-        is each example's own rather than their sum; downstream it broadcasts the same."""
-        batch = self.model_batch
+    def _trace_for(
+        self, entry: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], first: Tensor
+    ) -> provenance.Trace:
+        """The trace of this input shape: cached, or made now by two probe runs of ``entry``."""
+        batch = first.shape[0]
+        key = (id(entry), provenance.signature(args, kwargs, batch))
+        if key in self.traces:
+            return self.traces[key]
+        ancestors = self.layout.ancestors(self.model)
+        temporary = [m.register_forward_hook(self._probe_other, with_kwargs=True) for m in ancestors]
+        temporary += [
+            m.register_forward_pre_hook(self._refuse_call, with_kwargs=True)
+            for m in self.layout.hooked_modules(self.model)
+            if self.layout.rules[id(m)] == GENERIC
+        ]
+        probes = []
+        devices = [first.device] if first.device.type == "cuda" else []
+        try:
+            for size in provenance.PROBE_BATCHES:
+                self.probe = provenance.Probe(size)
+                probe_args, probe_kwargs = provenance.probe_inputs(args, kwargs, batch, size)
+                with torch.random.fork_rng(devices=devices):
+                    entry(*probe_args, **probe_kwargs)
+                probes.append(self.probe)
+        except (RuntimeError, IndexError, ValueError, TypeError) as error:
+            raise UnsupportedLayerError(validators.probe_failure_message(error)) from error
+        finally:
+            self.probe = None
+            for handle in temporary:
+                handle.remove()
+        trace = provenance.combine(*probes)
+        self._claim_unbatched(trace)
+        while len(self.traces) >= provenance.CACHE_SIZE:
+            self.traces.pop(next(iter(self.traces)))
+        self.traces[key] = trace
+        return trace
+
+    def _refuse_call(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        """Before a probe runs a generic-rule layer: refuse, naming it, inputs it cannot split."""
+        reason = generic.check_call(module, args, kwargs)
+        if reason:
+            name = self.layout.module_names[id(module)]
+            raise UnsupportedLayerError(f"engine: layer {name} ({type(module).__name__}): {reason}")
+
+    def _probe_other(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        """A probe run's record of a module the engine does not hook (a possible claimant)."""
+        if self.probe is not None:
+            self.probe.add(module, (args, kwargs), output)
+
+    def _claim_unbatched(self, trace: provenance.Trace) -> None:
+        """Give the parameters of each layer whose traced calls carry no batch at all (and no
+        size-1 dimension the engine can broadcast) to the nearest enclosing module that returns
+        the batch, under the generic rule; refuse the layer by name when there is none."""
+        names = dict(self.model.named_modules())
+        called = {key[0] for key in trace.calls}
+        for module in self.layout.hooked_modules(self.model):
+            calls = [t for (m, _), t in trace.calls.items() if m == id(module)]
+            if not calls or not all(
+                t.problem is None and t.shared and not _broadcastable(t) for t in calls
+            ):
+                continue
+            name = self.layout.module_names[id(module)]
+            parent = provenance.claimant(name, names, trace, called)
+            if parent is None or self.layout.rules.get(id(parent), GENERIC) != GENERIC:
+                raise UnsupportedLayerError(
+                    validators.unbatched_message(f"{name} ({type(module).__name__})")
+                )
+            self.layout.claim(module, parent, names)
+            self.module_handles.pop(id(module)).remove()
+            if id(parent) not in self.module_handles:
+                self._hook(parent)
+
+    def _traced(self, module: nn.Module, label: str) -> provenance.Traced:
+        """This call's trace (the module's k-th call of the pass), or a refusal naming the
+        layer."""
+        count = self.counts.get(id(module), 0)
+        self.counts[id(module)] = count + 1
+        traced = None if self.trace is None else self.trace.calls.get((id(module), count))
+        if traced is None:
+            raise UnsupportedLayerError(validators.untraced_message(label))
+        if traced.problem is not None:
+            raise UnsupportedLayerError(validators.provenance_message(label, traced.problem))
+        return traced
+
+    def _broadcast(self, tensor: Tensor, dim: int, name: str, batch: int | None) -> Tensor:
+        """A tensor of size 1 along ``dim`` that carries no batch (BERT's position embeddings, T5's
+        relative position bias) as B copies, so that its gradient is each example's own rather than
+        their sum; downstream it broadcasts the same."""
         if batch is None or batch <= 1 or tensor.dim() <= dim or tensor.shape[dim] != 1:
             return tensor
         # the first pass: a model that cannot take the expanded tensor is named
@@ -211,19 +351,33 @@ class Recorder:
             self.check.broadcast.append(name)
         return tensor.expand(*tensor.shape[:dim], batch, *tensor.shape[dim + 1 :]).contiguous()
 
-    def _rows(self, rule: LayerRule, inputs: Tensor, output: Tensor) -> int | None:
-        """k when the layer's (B·k, ...) input rows are proved to be k rows of each example in turn,
-        else None."""
-        return (
-            self.model_batch
-            and rule.rowwise
-            and (
-                validators.flattened_rows(inputs, output, self.model_batch)
-                or validators.rows_of_proved_rows(
-                    inputs, output, self.model_batch, self.row_sources
-                )
-            )
-        )
+    def _probe_hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
+        """A probe run's record of a hooked layer's call (``provenance.py``); size-1 outputs are
+        broadcast to the probe's batch as the training pass will broadcast them."""
+        probe, name = self.probe, self.layout.module_names[id(module)]
+        grad = torch.is_grad_enabled()
+        if self.layout.rules[id(module)] == GENERIC:
+            probe.add(module, (args, kwargs), output)
+            leaves, spec = tree_flatten(output)
+            if not grad:
+                return None
+            leaves = [
+                self._broadcast(v, 0, name, probe.batch)
+                if isinstance(v, Tensor) and v.is_floating_point()
+                else v
+                for v in leaves
+            ]
+            return tree_unflatten(leaves, spec)
+        inputs = args[0] if args else next(iter(kwargs.values()), None)
+        if not isinstance(inputs, Tensor) or not isinstance(output, Tensor):
+            probe.add(module, (args, kwargs), output)
+            return None
+        rule = self.layout.rules[id(module)]
+        rows = validators.flattened_rows(inputs, output, probe.batch) if rule.rowwise else None
+        probe.add(module, inputs, output, rows)
+        if grad and _leading_one(inputs.shape) and _leading_one(output.shape):
+            return self._broadcast(output, 0, name, probe.batch)
+        return None
 
     def _forward_hook(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -231,71 +385,97 @@ class Recorder:
         # The model's mode, not the layer's: a layer put in eval mode inside a training model still
         # trains (skipping it would leave its parameters only noise); an evaluation pass of the
         # model is skipped.
-        if self.recomputing or not torch.is_grad_enabled() or not self.model.training:
+        if self.recomputing or not self.model.training:
+            return None
+        if self.probe is not None:
+            return self._probe_hook(module, args, kwargs, output)
+        if not torch.is_grad_enabled():
             return None
         name, rule = self.layout.module_names[id(module)], self.layout.rules[id(module)]
+        label = f"{name} ({type(module).__name__})"
         for leaf in tree_flatten(output)[0]:  # a float16 model, or autocast entered inside it
             if isinstance(leaf, Tensor):
-                refuse_float16(f"layer {name} ({type(module).__name__})", leaf)
+                refuse_float16(f"layer {label}", leaf)
+        if not self.inside and not self.in_backward:  # a layer called outside the model's forward
+            self._begin_pass(module, args, kwargs)
+        traced = self._traced(module, label)
         if rule == GENERIC:
-            return self._record_generic(name, module, args, kwargs, output)
+            return self._record_generic(name, module, args, kwargs, output, traced)
         inputs = args[0] if args else next(iter(kwargs.values()), None)
         if not isinstance(inputs, Tensor) or not isinstance(output, Tensor):
             raise UnsupportedLayerError(
-                f"engine: layer {name} ({type(module).__name__}) was called without a tensor input "
-                "or output"
+                f"engine: layer {label} was called without a tensor input or output"
             )
-        if inputs.dim() and inputs.shape[0] == 1 and output.dim() and output.shape[0] == 1:
-            inputs, output = self._broadcast(inputs, 0, name), self._broadcast(output, 0, name)
+        batch = self.model_batch
+        if not (
+            provenance.fits(tuple(inputs.shape), traced.inputs[0], batch)
+            and provenance.fits(tuple(output.shape), traced.outputs[0], batch)
+        ):
+            raise UnsupportedLayerError(validators.untraced_shape_message(label))
+        where = provenance.batch_dim(traced.inputs[0]), provenance.batch_dim(traced.outputs[0])
+        if where == (None, None) and _broadcastable(traced):
+            inputs = self._broadcast(inputs, 0, name, batch)
+            output = self._broadcast(output, 0, name, batch)
+            where = ((0, 1), (0, 1))
+        dim, rows = self._position(rule, label, where, traced, inputs, output)
         version = inputs._version
-        # (T, B, ...): rules want B
-        sequence_first = id(module) in self.layout.sequence_first and inputs.dim() > 1
-        rows = self._rows(rule, inputs, output)
-        if sequence_first:
-            inputs = inputs.transpose(0, 1)
-        elif rows:  # (B·k, ...) rows of a batch-first tensor: (B, k, ...) for the rule
-            inputs = inputs.unflatten(0, (-1, rows))
-        call = Call(
-            name,
-            module,
-            rule,
-            self.layout.layer_params[id(module)],
-            inputs.detach(),
-            version=version,
-        )
-        self.calls.append(call)
-        sink = functools.partial(self._sink, call, tuple(inputs.shape), sequence_first, rows)
+        inputs = _batch_first(inputs, dim, rows)
+        params = self.layout.layer_params[id(module)]
+        call = Call(name, module, rule, params, inputs.detach(), version=version)
+        (self.late if self.in_backward else self.calls).append(call)
+        sink = functools.partial(self._sink, call, tuple(inputs.shape), dim, rows)
         tapped = capture.tap(output, sink, self._origin(output))
-        if rows:
+        if rows > 1:
             # its output rows are proved example-major too: layers after elementwise ops use them
             self.row_sources[id(tapped.grad_fn)] = (tapped.grad_fn, rows)
         return tapped
+
+    def _position(
+        self,
+        rule: LayerRule,
+        label: str,
+        where: tuple[tuple[int, int] | None, tuple[int, int] | None],
+        traced: provenance.Traced,
+        inputs: Tensor,
+        output: Tensor,
+    ) -> tuple[int, int]:
+        """(dimension, rows per example) of the batch in a rule layer's input and output, from the
+        trace; refused by name where the rule cannot take it batch-first."""
+        given, returned = where
+        if given is None or given != returned:
+            raise UnsupportedLayerError(validators.provenance_message(label, _mismatch(where)))
+        dim, rows = given
+        if rows > 1:
+            proved = traced.rows or rows == validators.rows_of_proved_rows(
+                inputs, output, self.model_batch, self.row_sources
+            )
+            if dim != 0 or not rule.rowwise or not proved:
+                raise UnsupportedLayerError(validators.rows_message(label, rows))
+        elif dim != 0 and not rule.rowwise:
+            raise UnsupportedLayerError(
+                validators.provenance_message(
+                    label, f"its batch is dimension {dim}, and its rule takes it only first"
+                )
+            )
+        return dim, rows
 
     def _sink(
         self,
         call: Call,
         shape: tuple[int, ...],
-        sequence_first: bool,
-        rows: int | None,
+        dim: int,
+        rows: int,
         grad: Tensor,
     ) -> None:
         """The tap's backward: the output gradient, batch-first, to ``on_backprops``; a rule given a
         layout it does not know is refused naming the layer."""
-        grad = (
-            grad.transpose(0, 1)
-            if sequence_first
-            else grad.unflatten(0, (-1, rows))
-            if rows
-            else grad
-        )
         try:
-            self.on_backprops(call, grad)
+            self.on_backprops(call, _batch_first(grad, dim, rows))
         except torch.OutOfMemoryError:
             raise
         except (RuntimeError, IndexError) as error:
-            label = f"{call.name} ({type(call.module).__name__})"
             raise UnsupportedLayerError(
-                validators.rule_failure_message(label, shape, error)
+                validators.rule_failure_message(_label(call), shape, error)
             ) from error
 
     def _record_generic(
@@ -305,23 +485,27 @@ class Recorder:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         output: Any,
+        traced: provenance.Traced,
     ) -> Any:
-        """Keep every input and output of a generic-rule call; hooks collect each output's
-        gradient."""
+        """Keep every input and output of a generic-rule call, each with its traced batch
+        dimension; hooks collect each output's gradient."""
+        label = f"{name} ({type(module).__name__})"
         reason = generic.check_call(module, args, kwargs)
         if reason:
-            raise UnsupportedLayerError(f"engine: layer {name} ({type(module).__name__}): {reason}")
+            raise UnsupportedLayerError(f"engine: layer {label}: {reason}")
         input_leaves, input_spec = tree_flatten((args, kwargs))
-        input_leaves = [v.detach() if isinstance(v, Tensor) else v for v in input_leaves]
         leaves, spec = tree_flatten(output)
-        layout = generic.layout_of(module, args, kwargs, output)
+        batch = self.model_batch
+        in_dims = _generic_dims(label, input_leaves, traced.inputs, batch)
+        out_dims = _generic_dims(label, leaves, traced.outputs, batch)
+        input_leaves = [v.detach() if isinstance(v, Tensor) else v for v in input_leaves]
         call = GenericCall(
             name,
             module,
             self.layout.layer_params[id(module)],
             *tree_unflatten(input_leaves, input_spec),
             versions=[(t, t._version) for t in input_leaves if isinstance(t, Tensor)],
-            layout=layout,
+            layout=generic.Layout(in_dims, out_dims),
             outputs=[None] * len(leaves),
             out_grads=[None] * len(leaves),
             output_versions=[None] * len(leaves),
@@ -334,14 +518,66 @@ class Recorder:
         for k, leaf in enumerate(leaves):
             if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
                 continue
+            if out_dims[k] is None and _leading_one(leaf.shape):
+                leaf, out_dims[k] = self._broadcast(leaf, 0, name, batch), 0
             # A fresh node (capture.tap): a hook on the module's own tensor would also collect the
             # gradient of the module's internal uses of it (attention weights it multiplies by the
             # values), which the re-run forward counts again, and would miss the gradient when the
             # output is changed in place afterwards.
-            leaf = self._broadcast(leaf, layout.outputs[k], name)
             sink = lambda grad, k=k: call.out_grads.__setitem__(k, grad.detach())  # noqa: E731
             leaf = leaves[k] = capture.tap(leaf, sink, self._origin(leaf))
             call.outputs[k] = leaf.detach()
             call.output_versions[k] = leaf._version
-        self.calls.append(call)
+        (self.late if self.in_backward else self.calls).append(call)
         return tree_unflatten(leaves, spec)
+
+
+def _label(call: Call | GenericCall) -> str:
+    return f"{call.name} ({type(call.module).__name__})"
+
+
+def _leading_one(shape: tuple[int, ...]) -> bool:
+    return len(shape) > 0 and shape[0] == 1
+
+
+def _broadcastable(traced: provenance.Traced) -> bool:
+    """A call that carries no batch whose outputs (and, for a rule layer, its input) have a leading
+    size 1 the engine broadcasts to the batch."""
+    outputs = [t for t in traced.outputs if t is not None]
+    return bool(outputs) and all(_leading_one(t) for t in (*outputs, *traced.inputs[:1]) if t is not None)
+
+
+def _batch_first(tensor: Tensor, dim: int, rows: int) -> Tensor:
+    """A tensor with the batch at ``dim`` (or as (B·rows) leading rows) as (B, ...)."""
+    if rows > 1:
+        return tensor.unflatten(0, (-1, rows))
+    return tensor.movedim(dim, 0) if dim else tensor
+
+
+def _mismatch(where: tuple[tuple[int, int] | None, tuple[int, int] | None]) -> str:
+    given, returned = (
+        "no dimension" if w is None else f"dimension {w[0]}" + (f" ({w[1]} rows each)" if w[1] > 1 else "")
+        for w in where
+    )
+    return f"the batch is {given} of its input but {returned} of its output"
+
+
+def _generic_dims(
+    label: str, leaves: list[Any], traced: list[provenance.Template | None], batch: int | None
+) -> list[int | None]:
+    """The batch dimension of each leaf of a generic-rule call (None: shared by the examples), from
+    the trace; refused where the shapes are not the traced ones or hold (B·k) rows."""
+    if len(leaves) != len(traced) or batch is None:
+        raise UnsupportedLayerError(validators.untraced_shape_message(label))
+    dims: list[int | None] = []
+    for leaf, shape in zip(leaves, traced):
+        if not isinstance(leaf, Tensor):
+            dims.append(None)
+            continue
+        if not provenance.fits(tuple(leaf.shape), shape, batch):
+            raise UnsupportedLayerError(validators.untraced_shape_message(label))
+        where = provenance.batch_dim(shape)
+        if where is not None and where[1] > 1:
+            raise UnsupportedLayerError(validators.rows_message(label, where[1]))
+        dims.append(None if where is None else where[0])
+    return dims
