@@ -24,6 +24,7 @@ from dpledger.engine.validators import UnsupportedLayerError
 GENERIC = "generic"
 """The rule marker of layers handled by :mod:`dpledger.engine.layers.generic`."""
 
+
 @dataclass
 class Owner:
     """Where a trainable parameter lives: its full name and clipping group (its first owning

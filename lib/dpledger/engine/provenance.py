@@ -59,7 +59,9 @@ def template(first: tuple[int, ...], second: tuple[int, ...]) -> Template | str:
                 "depends on the data (tokens gathered per expert, a data-dependent selection)"
             )
     if sum(s < 0 for s in sizes) > 1:
-        return f"several of its dimensions follow the batch ({first} at batch 2), so it mixes examples"
+        return (
+            f"several of its dimensions follow the batch ({first} at batch 2), so it mixes examples"
+        )
     return tuple(sizes)
 
 

@@ -43,6 +43,7 @@ class Call:
     activations: Tensor | None
     backprops: Tensor | None = None
     version: int = 0
+    reached: bool = False  # its output gradient arrived
 
 
 @dataclass
@@ -153,9 +154,7 @@ class Recorder:
         live = [
             c
             for c in late
-            if (c.backprops is not None if isinstance(c, Call) else any(
-                g is not None for g in c.out_grads
-            ))
+            if (c.reached if isinstance(c, Call) else any(g is not None for g in c.out_grads))
         ]
         seen = set(self.taken)
         for call in live:
@@ -265,7 +264,9 @@ class Recorder:
         if key in self.traces:
             return self.traces[key]
         ancestors = self.layout.ancestors(self.model)
-        temporary = [m.register_forward_hook(self._probe_other, with_kwargs=True) for m in ancestors]
+        temporary = [
+            m.register_forward_hook(self._probe_other, with_kwargs=True) for m in ancestors
+        ]
         temporary += [
             m.register_forward_pre_hook(self._refuse_call, with_kwargs=True)
             for m in self.layout.hooked_modules(self.model)
@@ -273,6 +274,8 @@ class Recorder:
         ]
         probes = []
         devices = [first.device] if first.device.type == "cuda" else []
+        # the probes must leave no trace: buffers a forward pass updates (spectral_norm's vectors)
+        state = [(b, b.clone()) for b in self.model.buffers()]
         try:
             for size in provenance.PROBE_BATCHES:
                 self.probe = provenance.Probe(size)
@@ -286,6 +289,9 @@ class Recorder:
             self.probe = None
             for handle in temporary:
                 handle.remove()
+            with torch.no_grad():
+                for buffer, saved in state:
+                    buffer.copy_(saved)
         trace = provenance.combine(*probes)
         self._claim_unbatched(trace)
         while len(self.traces) >= provenance.CACHE_SIZE:
@@ -469,6 +475,7 @@ class Recorder:
     ) -> None:
         """The tap's backward: the output gradient, batch-first, to ``on_backprops``; a rule given a
         layout it does not know is refused naming the layer."""
+        call.reached = True
         try:
             self.on_backprops(call, _batch_first(grad, dim, rows))
         except torch.OutOfMemoryError:
@@ -497,7 +504,7 @@ class Recorder:
         leaves, spec = tree_flatten(output)
         batch = self.model_batch
         in_dims = _generic_dims(label, input_leaves, traced.inputs, batch)
-        out_dims = _generic_dims(label, leaves, traced.outputs, batch)
+        out_dims = _generic_dims(label, leaves, traced.outputs, batch, rows_shared=True)
         input_leaves = [v.detach() if isinstance(v, Tensor) else v for v in input_leaves]
         call = GenericCall(
             name,
@@ -544,7 +551,9 @@ def _broadcastable(traced: provenance.Traced) -> bool:
     """A call that carries no batch whose outputs (and, for a rule layer, its input) have a leading
     size 1 the engine broadcasts to the batch."""
     outputs = [t for t in traced.outputs if t is not None]
-    return bool(outputs) and all(_leading_one(t) for t in (*outputs, *traced.inputs[:1]) if t is not None)
+    return bool(outputs) and all(
+        _leading_one(t) for t in (*outputs, *traced.inputs[:1]) if t is not None
+    )
 
 
 def _batch_first(tensor: Tensor, dim: int, rows: int) -> Tensor:
@@ -556,17 +565,24 @@ def _batch_first(tensor: Tensor, dim: int, rows: int) -> Tensor:
 
 def _mismatch(where: tuple[tuple[int, int] | None, tuple[int, int] | None]) -> str:
     given, returned = (
-        "no dimension" if w is None else f"dimension {w[0]}" + (f" ({w[1]} rows each)" if w[1] > 1 else "")
+        "no dimension"
+        if w is None
+        else f"dimension {w[0]}" + (f" ({w[1]} rows each)" if w[1] > 1 else "")
         for w in where
     )
     return f"the batch is {given} of its input but {returned} of its output"
 
 
 def _generic_dims(
-    label: str, leaves: list[Any], traced: list[provenance.Template | None], batch: int | None
+    label: str,
+    leaves: list[Any],
+    traced: list[provenance.Template | None],
+    batch: int | None,
+    rows_shared: bool = False,
 ) -> list[int | None]:
     """The batch dimension of each leaf of a generic-rule call (None: shared by the examples), from
-    the trace; refused where the shapes are not the traced ones or hold (B·k) rows."""
+    the trace; refused where the shapes are not the traced ones or an input holds (B·k) rows (an
+    output of rows is taken as not splittable, refused only if it gets a gradient)."""
     if len(leaves) != len(traced) or batch is None:
         raise UnsupportedLayerError(validators.untraced_shape_message(label))
     dims: list[int | None] = []
@@ -578,6 +594,8 @@ def _generic_dims(
             raise UnsupportedLayerError(validators.untraced_shape_message(label))
         where = provenance.batch_dim(shape)
         if where is not None and where[1] > 1:
-            raise UnsupportedLayerError(validators.rows_message(label, where[1]))
+            if not rows_shared:
+                raise UnsupportedLayerError(validators.rows_message(label, where[1]))
+            where = None
         dims.append(None if where is None else where[0])
     return dims
