@@ -50,10 +50,8 @@ class _UnprovenRows(_FlatRows):
 
 def test_rows_whose_examples_cannot_be_proved_are_refused_naming_the_layer():
     torch.manual_seed(0)
-    with pytest.raises(
-        UnsupportedLayerError,
-        match=r"layer norm \(LayerNorm\) sees 3 rows per example .*x\.view\(-1, d\)",
-    ):
+    match = r"layer norm \(LayerNorm\) sees 3 rows per example .*x\.view\(-1, d\)"
+    with pytest.raises(UnsupportedLayerError, match=match):
         compare(_UnprovenRows(), sum_loss, torch.randn(4, 3, 4), torch.randn(4, 3, 2))
 
 

@@ -144,7 +144,7 @@ def _selective_inputs(batch: int, steps: int, dim: int) -> torch.Tensor:
         (
             Selected(3),
             lambda b: _selective_inputs(b, 4, 3),
-            r"proj \(Linear\).*depends on the data",
+            r"proj \(Linear\).*on the data",
         ),
     ],
 )

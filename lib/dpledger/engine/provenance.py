@@ -2,8 +2,9 @@
 
 Before the first training forward pass of each new input shape, the model is run twice more, in
 training mode with gradients enabled (the code path of training), on the first 2 and the first 3 of
-its examples (repeated when the batch is smaller), with the random streams forked. Every hooked layer's call records the shape of
-each of its input and output tensors in both runs. A dimension whose size is the same in both runs
+its examples (repeated when the batch is smaller), with the random streams forked and the buffers
+restored afterwards. Every hooked layer's call records the shape of each of its input and output
+tensors in both runs. A dimension whose size is the same in both runs
 does not come from the batch (a (T, T) relative-position table, the sequence of a (T, B, d)
 tensor); one whose size is 2k in the first and 3k in the second holds k rows of each example (k = 1:
 the batch itself, at whatever position: sequence-first layouts put it at 1); any other change is a
@@ -73,7 +74,7 @@ def batch_dim(shape: Template | None) -> tuple[int, int] | None:
 
 
 def fits(shape: tuple[int, ...], traced: Template | None, batch: int) -> bool:
-    """``shape`` at batch size ``batch`` is the traced template (a non-tensor leaf traced as None)."""
+    """``shape`` at batch size ``batch`` is the traced template (None: a non-tensor leaf)."""
     return traced is not None and (
         len(shape) == len(traced)
         and all(s == (batch * -t if t < 0 else t) for s, t in zip(shape, traced))
@@ -228,3 +229,33 @@ def _returns_batch(traced: Traced) -> bool:
         and all(d is None or d[1] == 1 for d in dims)
         and all(d is None or d[1] == 1 for d in map(batch_dim, traced.inputs))
     )
+
+
+def leading_one(shape: tuple[int, ...]) -> bool:
+    return len(shape) > 0 and shape[0] == 1
+
+
+def broadcastable(traced: Traced) -> bool:
+    """A call that carries no batch whose outputs (and, for a rule layer, its input) have a leading
+    size 1 the engine broadcasts to the batch."""
+    outputs = [t for t in traced.outputs if t is not None]
+    return bool(outputs) and all(
+        leading_one(t) for t in (*outputs, *traced.inputs[:1]) if t is not None
+    )
+
+
+def batch_first(tensor: Tensor, dim: int, rows: int) -> Tensor:
+    """A tensor with the batch at ``dim`` (or as (B·rows) leading rows) as (B, ...)."""
+    if rows > 1:
+        return tensor.unflatten(0, (-1, rows))
+    return tensor.movedim(dim, 0) if dim else tensor
+
+
+def mismatch(where: tuple[tuple[int, int] | None, tuple[int, int] | None]) -> str:
+    given, returned = (
+        "no dimension"
+        if w is None
+        else f"dimension {w[0]}" + (f" ({w[1]} rows each)" if w[1] > 1 else "")
+        for w in where
+    )
+    return f"the batch is {given} of its input but {returned} of its output"

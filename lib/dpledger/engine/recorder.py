@@ -25,7 +25,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dpledger.engine import capture, provenance, validators
+from dpledger.engine import capture, provenance, tracing, validators
 from dpledger.engine.layers import LayerRule, generic
 from dpledger.engine.owners import GENERIC, Layout
 from dpledger.engine.validators import UnsupportedLayerError
@@ -64,7 +64,7 @@ class GenericCall:
     autocast: list[tuple[str, torch.dtype]] = field(default_factory=list)
 
 
-class Recorder:
+class Recorder(tracing.Tracing):
     """The forward hooks of one engine: the calls of the last training forward pass, for its
     backward.
 
@@ -255,97 +255,6 @@ class Recorder:
             refuse_float16_autocast(where, None if first is None else first.device)
             self.trace = None if first is None else self._trace_for(entry, args, kwargs, first)
 
-    def _trace_for(
-        self, entry: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], first: Tensor
-    ) -> provenance.Trace:
-        """The trace of this input shape: cached, or made now by two probe runs of ``entry``."""
-        batch = first.shape[0]
-        key = (id(entry), provenance.signature(args, kwargs, batch))
-        if key in self.traces:
-            return self.traces[key]
-        ancestors = self.layout.ancestors(self.model)
-        temporary = [
-            m.register_forward_hook(self._probe_other, with_kwargs=True) for m in ancestors
-        ]
-        temporary += [
-            m.register_forward_pre_hook(self._refuse_call, with_kwargs=True)
-            for m in self.layout.hooked_modules(self.model)
-            if self.layout.rules[id(m)] == GENERIC
-        ]
-        probes = []
-        devices = [first.device] if first.device.type == "cuda" else []
-        # the probes must leave no trace: buffers a forward pass updates (spectral_norm's vectors)
-        state = [(b, b.clone()) for b in self.model.buffers()]
-        try:
-            for size in provenance.PROBE_BATCHES:
-                self.probe = provenance.Probe(size)
-                probe_args, probe_kwargs = provenance.probe_inputs(args, kwargs, batch, size)
-                with torch.random.fork_rng(devices=devices):
-                    entry(*probe_args, **probe_kwargs)
-                probes.append(self.probe)
-        except (RuntimeError, IndexError, ValueError, TypeError) as error:
-            raise UnsupportedLayerError(validators.probe_failure_message(error)) from error
-        finally:
-            self.probe = None
-            for handle in temporary:
-                handle.remove()
-            with torch.no_grad():
-                for buffer, saved in state:
-                    buffer.copy_(saved)
-        trace = provenance.combine(*probes)
-        self._claim_unbatched(trace)
-        while len(self.traces) >= provenance.CACHE_SIZE:
-            self.traces.pop(next(iter(self.traces)))
-        self.traces[key] = trace
-        return trace
-
-    def _refuse_call(self, module: nn.Module, args: Any, kwargs: Any) -> None:
-        """Before a probe runs a generic-rule layer: refuse, naming it, inputs it cannot split."""
-        reason = generic.check_call(module, args, kwargs)
-        if reason:
-            name = self.layout.module_names[id(module)]
-            raise UnsupportedLayerError(f"engine: layer {name} ({type(module).__name__}): {reason}")
-
-    def _probe_other(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        """A probe run's record of a module the engine does not hook (a possible claimant)."""
-        if self.probe is not None:
-            self.probe.add(module, (args, kwargs), output)
-
-    def _claim_unbatched(self, trace: provenance.Trace) -> None:
-        """Give the parameters of each layer whose traced calls carry no batch at all (and no
-        size-1 dimension the engine can broadcast) to the nearest enclosing module that returns
-        the batch, under the generic rule; refuse the layer by name when there is none."""
-        names = dict(self.model.named_modules())
-        called = {key[0] for key in trace.calls}
-        for module in self.layout.hooked_modules(self.model):
-            calls = [t for (m, _), t in trace.calls.items() if m == id(module)]
-            if not calls or not all(
-                t.problem is None and t.shared and not _broadcastable(t) for t in calls
-            ):
-                continue
-            name = self.layout.module_names[id(module)]
-            parent = provenance.claimant(name, names, trace, called)
-            if parent is None or self.layout.rules.get(id(parent), GENERIC) != GENERIC:
-                raise UnsupportedLayerError(
-                    validators.unbatched_message(f"{name} ({type(module).__name__})")
-                )
-            self.layout.claim(module, parent, names)
-            self.module_handles.pop(id(module)).remove()
-            if id(parent) not in self.module_handles:
-                self._hook(parent)
-
-    def _traced(self, module: nn.Module, label: str) -> provenance.Traced:
-        """This call's trace (the module's k-th call of the pass), or a refusal naming the
-        layer."""
-        count = self.counts.get(id(module), 0)
-        self.counts[id(module)] = count + 1
-        traced = None if self.trace is None else self.trace.calls.get((id(module), count))
-        if traced is None:
-            raise UnsupportedLayerError(validators.untraced_message(label))
-        if traced.problem is not None:
-            raise UnsupportedLayerError(validators.provenance_message(label, traced.problem))
-        return traced
-
     def _broadcast(self, tensor: Tensor, dim: int, name: str, batch: int | None) -> Tensor:
         """A tensor of size 1 along ``dim`` that carries no batch (BERT's position embeddings, T5's
         relative position bias) as B copies, so that its gradient is each example's own rather than
@@ -356,34 +265,6 @@ class Recorder:
         if self.check is not None:
             self.check.broadcast.append(name)
         return tensor.expand(*tensor.shape[:dim], batch, *tensor.shape[dim + 1 :]).contiguous()
-
-    def _probe_hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
-        """A probe run's record of a hooked layer's call (``provenance.py``); size-1 outputs are
-        broadcast to the probe's batch as the training pass will broadcast them."""
-        probe, name = self.probe, self.layout.module_names[id(module)]
-        grad = torch.is_grad_enabled()
-        if self.layout.rules[id(module)] == GENERIC:
-            probe.add(module, (args, kwargs), output)
-            leaves, spec = tree_flatten(output)
-            if not grad:
-                return None
-            leaves = [
-                self._broadcast(v, 0, name, probe.batch)
-                if isinstance(v, Tensor) and v.is_floating_point()
-                else v
-                for v in leaves
-            ]
-            return tree_unflatten(leaves, spec)
-        inputs = args[0] if args else next(iter(kwargs.values()), None)
-        if not isinstance(inputs, Tensor) or not isinstance(output, Tensor):
-            probe.add(module, (args, kwargs), output)
-            return None
-        rule = self.layout.rules[id(module)]
-        rows = validators.flattened_rows(inputs, output, probe.batch) if rule.rowwise else None
-        probe.add(module, inputs, output, rows)
-        if grad and _leading_one(inputs.shape) and _leading_one(output.shape):
-            return self._broadcast(output, 0, name, probe.batch)
-        return None
 
     def _forward_hook(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -407,6 +288,21 @@ class Recorder:
         traced = self._traced(module, label)
         if rule == GENERIC:
             return self._record_generic(name, module, args, kwargs, output, traced)
+        return self._record_rule(name, module, rule, args, kwargs, output, traced)
+
+    def _record_rule(
+        self,
+        name: str,
+        module: nn.Module,
+        rule: LayerRule,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+        traced: provenance.Traced,
+    ) -> Tensor:
+        """Keep a rule layer's input batch-first (from its traced batch position) and tap its
+        output, whose gradient reaches the rule batch-first too."""
+        label = f"{name} ({type(module).__name__})"
         inputs = args[0] if args else next(iter(kwargs.values()), None)
         if not isinstance(inputs, Tensor) or not isinstance(output, Tensor):
             raise UnsupportedLayerError(
@@ -419,13 +315,13 @@ class Recorder:
         ):
             raise UnsupportedLayerError(validators.untraced_shape_message(label))
         where = provenance.batch_dim(traced.inputs[0]), provenance.batch_dim(traced.outputs[0])
-        if where == (None, None) and _broadcastable(traced):
+        if where == (None, None) and provenance.broadcastable(traced):
             inputs = self._broadcast(inputs, 0, name, batch)
             output = self._broadcast(output, 0, name, batch)
             where = ((0, 1), (0, 1))
         dim, rows = self._position(rule, label, where, traced, inputs, output)
         version = inputs._version
-        inputs = _batch_first(inputs, dim, rows)
+        inputs = provenance.batch_first(inputs, dim, rows)
         params = self.layout.layer_params[id(module)]
         call = Call(name, module, rule, params, inputs.detach(), version=version)
         (self.late if self.in_backward else self.calls).append(call)
@@ -449,7 +345,8 @@ class Recorder:
         trace; refused by name where the rule cannot take it batch-first."""
         given, returned = where
         if given is None or given != returned:
-            raise UnsupportedLayerError(validators.provenance_message(label, _mismatch(where)))
+            why = provenance.mismatch(where)
+            raise UnsupportedLayerError(validators.provenance_message(label, why))
         dim, rows = given
         if rows > 1:
             proved = traced.rows or rows == validators.rows_of_proved_rows(
@@ -477,7 +374,7 @@ class Recorder:
         layout it does not know is refused naming the layer."""
         call.reached = True
         try:
-            self.on_backprops(call, _batch_first(grad, dim, rows))
+            self.on_backprops(call, provenance.batch_first(grad, dim, rows))
         except torch.OutOfMemoryError:
             raise
         except (RuntimeError, IndexError) as error:
@@ -503,8 +400,8 @@ class Recorder:
         input_leaves, input_spec = tree_flatten((args, kwargs))
         leaves, spec = tree_flatten(output)
         batch = self.model_batch
-        in_dims = _generic_dims(label, input_leaves, traced.inputs, batch)
-        out_dims = _generic_dims(label, leaves, traced.outputs, batch, rows_shared=True)
+        in_dims = tracing.generic_dims(label, input_leaves, traced.inputs, batch)
+        out_dims = tracing.generic_dims(label, leaves, traced.outputs, batch, rows_shared=True)
         input_leaves = [v.detach() if isinstance(v, Tensor) else v for v in input_leaves]
         call = GenericCall(
             name,
@@ -525,7 +422,7 @@ class Recorder:
         for k, leaf in enumerate(leaves):
             if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
                 continue
-            if out_dims[k] is None and _leading_one(leaf.shape):
+            if out_dims[k] is None and provenance.leading_one(leaf.shape):
                 leaf, out_dims[k] = self._broadcast(leaf, 0, name, batch), 0
             # A fresh node (capture.tap): a hook on the module's own tensor would also collect the
             # gradient of the module's internal uses of it (attention weights it multiplies by the
@@ -541,61 +438,3 @@ class Recorder:
 
 def _label(call: Call | GenericCall) -> str:
     return f"{call.name} ({type(call.module).__name__})"
-
-
-def _leading_one(shape: tuple[int, ...]) -> bool:
-    return len(shape) > 0 and shape[0] == 1
-
-
-def _broadcastable(traced: provenance.Traced) -> bool:
-    """A call that carries no batch whose outputs (and, for a rule layer, its input) have a leading
-    size 1 the engine broadcasts to the batch."""
-    outputs = [t for t in traced.outputs if t is not None]
-    return bool(outputs) and all(
-        _leading_one(t) for t in (*outputs, *traced.inputs[:1]) if t is not None
-    )
-
-
-def _batch_first(tensor: Tensor, dim: int, rows: int) -> Tensor:
-    """A tensor with the batch at ``dim`` (or as (B·rows) leading rows) as (B, ...)."""
-    if rows > 1:
-        return tensor.unflatten(0, (-1, rows))
-    return tensor.movedim(dim, 0) if dim else tensor
-
-
-def _mismatch(where: tuple[tuple[int, int] | None, tuple[int, int] | None]) -> str:
-    given, returned = (
-        "no dimension"
-        if w is None
-        else f"dimension {w[0]}" + (f" ({w[1]} rows each)" if w[1] > 1 else "")
-        for w in where
-    )
-    return f"the batch is {given} of its input but {returned} of its output"
-
-
-def _generic_dims(
-    label: str,
-    leaves: list[Any],
-    traced: list[provenance.Template | None],
-    batch: int | None,
-    rows_shared: bool = False,
-) -> list[int | None]:
-    """The batch dimension of each leaf of a generic-rule call (None: shared by the examples), from
-    the trace; refused where the shapes are not the traced ones or an input holds (B·k) rows (an
-    output of rows is taken as not splittable, refused only if it gets a gradient)."""
-    if len(leaves) != len(traced) or batch is None:
-        raise UnsupportedLayerError(validators.untraced_shape_message(label))
-    dims: list[int | None] = []
-    for leaf, shape in zip(leaves, traced):
-        if not isinstance(leaf, Tensor):
-            dims.append(None)
-            continue
-        if not provenance.fits(tuple(leaf.shape), shape, batch):
-            raise UnsupportedLayerError(validators.untraced_shape_message(label))
-        where = provenance.batch_dim(shape)
-        if where is not None and where[1] > 1:
-            if not rows_shared:
-                raise UnsupportedLayerError(validators.rows_message(label, where[1]))
-            where = None
-        dims.append(None if where is None else where[0])
-    return dims

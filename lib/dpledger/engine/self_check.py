@@ -21,11 +21,11 @@ per-example norms ‖w_i·g_i‖, and every trainable parameter's clipped sum. T
   attribute of a layer or its config (HF's ``attention_dropout``, ``layerdrop``, ``drop_path_rate``)
   set to 0;
 - gets the examples, plus one padding row of weight 0 (it must contribute exactly zero), as
-  physical batches accumulated into one step (gradient accumulation) at the shapes training uses: for
-  sequence inputs one batch as large as the padded sequence length (B = T), and one whose size is
-  coprime to every other dimension of the inputs, the rows taken in turn (repeating where a batch is
-  larger than the rows, so the naive loop still runs once per distinct row and each row counts as
-  often as the engine saw it).
+  physical batches accumulated into one step (gradient accumulation) at the shapes training uses:
+  for sequence inputs one batch as large as the padded sequence length (B = T), and one whose size
+  is coprime to every other dimension of the inputs, the rows taken in turn (repeating where a
+  batch is larger than the rows, so the naive loop still runs once per distinct row and each row
+  counts as often as the engine saw it).
 
 It proves the engine exact on this model, these examples, at this precision; it does not prove other
 inputs (a data-dependent branch not taken here) or another precision. The cost is one engine step

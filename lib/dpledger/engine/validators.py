@@ -281,8 +281,8 @@ def untraced_shape_message(label: str) -> str:
     """A layer whose tensors at this batch size are not the traced ones with the batch resized."""
     return (
         f"engine: layer {label}: its tensors' shapes at this batch size are not the ones traced at "
-        "batch sizes 2 and 3 with the batch resized, so its layout depends on the batch or the data "
-        "and which dimension is the batch is unknown"
+        "batch sizes 2 and 3 with the batch resized, so its layout depends on the batch or the "
+        "data and which dimension is the batch is unknown"
     )
 
 

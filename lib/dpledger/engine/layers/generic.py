@@ -14,11 +14,11 @@ their own (ghost) rules, so this is never one fallback over the whole model.
 Batch layout: each input and output tensor is batched along the dimension the engine traced for it
 (``provenance.py``: 1 for torch's RNNs and MultiheadAttention with ``batch_first=False`` and for RNN
 hidden states, none for masks and position ids shared by every example), never along a dimension
-guessed from its size. The recomputed outputs must equal the ones the forward pass produced: a module that mixes
-examples, or whose layout is not the one assumed, is refused naming it rather than given a wrong
-gradient. That check is formed on the device (:attr:`Recomputed.matches`) and read by the engine
-once for all generic-rule calls of a backward pass, before any clipping (issue 30: it was three host
-syncs per call, about 325 per step of a 32-layer Llama).
+guessed from its size. The recomputed outputs must equal the ones the forward pass produced: a
+module that mixes examples, or whose layout is not the one assumed, is refused naming it rather
+than given a wrong gradient. That check is formed on the device (:attr:`Recomputed.matches`) and
+read by the engine once for all generic-rule calls of a backward pass, before any clipping (it was
+three host syncs per call, about 325 per step of a 32-layer Llama).
 """
 
 from __future__ import annotations
@@ -134,9 +134,9 @@ def per_example_grads(
     """Per-example gradients of ``params`` (paths relative to ``module``) from the saved call, and
     whether the recomputed outputs match the saved ones (on the device: :class:`Recomputed`).
 
-    ``layout``: the traced batch dimensions of the call; ``outputs``/``out_grads``: the forward's flattened
-    output tensors and their gradients (None where the output got none or is not a floating
-    tensor)."""
+    ``layout``: the traced batch dimensions of the call; ``outputs``/``out_grads``: the forward's
+    flattened output tensors and their gradients (None where the output got none or is not a
+    floating tensor)."""
     input_leaves, input_spec = tree_flatten((args, kwargs))
     in_dims = layout.inputs
     used = [k for k, g in enumerate(out_grads) if g is not None]
