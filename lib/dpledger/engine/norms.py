@@ -117,7 +117,8 @@ class LayerNorms:
                         factors[first], factors[second]
                     )
         checks = []
-        for call in state.generic_calls:
+        # calls recorded during the pass (a reentrant checkpoint's recomputation): trained now
+        for call in state.generic_calls + recorder.take_late():
             self.layer_methods[call.name] = GENERIC
             recomputed = self._generic_grads(call, state.batch, recorder)
             for attr, grads in recomputed.grads.items():

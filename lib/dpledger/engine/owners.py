@@ -5,8 +5,10 @@ Built once when :class:`~dpledger.engine.bk.BKEngine` is constructed: each train
 full name, its offset in the flat buffer of the noisy sum and its clipping group (its first owning
 layer, for per-layer clipping); each hooked layer's name, rule (a :class:`LayerRule`, or
 :data:`GENERIC` for the generic exact rule, ``layers/generic.py``) and parameters; and the layers
-that see (T, B, ...) tensors inside a torch transformer layer with ``batch_first=False``. A layer
-the engine cannot train is refused here (``validators.layer_refusal``).
+A layer the engine cannot train is refused here (``validators.layer_refusal``). Which dimension of
+a layer's tensors is the batch is traced at the first forward pass (``provenance.py``), which may
+hand the parameters of a layer whose tensors carry no batch to an enclosing module
+(:meth:`Layout.claim`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from dpledger.engine.validators import UnsupportedLayerError
 
 GENERIC = "generic"
 """The rule marker of layers handled by :mod:`dpledger.engine.layers.generic`."""
-
-_SEQUENCE_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.Transformer)
 
 
 @dataclass
@@ -45,7 +45,6 @@ class Layout:
     module_names: dict[int, str] = field(default_factory=dict)
     rules: dict[int, LayerRule | str] = field(default_factory=dict)
     layer_params: dict[int, dict[str, nn.Parameter]] = field(default_factory=dict)
-    sequence_first: set[int] = field(default_factory=set)
 
     def groups(self, clipping: str) -> int:
         """Number of clipping groups: one per owning layer with per-layer clipping, else one."""
@@ -55,19 +54,29 @@ class Layout:
         """The model's layers that own trainable parameters, in ``model.modules()`` order."""
         return [m for m in model.modules() if id(m) in self.module_names]
 
+    def ancestors(self, model: nn.Module) -> list[nn.Module]:
+        """The modules enclosing a hooked layer that are not hooked themselves: the candidates to
+        claim a layer whose tensors carry no batch (``provenance.claimant``)."""
+        names = dict(model.named_modules())
+        wanted: set[str] = set()
+        for module in self.hooked_modules(model):
+            name = self.module_names[id(module)]
+            parts = name.split(".") if name != "<model>" else []
+            wanted.update(".".join(parts[:depth]) for depth in range(len(parts)))
+        return [names[n] for n in sorted(wanted) if id(names[n]) not in self.module_names]
 
-def _declared_batch_first(modules: dict[str, nn.Module], name: str) -> bool | None:
-    """``batch_first`` of the nearest enclosing torch transformer layer (nn.TransformerEncoderLayer
-    with batch_first=False passes (T, B, ...) tensors to its Linear and LayerNorm children), or
-    None."""
-    parts = name.split(".") if name else []
-    for depth in range(len(parts) - 1, -1, -1):
-        parent = modules[".".join(parts[:depth])]
-        if isinstance(parent, nn.Transformer):
-            return parent.batch_first
-        if isinstance(parent, _SEQUENCE_LAYERS):  # the layers keep it only in their attention
-            return parent.self_attn.batch_first
-    return None
+    def claim(self, child: nn.Module, parent: nn.Module, names: dict[str, nn.Module]) -> None:
+        """Hand ``child``'s parameters to the enclosing ``parent``, which trains them by the generic
+        rule (re-running its forward per example differentiates its uses of them)."""
+        child_name = self.module_names.pop(id(child))
+        self.rules.pop(id(child))
+        params = self.layer_params.pop(id(child))
+        parent_name = next(n for n, m in names.items() if m is parent)
+        prefix = child_name[len(parent_name) + 1 :] if parent_name else child_name
+        self.module_names[id(parent)] = parent_name or "<model>"
+        self.rules[id(parent)] = GENERIC
+        owned = self.layer_params.setdefault(id(parent), {})
+        owned.update({f"{prefix}.{attr}": p for attr, p in params.items()})
 
 
 def _own_parameters(
@@ -109,7 +118,7 @@ def map_layers(model: nn.Module, params: list[nn.Parameter]) -> Layout:
         if not own:
             continue
         rule = None if children else rule_for(module)
-        _add_layer(layout, modules, layer_name, module, rule, own)
+        _add_layer(layout, layer_name, module, rule, own)
         fresh = [p for _, p in own if layout.owners[id(p)].group < 0]
         # a module whose parameters are all tied to earlier ones is no clipping group of its own
         if fresh:
@@ -121,7 +130,6 @@ def map_layers(model: nn.Module, params: list[nn.Parameter]) -> Layout:
 
 def _add_layer(
     layout: Layout,
-    modules: dict[str, nn.Module],
     layer_name: str,
     module: nn.Module,
     rule: LayerRule | None,
@@ -141,6 +149,4 @@ def _add_layer(
         raise UnsupportedLayerError(refusal)
     layout.module_names[id(module)] = layer_name or "<model>"
     layout.rules[id(module)] = rule if rule is not None else GENERIC
-    if rule is not None and _declared_batch_first(modules, layer_name) is False:
-        layout.sequence_first.add(id(module))
     layout.layer_params[id(module)] = dict(own)

@@ -19,8 +19,12 @@ per-example norms ‖w_i·g_i‖, and every trainable parameter's clipped sum. T
   layers compute) with every dropout off: dropout modules' ``p`` and every float ``*drop*``
   attribute of a layer or its config (HF's ``attention_dropout``, ``layerdrop``, ``drop_path_rate``)
   set to 0;
-- gets the examples as two physical batches accumulated into one step (gradient accumulation) plus
-  one padding row of weight 0 (it must contribute exactly zero).
+- gets the examples, plus one padding row of weight 0 (it must contribute exactly zero), as
+  physical batches accumulated into one step (gradient accumulation) at the shapes training uses:
+  for sequence inputs one batch as large as the padded sequence length (B = T), and one whose size
+  is coprime to every other dimension of the inputs, the rows taken in turn (repeating where a
+  batch is larger than the rows, so the naive loop still runs once per distinct row and each row
+  counts as often as the engine saw it).
 
 It proves the engine exact on this model, these examples, at this precision; it does not prove other
 inputs (a data-dependent branch not taken here) or another precision. The cost is one engine step
@@ -219,9 +223,13 @@ def run_self_check(
         clip = (clip_norm, clipping, automatic_gamma)
         trained = [p for name, p in replica.named_parameters() if name in set(trainable)]
         state = state_snapshot(replica, trained)  # a model changing its own state is named as such
-        naive = _naive_loop(replica, loss_fn, (x, y, w), names, groups, clip)
+        batches = training_batches(x)
+        counts = torch.bincount(torch.cat(batches), minlength=len(x)).tolist()
+        naive = _naive_loop(replica, loss_fn, (x, y, w), names, groups, clip, counts)
         check_state_unchanged(replica, trained, state)
-        engine = _engine_pass(engine_type, replica, loss_fn, (x, y, w), clip, ghost)
+        engine = _engine_pass(engine_type, replica, loss_fn, (x, y, w), clip, ghost, batches)
+        seen = torch.cat(batches).cpu()
+        naive = _Naive(naive.losses[seen], naive.norms[seen], naive.sums, naive.scales)
         counts = (len(x) - 1, len(trainable))
         result = _compare(naive, engine, names, replica, dtype, clipping, started, counts)
         if not result.passed and raise_on_mismatch:
@@ -415,10 +423,11 @@ def _naive_loop(
     names: Sequence[str],
     groups: dict[str, int],
     clip: tuple[float, str, float],
+    counts: Sequence[int],
 ) -> _Naive:
     """One forward and one backward pass per example by plain autograd; Σ_i C_i·w_i·g_i accumulated
     with the clipping factors of the loop's own norms (flat, per layer over ``groups`` with R/√L,
-    automatic)."""
+    automatic), row i counted ``counts[i]`` times (as often as the engine's batches hold it)."""
     (x, y, w), (clip_norm, clipping, gamma) = rows, clip
     params = dict(model.named_parameters())
     sums = {n: torch.zeros_like(params[n]) for n in names}
@@ -444,7 +453,7 @@ def _naive_loop(
             factor = dict.fromkeys(factor, 0.0)
         norm = math.sqrt(float(sum(by_group.values())))
         for n, g in grads.items():
-            f = factor[groups[n] if clipping == "per-layer" else 0]
+            f = counts[i] * factor[groups[n] if clipping == "per-layer" else 0]
             if f != 0 and math.isfinite(norm):
                 sums[n] += f * g
                 scales[n] += f * g.double().norm()
@@ -482,9 +491,10 @@ def _engine_pass(
     rows: tuple[Tensor, Tensor, Tensor],
     clip: tuple[float, str, float],
     ghost: str,
+    batches: Sequence[Tensor],
 ) -> _EnginePass:
-    """The engine's step with noise off (normalizer 1) over two physical batches of the rows,
-    accumulated."""
+    """The engine's step with noise off (normalizer 1) over the physical ``batches`` (row indices)
+    of the rows, accumulated."""
     (x, y, w), (clip_norm, clipping, gamma) = rows, clip
     engine = engine_type(
         model,
@@ -497,9 +507,8 @@ def _engine_pass(
         ghost=ghost,  # type: ignore[arg-type]
     )
     try:
-        half = (len(x) + 1) // 2
         losses, norms = [], []
-        for rows in (slice(0, half), slice(half, len(x))):
+        for rows in batches:
             batch_losses = loss_fn(model, x[rows], y[rows])
             norms.append(engine.backward(batch_losses, w[rows]).detach().double())
             losses.append(batch_losses.detach().double())
@@ -511,6 +520,30 @@ def _engine_pass(
         engine.detach()
     # the naive loop's losses and norms are host numbers: the engine's join them on the CPU
     return _EnginePass(torch.cat(losses).cpu(), torch.cat(norms).cpu(), sums)
+
+
+def _coprime(sizes: Sequence[int], avoid: Sequence[int]) -> int:
+    """The smallest batch size of at least 2 coprime to every one of ``sizes`` and not in
+    ``avoid``."""
+    size = 2
+    while any(math.gcd(size, d) != 1 for d in sizes if d > 1) or size in avoid:
+        size += 1
+    return size
+
+
+def training_batches(x: Tensor) -> list[Tensor]:
+    """Row indices of the engine's physical batches: one of the padded sequence length T (the second
+    dimension of token ids (B, T) or of (B, T, ...) inputs), one of a size coprime to every other
+    dimension of the inputs, and the rows left over, the rows taken in turn (repeating), each at
+    least once."""
+    dims = list(x.shape[1:])
+    sequence = x.dim() >= 3 or (x.dim() == 2 and not x.is_floating_point())
+    sizes = [dims[0]] if sequence and dims[0] > 1 else []
+    sizes.append(_coprime(dims, sizes))
+    if sum(sizes) < len(x):
+        sizes.append(len(x) - sum(sizes))
+    order = torch.arange(sum(sizes), device=x.device) % len(x)
+    return list(order.split(sizes))
 
 
 def _relative(difference: Tensor, scale: Tensor, floor: float = 0.0) -> float:

@@ -90,5 +90,6 @@ RULE = register(
         ghost_cost=ghost_cost,
         validate=validate,
         tied_factors=tied_factors,
+        rowwise=True,
     ),
 )

@@ -11,14 +11,14 @@ Only the module's own parameters (and those of children it uses functionally,
 :data:`CLAIMED_CHILDREN`) are differentiated; its child layers run with their real weights and keep
 their own (ghost) rules, so this is never one fallback over the whole model.
 
-Batch layout: each input and output tensor is batched along the module's batch dimension (1 where
-the module says ``batch_first=False``, as torch's RNNs and MultiheadAttention; RNN hidden states
-always along 1) when its size there is B, and otherwise shared by all examples (masks, position
-ids). The recomputed outputs must equal the ones the forward pass produced: a module that mixes
-examples, or whose layout is not the one assumed, is refused naming it rather than given a wrong
-gradient. That check is formed on the device (:attr:`Recomputed.matches`) and read by the engine
-once for all generic-rule calls of a backward pass, before any clipping (one host sync
-instead of three per call, about 325 per step of a 32-layer Llama).
+Batch layout: each input and output tensor is batched along the dimension the engine traced for it
+(``provenance.py``: 1 for torch's RNNs and MultiheadAttention with ``batch_first=False`` and for RNN
+hidden states, none for masks and position ids shared by every example), never along a dimension
+guessed from its size. The recomputed outputs must equal the ones the forward pass produced: a
+module that mixes examples, or whose layout is not the one assumed, is refused naming it rather
+than given a wrong gradient. That check is formed on the device (:attr:`Recomputed.matches`) and
+read by the engine once for all generic-rule calls of a backward pass, before any clipping (one
+host sync instead of three per call, about 325 per step of a 32-layer Llama).
 """
 
 from __future__ import annotations
@@ -98,47 +98,11 @@ def mismatch_message(output: int) -> str:
 
 @dataclass
 class Layout:
-    """Candidate batch dimension of each flattened input and output tensor of one call."""
+    """The batch dimension of each flattened input and output tensor of one call, as traced
+    (``provenance.py``): None for a tensor shared by every example (masks, position ids)."""
 
-    inputs: list[int]
-    outputs: list[int]
-
-
-RNN_ARGUMENTS = ("input", "hx")
-ATTENTION_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask")
-
-
-def _leaf_dims(
-    values: list[tuple[int | str, Any]], dim_of: Callable[[int | str], int]
-) -> list[int]:
-    """One dimension per pytree leaf, the same for every leaf of one argument (in tree_flatten's
-    order)."""
-    return [dim_of(key) for key, value in values for _ in tree_flatten(value)[0]]
-
-
-def layout_of(
-    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
-) -> Layout:
-    """Batch dimensions by argument: torch's RNNs have the sequence (input, output) along 0 or 1 by
-    ``batch_first`` and the hidden states (layers, B, H) along 1; MultiheadAttention has query, key,
-    value and its output along 0 or 1 by ``batch_first``, masks and attention weights along 0; any
-    other module 0."""
-    main = 0 if getattr(module, "batch_first", True) else 1
-    if isinstance(module, nn.RNNBase):
-        names, batched, out_dims = RNN_ARGUMENTS, {"input"}, (main, 1)
-    elif isinstance(module, nn.MultiheadAttention):
-        names, batched, out_dims = ATTENTION_ARGUMENTS, {"query", "key", "value"}, (main, 0)
-    else:
-        names, batched, out_dims, main = (), set(), (0,), 0
-
-    def input_dim(key: int | str) -> int:
-        name = names[key] if isinstance(key, int) and key < len(names) else key
-        return main if name in batched else (1 if name == "hx" else 0)
-
-    inputs = _leaf_dims([*enumerate(args), *kwargs.items()], input_dim)
-    parts = list(enumerate(output)) if isinstance(output, (tuple, list)) else [(0, output)]
-    outputs = _leaf_dims(parts, lambda k: out_dims[min(k, len(out_dims) - 1)])
-    return Layout(inputs, outputs)
+    inputs: list[int | None]
+    outputs: list[int | None]
 
 
 def check_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -151,20 +115,10 @@ def check_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any])
         mask = kwargs.get("attn_mask", args[5] if len(args) > 5 else None)
         if isinstance(mask, Tensor) and mask.dim() == 3:
             return (
-                "a 3-D attn_mask (batch × heads, L, S) mixes the batch and head dimensions; "
-                "use a 2-D mask"
+                "a 3-D attn_mask (batch × heads, L, S) mixes the batch and head dimensions; use "
+                "a 2-D mask"
             )
     return None
-
-
-def _batched_dims(leaves: list[Any], candidates: list[int], batch: int) -> list[int | None]:
-    """The vmap dimension of each leaf: its candidate when it has size B there, None (shared)
-    otherwise."""
-    dims: list[int | None] = []
-    for leaf, dim in zip(leaves, candidates):
-        batched = isinstance(leaf, Tensor) and leaf.dim() > dim and leaf.shape[dim] == batch
-        dims.append(dim if batched else None)
-    return dims
 
 
 def per_example_grads(
@@ -180,19 +134,19 @@ def per_example_grads(
     """Per-example gradients of ``params`` (paths relative to ``module``) from the saved call, and
     whether the recomputed outputs match the saved ones (on the device: :class:`Recomputed`).
 
-    ``layout``: :func:`layout_of` the call; ``outputs``/``out_grads``: the forward's flattened
-    output tensors and their gradients (None where the output got none or is not a floating
-    tensor)."""
+    ``layout``: the traced batch dimensions of the call; ``outputs``/``out_grads``: the forward's
+    flattened output tensors and their gradients (None where the output got none or is not a
+    floating tensor)."""
     input_leaves, input_spec = tree_flatten((args, kwargs))
-    in_dims = _batched_dims(input_leaves, layout.inputs, batch)
+    in_dims = layout.inputs
     used = [k for k, g in enumerate(out_grads) if g is not None]
-    out_dims = [layout.outputs[k] for k in used]
-    for k, dim in zip(used, out_dims):
-        if outputs[k].dim() <= dim or outputs[k].shape[dim] != batch:
+    for k in used:
+        if layout.outputs[k] is None:
             raise GenericRuleError(
-                f"output {k} has shape {tuple(outputs[k].shape)}, "
-                f"with no batch dimension of size {batch} at {dim}"
+                f"output {k} (shape {tuple(outputs[k].shape)}) carries no batch dimension, so its "
+                "gradient is the sum over the examples"
             )
+    out_dims = [layout.outputs[k] for k in used]
     tensor_slots = [i for i, d in enumerate(in_dims) if d is not None]
     primals = {name: p.detach() for name, p in params.items()}
     # called, but none of its outputs reached the loss: every example's gradient is zero
