@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpledger.engine import BKEngine, NoiseSource
+from dpledger.engine import BKEngine, NoiseSource, UnsupportedLayerError
 from dpledger.engine.distributed import share_bounds
 from dpledger.pipeline.distributed import spawn_ranks
 
@@ -179,12 +179,45 @@ def _naive_run(name: str) -> dict[str, object]:
     return {"released": released, "state": model.state_dict()}
 
 
-def _all_models(ranks) -> dict[str, dict[str, object]]:
-    return {name: _sharded_run(name, ranks) for name in MODELS}
+class _TiedHead(nn.Module):
+    """A head that reuses the embedding's weight through F.linear, outside the Embedding layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 8)
+        self.blocks = nn.ModuleList([nn.Linear(8, 8) for _ in range(2)])
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(ids)
+        for block in self.blocks:
+            hidden = torch.tanh(block(hidden))
+        logits = F.linear(hidden, self.embed.weight)
+        return F.cross_entropy(logits.transpose(1, 2), ids, reduction="none").sum(1)
+
+
+def _outside_use(ranks) -> str:
+    """The first training pass of the sharded tied-head model: the guard's refusal, one line."""
+    from dpledger.engine.fsdp import FSDPEngine, shard_model
+
+    torch.manual_seed(0)
+    model = _TiedHead().double()
+    shard_model(model)
+    engine = FSDPEngine(model, None, clip_norm=CLIP, noise_multiplier=SIGMA, normalizer=ROWS)
+    try:
+        engine.backward(model(_batch(0)))
+    except UnsupportedLayerError as error:
+        return str(error)
+    return "not refused"
+
+
+def _all_models(ranks) -> dict[str, object]:
+    outcome: dict[str, object] = {name: _sharded_run(name, ranks) for name in MODELS}
+    outcome["outside_use"] = _outside_use(ranks)
+    return outcome
 
 
 @pytest.fixture(scope="module")
-def sharded() -> dict[str, dict[str, object]]:
+def sharded() -> dict[str, object]:
     return spawn_ranks(_all_models, (), 2, CPU)
 
 
@@ -204,5 +237,16 @@ def test_sharded_engine_equals_the_naive_loop_and_one_process(sharded, name):
 
 
 def test_rank_zero_holds_about_half_of_the_trainable_entries(sharded):
-    for name, ranked in sharded.items():
-        assert ranked["local"] < 0.75 * ranked["numel"], name
+    for name in MODELS:
+        assert sharded[name]["local"] < 0.75 * sharded[name]["numel"], name
+
+
+def test_a_parameter_used_outside_its_layer_is_refused_under_sharding_too(sharded):
+    """FSDP swaps in unsharded parameters for the forward pass: the guard must still see them."""
+    with pytest.raises(UnsupportedLayerError) as alone:
+        model = _TiedHead().double()
+        BKEngine(model, None, clip_norm=CLIP, noise_multiplier=SIGMA, normalizer=ROWS).backward(
+            model(_batch(0))
+        )
+    assert "embed.weight" in sharded["outside_use"]
+    assert sharded["outside_use"] == str(alone.value)

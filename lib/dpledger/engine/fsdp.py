@@ -28,12 +28,13 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from dpledger.engine.bk import BKEngine
 from dpledger.engine.fsdp_sum import ShardedNoisySum
 from dpledger.engine.norms import LayerNorms
+from dpledger.engine.owners import GENERIC
 from dpledger.engine.recorder import GenericCall, Recorder
 
 __all__ = ["FSDPEngine", "block_modules", "full_state_dict", "full_tensors", "shard_model"]
@@ -92,6 +93,49 @@ def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
     }
 
 
+def unsharded_aliases(model: nn.Module) -> dict[int, nn.Parameter]:
+    """The id of every sharded parameter -> the unsharded parameter FSDP registers on its module
+    during the forward and backward passes (one object for the whole run, its storage freed between
+    uses); made by one unshard and reshard of each sharded module, in the same order on every
+    rank."""
+    aliases: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        module.unshard()
+        for group in module._get_fsdp_state()._fsdp_param_groups:
+            for fsdp_param in group.fsdp_params:
+                aliases[id(fsdp_param.sharded_param)] = fsdp_param.unsharded_param
+        module.reshard()
+    return aliases
+
+
+def _guard_unsharded(recorder: Recorder, aliases: dict[int, nn.Parameter]) -> None:
+    """Make the first-pass guard against trainable parameters used outside their layers
+    (``validators.OutsideUses``) see the unsharded parameters the forward pass actually uses: they
+    are named as their shards, and each hooked layer owns the unsharded forms of its own."""
+    layout = recorder.layout
+    owners = dict(layout.owners)
+    owners.update(
+        {id(aliases[key]): owner for key, owner in layout.owners.items() if key in aliases}
+    )
+    recorder.layout = dataclasses.replace(layout, owners=owners)
+    for handle in recorder.check_handles[2:]:  # the layers' enter/leave hooks (bk's Recorder)
+        handle.remove()
+    del recorder.check_handles[2:]
+    for module in layout.hooked_modules(recorder.model):
+        params = layout.layer_params[id(module)].values()
+        own = (
+            frozenset(id(p) for p in params)
+            | {id(aliases[id(p)]) for p in params if id(p) in aliases},
+            layout.rules[id(module)] == GENERIC,
+        )
+        recorder.check_handles += [
+            module.register_forward_pre_hook(lambda m, i, own=own: recorder._enter_layer(own)),
+            module.register_forward_hook(lambda m, i, o: recorder._leave_layer(), always_call=True),
+        ]
+
+
 class ShardedNorms(LayerNorms):
     """The per-layer norms, with the full weights of generic-rule layers gathered for their
     per-example re-run (their shards would not run the layer's forward)."""
@@ -119,6 +163,7 @@ class FSDPEngine(BKEngine):
         if options.get("process_group") is None:
             options["process_group"] = torch.distributed.group.WORLD
         super().__init__(model, optimizer, **options)
+        _guard_unsharded(self._recorder, unsharded_aliases(model))
 
     def full_noisy_sum(self) -> list[Tensor] | None:
         """The last released noisy sum, one whole tensor per parameter (a collective)."""

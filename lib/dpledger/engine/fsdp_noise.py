@@ -17,7 +17,13 @@ from __future__ import annotations
 
 import torch
 
-from dpledger.engine.noise import NoiseSource, chunk_seeds, noise_chunk, philox_key
+from dpledger.engine.noise import (
+    NoiseSource,
+    chunk_seeds,
+    noise_chunk,
+    philox_key,
+    secure_standard_normal,
+)
 from dpledger.errors import ParamsError
 from dpledger.philox_normal import fill_window
 
@@ -30,8 +36,7 @@ def refuse_correlated(noise: NoiseSource) -> None:
     if noise.mechanism != "identity":
         raise ParamsError(
             f"engine: correlated noise ({noise.mechanism}) is not supported with sharded "
-            "parameters (train.sharding: fsdp); use calibrate.mechanism: identity or "
-            "train.sharding: none"
+            "parameters (FSDPEngine); use identity noise or the data-parallel BKEngine"
         )
 
 
@@ -44,7 +49,7 @@ def draw_ranges(
         raise ValueError("the ranges do not cover the output")
     if noise.secure:
         for (lo, hi), part in zip(ranges, _parts(out, ranges)):
-            part.copy_(_secure(hi - lo, out.dtype, out.device).mul_(scale))
+            part.copy_(secure_standard_normal(hi - lo, out.dtype, out.device).mul_(scale))
         return
     refuse_correlated(noise)
     if out.device.type == "cpu" and out.dtype == torch.float32:
@@ -53,12 +58,6 @@ def draw_ranges(
             fill_window(part.numpy(), lo, noise.numel, key, step, scale)
         return
     _torch_chunks(noise, out, ranges, step, scale)
-
-
-def _secure(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    from dpledger.engine.noise import secure_standard_normal
-
-    return secure_standard_normal(numel, dtype, device)
 
 
 def _parts(out: torch.Tensor, ranges: list[Range]) -> list[torch.Tensor]:

@@ -16,8 +16,8 @@ optimizer steps on shards. The noise enters each coordinate exactly once (each c
 one rank), and the released sum, its scale and the ledger are a single process's; only the order
 of the floating-point additions differs.
 
-Every rank must run the same number of backward passes per step (FSDP's collectives require it;
-``pipeline/sharding.py`` pads the shares of a batch to equal sizes with weight-0 rows) and must
+Every rank must run the same number of backward passes per step (FSDP's collectives require it; a
+caller pads short shares of a batch with weight-0 rows, which contribute exactly zero) and must
 pass the same canary.
 """
 
@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from dpledger.engine import validators
 from dpledger.engine.batched import Packed, keep_rows
+from dpledger.engine.clipping import nonfinite_rows
 from dpledger.engine.distributed import GroupSum, group_sum
 from dpledger.engine.fsdp_noise import Range, draw_ranges, refuse_correlated
 from dpledger.engine.layers import add_weighted_sum
@@ -146,13 +147,11 @@ class ShardedNoisySum:
         """The one-run audit's record is not kept on shards: refused by name."""
         raise ParamsError(
             "engine: watching coordinates of the released sum (the one-run audit) is not "
-            "supported with sharded parameters; use train.sharding: none for audit.one_run"
+            "supported with sharded parameters (FSDPEngine); use the data-parallel BKEngine"
         )
 
     def drop(self, flat: Tensor, weights: Tensor | None) -> Tensor:
         """The rows whose factor is zero (as ``NoisySum.drop``)."""
-        from dpledger.engine.clipping import nonfinite_rows
-
         nonfinite = nonfinite_rows(flat)
         dropped = nonfinite if weights is None else nonfinite | (weights == 0)
         self.nonfinite += (nonfinite if weights is None else nonfinite & (weights != 0)).sum()
