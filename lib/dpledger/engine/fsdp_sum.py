@@ -236,7 +236,7 @@ class ShardedNoisySum:
         padded = full.new_zeros(layout.chunk * world, *layout.shape[1:])
         padded[: layout.shape[0]] = full
         mine = full.new_empty(layout.chunk, *layout.shape[1:])
-        dist.reduce_scatter_tensor(mine, padded, group=self.ranks.group)
+        dist.reduce_scatter_single(mine, padded, group=self.ranks.group)
         view.add_(mine[: layout.hi - layout.lo].to(view.dtype))
 
     def last(self) -> list[Tensor] | None:
