@@ -17,6 +17,7 @@ from torch import nn
 
 from dpledger.engine import BKEngine, NoiseSource, UnsupportedLayerError
 from dpledger.engine.distributed import share_bounds
+from dpledger.errors import ParamsError
 from dpledger.pipeline.distributed import spawn_ranks
 
 transformers = pytest.importorskip("transformers")
@@ -210,9 +211,24 @@ def _outside_use(ranks) -> str:
     return "not refused"
 
 
+def _self_check(ranks) -> str:
+    """The engine's self-check on a sharded model: refused with one line."""
+    from dpledger.engine.fsdp import FSDPEngine, shard_model
+
+    model = _model("gpt2")
+    shard_model(model)
+    engine = FSDPEngine(model, None, clip_norm=CLIP, noise_multiplier=SIGMA, normalizer=ROWS)
+    try:
+        engine.self_check(lambda m, x, y: m(x), _batch(0), _batch(0))
+    except ParamsError as error:
+        return str(error)
+    return "not refused"
+
+
 def _all_models(ranks) -> dict[str, object]:
     outcome: dict[str, object] = {name: _sharded_run(name, ranks) for name in MODELS}
     outcome["outside_use"] = _outside_use(ranks)
+    outcome["self_check"] = _self_check(ranks)
     return outcome
 
 
@@ -250,3 +266,7 @@ def test_a_parameter_used_outside_its_layer_is_refused_under_sharding_too(sharde
         )
     assert "embed.weight" in sharded["outside_use"]
     assert sharded["outside_use"] == str(alone.value)
+
+
+def test_the_self_check_on_a_sharded_model_is_refused_with_one_line(sharded):
+    assert "self_check is not supported on a sharded model" in sharded["self_check"]

@@ -36,6 +36,7 @@ from dpledger.engine.fsdp_sum import ShardedNoisySum
 from dpledger.engine.norms import LayerNorms
 from dpledger.engine.owners import GENERIC
 from dpledger.engine.recorder import GenericCall, Recorder
+from dpledger.errors import ParamsError
 
 __all__ = ["FSDPEngine", "block_modules", "full_state_dict", "full_tensors", "shard_model"]
 
@@ -164,6 +165,16 @@ class FSDPEngine(BKEngine):
             options["process_group"] = torch.distributed.group.WORLD
         super().__init__(model, optimizer, **options)
         _guard_unsharded(self._recorder, unsharded_aliases(model))
+
+    def self_check(self, *args: Any, **options: Any) -> Any:
+        """Refused by name: the check copies the model, and a copy of shards proves nothing about
+        the whole. Check the same model unsharded (``BKEngine.self_check``) before
+        :func:`shard_model`; the sharded engine itself is tested against the naive loop and the
+        unsharded engine (tests/test_fsdp_engine.py)."""
+        raise ParamsError(
+            "engine: self_check is not supported on a sharded model (FSDPEngine); run it with "
+            "BKEngine on the same model before shard_model"
+        )
 
     def full_noisy_sum(self) -> list[Tensor] | None:
         """The last released noisy sum, one whole tensor per parameter (a collective)."""
