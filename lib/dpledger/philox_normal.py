@@ -292,6 +292,40 @@ if hasattr(os, "register_at_fork"):  # POSIX
 _layer: str | None = None
 
 
+def fill_window(
+    out: np.ndarray, origin: int, total: int, key: tuple[int, int], step: int, scale: float = 1.0
+) -> None:
+    """Overwrite float32 ``out`` with entries [origin, origin + len(out)) of the scale·N(0, 1)
+    vector of ``total`` entries that :func:`fill_standard_normal` draws for (key, step): a slice
+    drawn without the rest (a rank's shards of a sharded model's noise)."""
+    if out.dtype != np.float32 or out.ndim != 1 or not out.flags.c_contiguous:
+        raise ValueError("fill_window needs a contiguous 1-D float32 array")
+    if not 0 <= origin <= origin + out.shape[0] <= total < 2**32:
+        raise ValueError(f"window [{origin}, {origin + out.shape[0]}) is outside [0, {total})")
+    keys = (np.uint32(key[0]), np.uint32(key[1]))
+    _fill_window(
+        out, origin, total, np.uint32(step & 0xFFFFFFFF), np.uint32(step >> 32), scale, *keys
+    )
+
+
+@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+def _fill_window(out, origin, total, step_lo, step_hi, scale, k0, k1):
+    """:func:`fill_window`: every block that overlaps the window drawn into a spare block (a block's
+    lanes depend on where the whole vector ends, as in ``_fill_blocks``), the overlap copied."""
+    n = out.shape[0]
+    keys0, keys1 = _key_schedule(k0, k1)
+    scale32 = np.float32(scale)
+    spare = np.empty(4 * LANES, np.float32)
+    for block in range(origin // (4 * LANES), (origin + n + 4 * LANES - 1) // (4 * LANES)):
+        start = block * 4 * LANES
+        lanes = min(LANES, (total - start + 3) // 4)
+        if _draw_block(spare, block * LANES, lanes, step_lo, step_hi, keys0, keys1, scale32):
+            _refine_block(spare, block * LANES, lanes, step_lo, step_hi, keys0, keys1, scale32)
+        lo = max(start, origin)
+        hi = min(start + 4 * lanes, origin + n)
+        out[lo - origin : hi - origin] = spare[lo - start : hi - start]
+
+
 def pool_is_usable() -> bool:
     """Whether ``threads`` > 1 may use numba's pool here: only on its OpenMP or TBB layer
     (thread-safe; on Python threads or on numba's workqueue layer a 2-thread draw right after a

@@ -80,6 +80,11 @@ class BKEngine:
     non-negative integer; its secrecy is the privacy guarantee, see ``pipeline/noise_key.py``).
     """
 
+    sum_type: type[NoisySum] = NoisySum
+    """The noisy sum's class (``engine/fsdp_sum.py`` keeps only this rank's shards)."""
+    norms_type: type[LayerNorms] = LayerNorms
+    """The per-layer norms' class (``engine/fsdp.py`` gathers full weights for generic rules)."""
+
     def __init__(
         self,
         model: nn.Module,
@@ -135,7 +140,7 @@ class BKEngine:
             device=reference.device,
             dtype=reference.dtype,
         )
-        self._sum = NoisySum(
+        self._sum = self.sum_type(
             self.params,
             self._owners,
             self.parameter_names,
@@ -145,7 +150,7 @@ class BKEngine:
             normalizer=normalizer,
             process_group=process_group,
         )
-        self._norms = LayerNorms(ghost)
+        self._norms = self.norms_type(ghost)
         self.layer_methods = self._norms.layer_methods
         self.last_norms: Tensor | None = None
         self._recorder = Recorder(model, layout, self._norms.take_backprops)

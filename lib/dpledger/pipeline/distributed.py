@@ -181,12 +181,14 @@ def spawn_ranks(
             join=False,
             start_method="spawn",
         )
+        outcome: list[tuple[str, int, Any]] = []
         try:
-            while not spawned.join():
-                pass
+            # drained while waiting: a result larger than the pipe's buffer blocks its rank's put
+            while not spawned.join(timeout=0.05):
+                outcome += _drain(results)
         except ProcessException as error:
-            raise _failure(error, spawned.processes, results) from None
-    outcome = _drain(results)
+            raise _failure(error, spawned.processes, results, outcome) from None
+    outcome += _drain(results)
     return next(
         torch.load(io.BytesIO(value), weights_only=False)
         for kind, rank, value in outcome
@@ -194,14 +196,16 @@ def spawn_ranks(
     )
 
 
-def _failure(error: ProcessException, processes: list, results: Any) -> DpledgerError:
+def _failure(
+    error: ProcessException, processes: list, results: Any, drained: list[tuple[str, int, Any]]
+) -> DpledgerError:
     """One line for a failed run: a rank's own user error as it is, else the rank that died first
     and how.
 
     A rank that died (killed: negative exit code, or exited non-zero without raising) makes its
     peers raise connection errors; the dead rank, not the peer that noticed, is named. Ranks that
     torch stopped after the failure exit by SIGTERM and are not blamed."""
-    user_errors = [value for kind, _, value in _drain(results) if kind == "error"]
+    user_errors = [value for kind, _, value in drained + _drain(results) if kind == "error"]
     if user_errors:
         return DpledgerError(user_errors[0])
     world = len(processes)
