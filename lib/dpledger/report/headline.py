@@ -235,12 +235,20 @@ def _spent_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
 
 
 def _cost_row(inputs: ReportInputs) -> tuple[Text, ...]:
+    """The run's size; its wall time and throughput live in the untracked timing/train.json, so
+    that the tracked report does not change with the machine (a run's metrics from before that
+    still show them)."""
     label = text(Strong("Cost"))
     if not inputs.ran("train"):
-        return label, text(MISSING), text(), text(NOT_RUN)
+        return label, text(MISSING), text(), text()
     m = inputs.metrics["train"]
-    result = f"{format_value(m.get('throughput_examples_per_s'))} examples/s"
-    details = _joined(("training wall time", _seconds(m.get("wall_time_s"))))
+    throughput = m.get("throughput_examples_per_s")
+    if throughput is not None:
+        result = f"{format_value(throughput)} examples/s"
+        details = _joined(("training wall time", _seconds(m.get("wall_time_s"))))
+    else:
+        result = f"{format_value(m.get('steps_done'))} steps"
+        details = "wall time and throughput: timing/train.json (untracked: they vary by machine)"
     return label, text(result), text(details), text()
 
 

@@ -22,8 +22,9 @@ def _checked(train: dict[str, Any]) -> str:
         f"{format_value(train.get('self_check_parameters_checked'))} of "
         f"{format_value(train.get('self_check_parameters_trainable'))} parameters",
         format_value(train.get("self_check_dtype")),
-        f"{format_value(seconds)} s",
     ]
+    if seconds is not None:  # a run from before the wall times left the tracked metrics
+        parts.append(f"{format_value(seconds)} s")
     if isinstance(seconds, (int, float)) and isinstance(wall, (int, float)) and wall > 0:
         parts[-1] += f" ({format_percent(seconds / wall)} of training)"
     return " · ".join(parts)
