@@ -46,9 +46,9 @@ def headline(inputs: ReportInputs, findings: list[Finding]) -> list[Block]:
         _claim_row(inputs, kinds),
         _sampler_row(inputs, kinds),
         _audit_row(inputs, kinds),
-        run_evidence_row(inputs),
+        run_evidence_row(inputs, kinds),
         _verify_row(inputs),
-        self_check_row(inputs.metrics, inputs.ran("train")),
+        self_check_row(inputs.metrics, inputs.ran("train"), inputs.train_files.get("ledger.json")),
         _accuracy_row(inputs, kinds),
         _spent_row(inputs, kinds),
         _cost_row(inputs),
@@ -80,7 +80,7 @@ def _claim_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
         ("Monte Carlo samples", m.get("mc_samples")),
         ("Monte Carlo failure probability", m.get("mc_failure_probability")),
     )
-    if kinds & {"audit-contradicted", "one-run-contradicted"}:
+    if kinds & {"audit-contradicted", "one-run-contradicted", "dpsgd-contradicted"}:
         verdict = Badge("contradicted", "bad")
     elif kinds & {
         "sampler-mismatch",
@@ -130,14 +130,25 @@ def _audit_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
         ("observations", m.get("observations")),
         ("threshold", m.get("threshold_method")),
         ("sampler", m.get("sampler")),
+        ("DP-SGD audit", _dpsgd(m, kinds)),
     )
     verdict = "contradicted" if "audit-contradicted" in kinds else str(m.get("verdict", "unknown"))
+    if verdict == "consistent" and "dpsgd-contradicted" in kinds:
+        verdict = "contradicted"
     return (
         label,
         text(Strong(result)),
         text(details),
         text(Badge(verdict, VERDICT_TONES.get(verdict, "warn"))),
     )
+
+
+def _dpsgd(m: dict[str, Any], kinds: set[str]) -> str | None:
+    """The DP-SGD canary audit's result, its verdict re-derived (checks.lower_bound_contradicts)."""
+    if m.get("dpsgd_verdict") is None and m.get("dpsgd_epsilon_emp") is None:
+        return None
+    verdict = "contradicted" if "dpsgd-contradicted" in kinds else m.get("dpsgd_verdict")
+    return f"ε_emp ≥ {format_lower(m.get('dpsgd_epsilon_emp'))} ({verdict})"
 
 
 def _verify_row(inputs: ReportInputs) -> tuple[Text, ...]:
