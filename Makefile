@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup repro test test-fast lint bench lm lm-stages
+.PHONY: setup repro test test-fast lint bench lm lm-stages dvc-yaml refresh
 
 # The language-model example (docs/models.md): the keys examples/lm/params.yaml
 # changes, as DVC overrides (a test keeps the two equal), and dvc-vars.yaml's data_dir, which makes
@@ -34,6 +34,17 @@ setup: $(VENV)/.installed
 
 repro: setup
 	PATH="$(abspath $(BIN)):$$PATH" dvc repro
+
+# dvc.yaml is generated from lib/dpledger/pipeline/declared.py (what each stage reads) and the imports.
+dvc-yaml: setup
+	PYTHONPATH=lib $(BIN)/python -m dpledger.pipeline.dvc_yaml --write
+
+# After code changes: rerun every stage whose deps changed and commit dvc.lock and the tracked outputs,
+# so that HEAD's outputs are HEAD's (a test runs `dvc status` on a clean copy and fails otherwise).
+refresh: dvc-yaml
+	PATH="$(abspath $(BIN)):$$PATH" dvc repro
+	git add dvc.yaml dvc.lock metrics plots reports
+	git diff --cached --quiet || git commit -q -m "Refreshed pipeline outputs (make refresh)"
 
 test: setup lint
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)

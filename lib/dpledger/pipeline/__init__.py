@@ -3,7 +3,8 @@ under ``root``.
 
 The DVC entrypoints in ``stages/`` and ``dpledger stage NAME`` both call :func:`run_stage`, so the
 pipeline and the console script cannot drift apart. Runners are handed the validated params and the
-root they write to; they know nothing of DVC.
+root they write to; they know nothing of DVC. Their wall times are moved out of the tracked
+metrics into the git-ignored ``timing/`` (:mod:`dpledger.pipeline.timing`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dpledger.params import STAGES, load_params
+from dpledger.pipeline.timing import split_timing
 from dpledger.quiet import quiet_third_party
 
 
@@ -30,4 +32,5 @@ def run_stage(
         metrics = module.run(params, Path(root))
     metrics = dict(metrics or {})
     metrics.setdefault("stage_wall_time_s", round(time.perf_counter() - started, 3))
+    split_timing(Path(root), name, metrics)
     return metrics

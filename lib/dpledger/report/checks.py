@@ -55,7 +55,8 @@ def find_findings(
         _delta_vacuous(metrics),
         _audit_contradicted(metrics, details),
         _sources_disagree(metrics, details, train_files, seals or []),
-        _one_run_contradicted(metrics),
+        _one_run_contradicted(metrics, details),
+        _dpsgd_contradicted(metrics, details),
         _sigma_disagrees(metrics, details, train_files),
         _sampler_mismatch(metrics, details),
         _budget_exceeded(metrics),
@@ -122,13 +123,39 @@ def _audit_contradicted(
     )
 
 
-def _one_run_contradicted(metrics: dict[str, dict[str, Any]]) -> Finding | None:
-    """A warning when the one-run audit's valid lower bound exceeds the claimed ε."""
+def _claims(metrics: dict[str, dict[str, Any]], details: dict[str, Any]) -> list[Any]:
+    """Every claimed ε the report shows: the sealed record's, calibrate's and the audit's."""
+    record = details.get("calibrate") if isinstance(details.get("calibrate"), dict) else {}
+    return [
+        metrics.get("audit", {}).get("epsilon_claimed"),
+        metrics.get("calibrate", {}).get("epsilon"),
+        record.get("epsilon"),
+    ]
+
+
+def lower_bound_contradicts(
+    metrics: dict[str, dict[str, Any]], details: dict[str, Any], emp_key: str, verdict_key: str
+) -> bool:
+    """Re-derived, not read: an audit lower bound above any claimed ε contradicts it whatever
+    verdict the metrics file states (an edited ``consistent`` beside ε_emp = 9 against ε ≤ 3); a
+    stated ``contradicted`` is believed."""
     audit = metrics.get("audit", {})
-    if audit.get("one_run_verdict") != "contradicted":
+    if audit.get(verdict_key) == "contradicted":
+        return True
+    empirical = audit.get(emp_key)
+    return any(_exceeds(empirical, claim) for claim in _claims(metrics, details))
+
+
+def _one_run_contradicted(
+    metrics: dict[str, dict[str, Any]], details: dict[str, Any]
+) -> Finding | None:
+    """A warning when the one-run audit's lower bound exceeds the claimed ε."""
+    if not lower_bound_contradicts(metrics, details, "epsilon_emp_one_run", "one_run_verdict"):
         return None
+    audit = metrics.get("audit", {})
     confidence = audit.get("one_run_confidence")
     at = f" at {format_percent(confidence)} confidence" if confidence is not None else ""
+    claimed = min(float(c) for c in _claims(metrics, details) if _real(c) is not None)
     return Finding(
         kind="one-run-contradicted",
         severity="warning",
@@ -136,8 +163,28 @@ def _one_run_contradicted(metrics: dict[str, dict[str, Any]]) -> Finding | None:
         message=(
             f"{format_value(audit.get('one_run_canaries'))} canaries in this run's noisy sums give ε_emp ≥ {format_lower(audit.get('epsilon_emp_one_run'))}{at} "  # noqa: E501
             f"({audit.get('one_run_method')}), "
-            f"above the claimed ε = {format_upper(audit.get('epsilon_claimed'))}: "
+            f"above the claimed ε = {format_upper(claimed)}: "
             "this run did not add the noise its ledger claims."
+        ),
+    )
+
+
+def _dpsgd_contradicted(
+    metrics: dict[str, dict[str, Any]], details: dict[str, Any]
+) -> Finding | None:
+    """A warning when the DP-SGD canary audit (audit.dpsgd) contradicts the claim."""
+    if not lower_bound_contradicts(metrics, details, "dpsgd_epsilon_emp", "dpsgd_verdict"):
+        return None
+    audit = metrics.get("audit", {})
+    return Finding(
+        kind="dpsgd-contradicted",
+        severity="warning",
+        title="The DP-SGD audit contradicts the claimed ε",
+        message=(
+            f"Gradient canaries in real training runs give ε_emp ≥ "
+            f"{format_lower(audit.get('dpsgd_epsilon_emp'))} (verdict "
+            f"{audit.get('dpsgd_verdict', 'unstated')}), above or against the claimed ε: "
+            "the training code leaks more than its privacy claim allows."
         ),
     )
 

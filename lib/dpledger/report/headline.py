@@ -47,9 +47,9 @@ def headline(inputs: ReportInputs, findings: list[Finding]) -> list[Block]:
         _claim_row(inputs, kinds),
         _sampler_row(inputs, kinds),
         _audit_row(inputs, kinds),
-        run_evidence_row(inputs),
+        run_evidence_row(inputs, kinds),
         _verify_row(inputs),
-        self_check_row(inputs.metrics, inputs.ran("train")),
+        self_check_row(inputs.metrics, inputs.ran("train"), inputs.train_files.get("ledger.json")),
         _accuracy_row(inputs, kinds),
         _spent_row(inputs, kinds),
         _noise_key_row(inputs),
@@ -82,7 +82,7 @@ def _claim_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
         ("Monte Carlo samples", m.get("mc_samples")),
         ("Monte Carlo failure probability", m.get("mc_failure_probability")),
     )
-    if kinds & {"audit-contradicted", "one-run-contradicted"}:
+    if kinds & {"audit-contradicted", "one-run-contradicted", "dpsgd-contradicted"}:
         verdict = Badge("contradicted", "bad")
     elif kinds & {
         "sampler-mismatch",
@@ -132,14 +132,25 @@ def _audit_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
         ("observations", m.get("observations")),
         ("threshold", m.get("threshold_method")),
         ("sampler", m.get("sampler")),
+        ("DP-SGD audit", _dpsgd(m, kinds)),
     )
     verdict = "contradicted" if "audit-contradicted" in kinds else str(m.get("verdict", "unknown"))
+    if verdict == "consistent" and "dpsgd-contradicted" in kinds:
+        verdict = "contradicted"
     return (
         label,
         text(Strong(result)),
         text(details),
         text(Badge(verdict, VERDICT_TONES.get(verdict, "warn"))),
     )
+
+
+def _dpsgd(m: dict[str, Any], kinds: set[str]) -> str | None:
+    """The DP-SGD canary audit's result, its verdict re-derived (checks.lower_bound_contradicts)."""
+    if m.get("dpsgd_verdict") is None and m.get("dpsgd_epsilon_emp") is None:
+        return None
+    verdict = "contradicted" if "dpsgd-contradicted" in kinds else m.get("dpsgd_verdict")
+    return f"ε_emp ≥ {format_lower(m.get('dpsgd_epsilon_emp'))} ({verdict})"
 
 
 def _verify_row(inputs: ReportInputs) -> tuple[Text, ...]:
@@ -234,12 +245,20 @@ def _spent_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
 
 
 def _cost_row(inputs: ReportInputs) -> tuple[Text, ...]:
+    """The run's size; its wall time and throughput live in the untracked timing/train.json, so
+    that the tracked report does not change with the machine (a run's metrics from before that
+    still show them)."""
     label = text(Strong("Cost"))
     if not inputs.ran("train"):
-        return label, text(MISSING), text(), text(NOT_RUN)
+        return label, text(MISSING), text(), text()
     m = inputs.metrics["train"]
-    result = f"{format_value(m.get('throughput_examples_per_s'))} examples/s"
-    details = _joined(("training wall time", _seconds(m.get("wall_time_s"))))
+    throughput = m.get("throughput_examples_per_s")
+    if throughput is not None:
+        result = f"{format_value(throughput)} examples/s"
+        details = _joined(("training wall time", _seconds(m.get("wall_time_s"))))
+    else:
+        result = f"{format_value(m.get('steps_done'))} steps"
+        details = "wall time and throughput: timing/train.json (untracked: they vary by machine)"
     return label, text(result), text(details), text()
 
 

@@ -19,8 +19,14 @@ from dpledger.report.tables import NOT_RUN
 ONE_RUN_TONES = {"consistent": "good", "contradicted": "bad"}
 
 
-def run_evidence_row(inputs: ReportInputs) -> tuple[Text, ...]:
-    """Proven ε · last-iterate heuristic · one-run ε_emp, with the one-run verdict."""
+CEILING_KEYS = ("one_run_ceiling", "power_ceiling")
+"""Where metrics/audit.json states the most ε_emp the one-run audit could ever show."""
+
+
+def run_evidence_row(inputs: ReportInputs, kinds: set[str] = frozenset()) -> tuple[Text, ...]:
+    """Proven ε · last-iterate heuristic · one-run ε_emp, with the one-run verdict re-derived: red
+    when the findings say ε_emp exceeds the claim (whatever the file's verdict), and never green
+    where the claim is above the audit's power ceiling (it could not have seen a violation)."""
     label = text(Strong("This run"))
     if not inputs.ran("audit"):
         return label, text(MISSING), text(), text(NOT_RUN)
@@ -43,6 +49,16 @@ def run_evidence_row(inputs: ReportInputs) -> tuple[Text, ...]:
     caveat = "the heuristic is not a guarantee (final model only, linear losses)"
     details = f"{details} · {caveat}" if details else caveat
     verdict = str(m.get("one_run_verdict", "not run"))
+    ceiling = next((m[key] for key in CEILING_KEYS if m.get(key) is not None), None)
+    claimed = m.get("epsilon_claimed")
+    if "one-run-contradicted" in kinds:
+        verdict = "contradicted"
+    elif verdict == "consistent" and (
+        ceiling is None or not isinstance(claimed, (int, float)) or claimed > ceiling
+    ):
+        verdict = "cannot test the claim" if ceiling is not None else "no power ceiling stated"
+    if ceiling is not None:
+        details += f" · power ceiling ε ≤ {format_value(ceiling)} (the most it could show)"
     return (
         label,
         text(Strong(result)),

@@ -104,12 +104,34 @@ def disagreements(
             ),
         ],
     }
-    found = []
+    found = _self_check_disagreement(train, ledger)
     for quantity, sources in quantities.items():
         stated = [(source, value) for source, value in sources if value is not None]
         if any(not _same(stated[0][1], value) for _, value in stated[1:]):
             found.append(
                 f"{quantity}: " + ", ".join(f"{source} {_shown(value)}" for source, value in stated)
+            )
+    return found
+
+
+def _self_check_disagreement(train: dict[str, Any], ledger: dict[str, Any]) -> list[str]:
+    """The self-check train's metrics state against the one its ledger records: a passed check in
+    the metrics beside a ledger that records none (or another result) is an edited file."""
+    if not ledger or "self_check" not in ledger or train.get("self_check_passed") is None:
+        return []
+    record = _mapping(ledger.get("self_check"))
+    if not record:
+        return [
+            f"self-check: train metrics self_check_passed {_shown(train['self_check_passed'])}, "
+            "training ledger records no self-check"
+        ]
+    found = []
+    for key in ("passed", "max_relative_error"):
+        stated = train.get(f"self_check_{key}")
+        if stated is not None and not _same(stated, record.get(key)):
+            found.append(
+                f"self-check {key}: train metrics {_shown(stated)}, training ledger "
+                f"{_shown(record.get(key))}"
             )
     return found
 

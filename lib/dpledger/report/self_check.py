@@ -21,20 +21,34 @@ def _checked(train: dict[str, Any]) -> str:
         f"{format_value(train.get('self_check_examples'))} examples",
         f"{format_value(train.get('self_check_parameters_checked'))} of {format_value(train.get('self_check_parameters_trainable'))} parameters",  # noqa: E501
         format_value(train.get("self_check_dtype")),
-        f"{format_value(seconds)} s",
     ]
+    if seconds is not None:  # a run from before the wall times left the tracked metrics
+        parts.append(f"{format_value(seconds)} s")
     if isinstance(seconds, (int, float)) and isinstance(wall, (int, float)) and wall > 0:
         parts[-1] += f" ({format_percent(seconds / wall)} of training)"
     return " · ".join(parts)
 
 
-def self_check_row(metrics: dict[str, dict[str, Any]], train_ran: bool) -> tuple[Text, ...]:
-    """Headline row: the worst relative error of the engine against the naive per-example loop."""
+def self_check_row(
+    metrics: dict[str, dict[str, Any]], train_ran: bool, ledger: Any = None
+) -> tuple[Text, ...]:
+    """Headline row: the worst relative error of the engine against the naive per-example loop.
+    Cross-checked against the training ledger where one is given: a result the ledger does not
+    record is never shown as exact."""
     label = text(Strong("Engine exactness"))
     if not train_ran:
         return label, text(MISSING), text(), text(NOT_RUN)
     train = metrics.get("train", {})
     passed = train.get("self_check_passed")
+    if isinstance(ledger, dict) and "self_check" in ledger and passed is not None:
+        recorded = ledger.get("self_check") if isinstance(ledger.get("self_check"), dict) else {}
+        if recorded.get("passed") is not passed:
+            return (
+                label,
+                text("not recorded" if not recorded else "disagrees with the ledger"),
+                text("train metrics state a self-check result the training ledger does not hold"),
+                text(Badge("sources disagree", "bad")),
+            )
     if passed is None:
         return (
             label,
@@ -45,7 +59,18 @@ def self_check_row(metrics: dict[str, dict[str, Any]], train_ran: bool) -> tuple
     error = format_value(train.get("self_check_max_relative_error"))
     result = text(f"max relative error {error} vs a naive per-example loop")
     badge = Badge("exact", "good") if passed is True else Badge("mismatch", "bad")
+    if passed is True and _partial(train) is not None:
+        badge = Badge(f"exact on {_partial(train)} parameters only", "warn")
     return label, result, text(_checked(train)), text(badge)
+
+
+def _partial(train: dict[str, Any]) -> str | None:
+    """'2 of 4' when the self-check compared fewer parameters than the model trains, else None."""
+    checked = train.get("self_check_parameters_checked")
+    trainable = train.get("self_check_parameters_trainable")
+    if isinstance(checked, int) and isinstance(trainable, int) and checked < trainable:
+        return f"{checked} of {trainable}"
+    return None
 
 
 def self_check_findings(metrics: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:
@@ -67,7 +92,18 @@ def self_check_findings(metrics: dict[str, dict[str, Any]]) -> list[tuple[str, s
             )
         ]
     if passed is True:
-        return []
+        partial = _partial(train)
+        if partial is None:
+            return []
+        return [
+            (
+                "self-check-partial",
+                "Engine exactness checked on part of the model only",
+                f"The self-check compared {partial} trainable parameters "
+                "(train.self_check_parameters): the others' private gradients are unchecked, and a "
+                "layer the engine gets wrong there would pass. Empty the list to check them all.",
+            )
+        ]
     return [
         (
             "self-check-missing",
