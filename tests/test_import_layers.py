@@ -173,6 +173,8 @@ def test_each_known_circle_still_stands():
 ENGINE_FORBIDDEN = ("params", "sampling", "io", "pipeline", "audit", "report")
 """What the engine may not import, so that it is a library a user can take alone (with ``errors``,
 ``precision``, ``devices`` and ``philox_normal`` below it)."""
+
+
 def engine_imports_of(packages: tuple[str, ...], graph: dict[Path, set[Path]]) -> list[str]:
     """Every import by an engine module of one of ``packages``, as 'a -> b'."""
     engine = LIB / "dpledger" / "engine"
