@@ -10,7 +10,6 @@ import torch
 from scipy.stats import norm
 
 from dpledger import philox_normal
-from dpledger.audit import noise_tails
 from dpledger.audit.noise_tails import noise_support, reach, tail_delta
 from dpledger.engine import noise
 
@@ -61,9 +60,3 @@ def test_a_float32_cap_leaks_more_than_the_claimed_delta_and_the_engines_paths_d
         support = noise_support(path, 0.77, 10.2)
         assert support.tail_delta < 1e-11
         assert "noise support ≥" in support.line() and "tail δ ≤" in support.line()
-
-
-def test_every_path_is_named():
-    assert noise_tails.path_of("cpu", True, False) == "philox"
-    assert noise_tails.path_of("cuda", True, False) == "torch-float64"
-    assert noise_tails.path_of("cpu", False, True) == "secure"

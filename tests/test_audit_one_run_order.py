@@ -195,3 +195,22 @@ def test_observe_and_the_statistic_agree_with_the_recorded_layout():
     rows = observe(raw, raw, included, placed)
     scores = statistic(rows, 1.0, 0.5)
     assert np.all(scores[included] > scores[~included].max())
+
+
+def test_split_threshold_judges_held_out_canaries_and_separates_honest_from_broken():
+    """``split``: the first half picks r, the second half alone is judged; noise/4 contradicted,
+    the honest run not, and the estimate counts only the judged half."""
+    sigma, q, steps, m = 1.0, 0.1, 30, 2000
+    claim = gaussian_epsilon(sigma, q, steps, DELTA)
+    settings = dict(
+        step_probability=q,
+        noise_claimed=sigma,
+        delta=DELTA,
+        confidence=0.95,
+        threshold="split",
+        split_fraction=0.5,
+    )
+    honest = family_estimate(*_canaries(sigma, q, steps, m, 2), **settings)
+    broken = family_estimate(*_canaries(sigma / 4, q, steps, m, 2), **settings)
+    assert honest.epsilon <= claim < broken.epsilon
+    assert honest.canaries == m // 2 and honest.guesses_tried == 1

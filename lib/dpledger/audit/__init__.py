@@ -7,19 +7,10 @@
 - :mod:`dpsgd`: DP-SGD (Audit) with gradient canaries under the Natural / Partially-Informed threat
   models;
 - :mod:`verdict`: contradicted / consistent / inconclusive, and the N that would settle it;
-- :mod:`selfcheck`: the false-alarm rate of a threshold method on mechanisms with known ε.
+- :mod:`selfcheck`: the false-alarm rate of a threshold method on mechanisms with known ε;
+- :mod:`canaries` (imported by the train stage), :mod:`one_run` and its bounds: the one-run audit
+  of the real training run.
+
+The package imports none of them, so the train stage, which records the canaries, depends on
+:mod:`canaries` alone and not on the audits' code.
 """
-
-from dpledger.audit.bgm import BgmAudit, audit_bgm
-from dpledger.audit.estimate import EpsilonEstimate, estimate_epsilon
-from dpledger.audit.result import AuditResult
-from dpledger.audit.selfcheck import run_selfcheck
-
-__all__ = [
-    "AuditResult",
-    "BgmAudit",
-    "EpsilonEstimate",
-    "audit_bgm",
-    "estimate_epsilon",
-    "run_selfcheck",
-]

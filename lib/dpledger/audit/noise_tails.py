@@ -61,10 +61,3 @@ def noise_support(path: str, noise_multiplier: float, expected_uses: float) -> N
     """The support facts of a run drawing on ``path`` at ``noise_multiplier``."""
     k = reach(path)
     return NoiseSupport(path, k, tail_delta(k, noise_multiplier, expected_uses))
-
-
-def path_of(device_type: str, dtype_is_float32: bool, secure: bool) -> str:
-    """The noise path the engine takes (:meth:`dpledger.engine.noise.NoiseSource.draw`)."""
-    if secure:
-        return "secure"
-    return "philox" if device_type == "cpu" and dtype_is_float32 else "torch-float64"

@@ -70,26 +70,6 @@ class Channel:
         mass = 0.5 * np.array([delta, delta, c * np.exp(epsilon) + c, c + c * np.exp(epsilon)])
         return cls(log_ratio, mass / mass.sum())
 
-    def delta_for(self, epsilon: float) -> float:
-        """δ(ε) = E_Q[(1 − e^{ε − L})₊] of adding a canary (Q against P), from M: the integrand is
-        2·(1 − e^{ε−L})₊ / (1 + e^{−L}) per unit of M mass."""
-        finite = np.isfinite(self.log_ratio)
-        L = self.log_ratio[finite]
-        over = L > epsilon
-        terms = -np.expm1(epsilon - L[over]) / (1.0 + np.exp(-L[over]))
-        atoms = self.mass[~finite & (self.log_ratio > 0)].sum()
-        return float(2.0 * (np.dot(self.mass[finite][over], terms) + atoms))
-
-    def epsilon_for(self, delta: float, high: float = 200.0) -> float:
-        """The least ε with δ(ε) ≤ ``delta`` (bisection; δ(ε) decreases)."""
-        low = 0.0
-        if self.delta_for(low) <= delta:
-            return 0.0
-        for _ in range(80):
-            mid = 0.5 * (low + high)
-            low, high = (mid, high) if self.delta_for(mid) > delta else (low, mid)
-        return high
-
 
 @dataclass(frozen=True)
 class ErrorProfile:
