@@ -29,6 +29,7 @@ def test_timing_keys_move_to_the_untracked_file(tmp_path):
         "battery_wall_time_s",
         "stage_wall_time_s",
     }
+    assert is_timing("simulate_s") and is_timing("observations_per_s")
     assert not is_timing("steps_done") and not is_timing("noise_multiplier")
 
 

@@ -63,18 +63,33 @@ def test_per_class_metrics_and_confusion_matrix_match_a_naive_count():
     )
 
 
-def test_unigram_perplexity_is_add_one_smoothed_frequencies_of_the_next_tokens():
-    # targets 0 0 1 2 (the first token is never a target)
+def test_unigram_perplexity_is_the_training_frequency_model_of_the_next_tokens():
+    # targets 0 0 1 2 (the first token is never a target): 2 singletons, missing mass 2/4
     x_train = np.array([[9, 0, 0, 1], [9, 2, PAD, PAD]])
     x_test = np.array([[9, 0, 3, PAD]])  # targets 0 3
     vocab = 10
-    counts = {0: 2, 1: 1, 2: 1}
-    log_p = [math.log((counts.get(t, 0) + 1) / (4 + vocab)) for t in (0, 3)]
+    missing = 2 / 4
+    log_p = [math.log((1 - missing) * 2 / 4), math.log(missing / (vocab - 3))]
     assert utility.unigram_perplexity(x_train, x_test, vocab) == pytest.approx(
         math.exp(-sum(log_p) / 2)
     )
     metrics = utility.lm_utility(x_train, x_test, vocab)
     assert metrics["baseline_perplexity_uniform"] == vocab
+
+
+def test_a_model_that_learned_only_frequencies_does_not_beat_the_baseline():
+    """Over a GPT-2-sized vocabulary, add-one smoothing (perplexity 100.9 in the LM example) was
+    beaten by a model that had learned only the token frequencies (63.4)."""
+    rng = np.random.default_rng(0)
+    zipf = 1.0 / np.arange(1, 201) ** 1.1
+    tokens = rng.choice(200, size=(2, 400, 33), p=zipf / zipf.sum())
+    x_train, x_test = tokens
+    vocab = 50_257
+    baseline = utility.unigram_perplexity(x_train, x_test, vocab)
+    counts = np.bincount(x_train[:, 1:].ravel(), minlength=vocab) + 1e-3  # learned frequencies
+    learned = counts / counts.sum()
+    frequencies_only = math.exp(-np.mean(np.log(learned[x_test[:, 1:].ravel()])))
+    assert baseline <= frequencies_only * 1.01, (baseline, frequencies_only)
 
 
 def test_noise_norm_is_the_expected_norm_of_the_added_noise():

@@ -24,6 +24,8 @@ from dpledger.params.lora import ADAPTER_CONFIG, LoraParams, is_adapter_folder
 
 __all__ = ["add_lora", "adapter_base", "is_adapter_folder", "is_peft", "load_adapter"]
 
+SAFE_WEIGHTS = "adapter_model.safetensors"
+PICKLED_WEIGHTS = "adapter_model.bin"
 PEFT_TASKS = {"causal-lm": "CAUSAL_LM", "sequence-classification": "SEQ_CLS"}
 
 
@@ -37,12 +39,37 @@ def _adapter_config(folder: str) -> dict[str, Any]:
     if not isinstance(config, dict) or config.get("peft_type") != "LORA":
         kind = config.get("peft_type") if isinstance(config, dict) else None
         raise ParamsError(f"{where}: its peft_type is {kind}; dpledger trains LoRA adapters")
+    rank = config.get("r")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise ParamsError(f"{where}: its r is {rank!r}; a LoRA rank must be a positive integer")
     if config.get("lora_dropout", 0.0) != 0.0:
         raise ParamsError(
             f"{where}: its lora_dropout is {config['lora_dropout']}; LoRA dropout must be 0 "
             "(dpledger trains LoRA without dropout)"
         )
     return config
+
+
+def check_adapter_weights(folder: str) -> None:
+    """One line, before peft reads anything, for adapter weights dpledger will not load: a pickled
+    ``adapter_model.bin`` (unpickling runs code; it is never opened) or a truncated or corrupt
+    ``adapter_model.safetensors`` (its header is read, no tensor)."""
+    where = f"params: train.model_options.path = {folder!r} is invalid"
+    weights = Path(folder) / SAFE_WEIGHTS
+    if not weights.is_file():
+        if (Path(folder) / PICKLED_WEIGHTS).is_file():
+            reason = f"it holds a pickled {PICKLED_WEIGHTS}, which dpledger never loads"
+            advice = "unpickling runs code; save the adapter with safe_serialization=True"
+            raise ParamsError(f"{where}: {reason} ({advice})")
+        raise ParamsError(f"{where}: it has no {SAFE_WEIGHTS}")
+    from safetensors import safe_open
+
+    try:  # the header must cover the whole file: a truncated one fails here
+        with safe_open(str(weights), framework="pt") as handle:
+            list(handle.keys())
+    except Exception as error:  # noqa: BLE001 (safetensors raises its own and OS errors)
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ParamsError(f"{where}: {SAFE_WEIGHTS} cannot be read ({reason})") from None
 
 
 def adapter_base(folder: str) -> str:
@@ -117,6 +144,14 @@ def load_adapter(model: nn.Module, folder: str, base: str, task: str) -> nn.Modu
             f"params: train.model_options.path = {folder!r} is invalid for train.task = {task!r}: "
             f"the adapter was saved for task_type {saved_task!r} (needs {PEFT_TASKS[task]!r})"
         )
-    adapted = PeftModel.from_pretrained(model, folder, is_trainable=True)
+    check_adapter_weights(folder)
+    try:
+        adapted = PeftModel.from_pretrained(model, folder, is_trainable=True)
+    except (ValueError, KeyError, RuntimeError) as error:
+        lines = str(error).strip().splitlines()
+        raise ParamsError(
+            f"params: train.model_options.path = {folder!r} is invalid: peft cannot apply the "
+            f"adapter to its base ({lines[0] if lines else type(error).__name__})"
+        ) from None
     adapted.peft_config["default"].base_model_name_or_path = base
     return adapted

@@ -8,9 +8,11 @@ A private model is worth reporting only beside what no learning at all achieves:
   number of distinct classes
   predicted on the test split (one means the model learned a constant), per-class precision, recall
   and F1 and the confusion matrix (scikit-learn).
-- **causal LM**: the unigram perplexity (token frequencies of the training split, add-one smoothed
-  so an unseen token keeps a finite loss) and the uniform perplexity (the vocabulary size), both on
-  the same next-token targets the model's test perplexity averages.
+- **causal LM**: the frequency model's perplexity (the unigram maximum-likelihood estimate of the
+  training split, with the Good–Turing missing mass shared by the unseen tokens so that one keeps a
+  finite loss) and the uniform perplexity (the vocabulary size), both on the same next-token targets
+  the model's test perplexity averages. Add-one smoothing over a 50,257-token vocabulary gave most
+  of the mass to unseen tokens: a model that learned only token frequencies beat it (63.4 < 100.9).
 
 The signal-to-noise of one DP-SGD step: each clipped example contributes at most R, so the clipped
 mean has norm at most R, while the noise σ·R·z/B, z ~ N(0, I_d) over the d trainable parameters, has
@@ -151,18 +153,24 @@ def _next_tokens(ids: np.ndarray) -> np.ndarray:
 
 
 def unigram_perplexity(x_train: np.ndarray, x_test: np.ndarray, vocab_size: int) -> float:
-    """exp of the mean negative log-probability of the test targets under the training targets'
-    token frequencies, add-one smoothed: p(w) = (count(w) + 1) / (N + V)."""
+    """exp of the mean negative log-probability of the test targets under the frequency model of
+    the training targets: p(w) = (1 − m)·count(w)/N for a seen token, and the missing mass
+    m = max(singletons, 1)/N (Good–Turing) shared equally by the V − seen unseen tokens."""
     counts = np.bincount(_next_tokens(x_train), minlength=vocab_size).astype(np.float64)
-    probabilities = (counts + 1.0) / (counts.sum() + vocab_size)
+    total, seen = counts.sum(), int(np.count_nonzero(counts))
     targets = _next_tokens(x_test)
-    return float(np.exp(-np.mean(np.log(probabilities[targets])))) if targets.size else math.nan
+    if not targets.size or total == 0:
+        return math.nan
+    unseen = vocab_size - seen
+    missing = min(max(float(np.sum(counts == 1)), 1.0) / total, 0.5) if unseen else 0.0
+    probabilities = np.where(counts > 0, (1.0 - missing) * counts / total, missing / max(unseen, 1))
+    return float(np.exp(-np.mean(np.log(probabilities[targets]))))
 
 
 def lm_utility(x_train: np.ndarray, x_test: np.ndarray, vocab_size: int) -> dict[str, Any]:
     """Flat metrics: the unigram and uniform perplexities a causal LM must beat."""
     return {
-        "baseline": "unigram perplexity",
+        "baseline": "frequency model perplexity (unigram MLE of the training text)",
         "baseline_perplexity_unigram": unigram_perplexity(x_train, x_test, vocab_size),
         "baseline_perplexity_uniform": float(vocab_size),
     }

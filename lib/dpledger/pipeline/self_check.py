@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpledger.engine import BKEngine
+from dpledger.engine import BKEngine, SelfCheckError
 from dpledger.models import Task
 from dpledger.params.train import TrainParams
 from dpledger.sampling.schedule import Schedule
@@ -63,9 +63,54 @@ def check_before_training(
         return None
     x_train, y_train = data
     index = torch.from_numpy(rows).to(x_train.device)
+    check_stateless(engine.model, task, x_train[index], y_train[index])
     only = tuple(settings.self_check_parameters)
     result = engine.self_check(task.losses, x_train[index], y_train[index], only=only)
     return result.to_dict()
+
+
+def check_stateless(model: torch.nn.Module, task: Task, x: torch.Tensor, y: torch.Tensor) -> None:
+    """The same batch forwarded twice from the same RNG state must give the same per-example losses.
+
+    A model that carries state across forwards outside its parameters and buffers (a cross-batch
+    feature memory in a plain attribute, as MoCo queues keep) lets one example reach later steps
+    through a channel no accountant sees, and the self-check on a fresh copy cannot see it. The
+    model's buffers and the RNG are restored afterwards, so the check changes nothing; raises
+    ``SelfCheckError`` (one line) when the two forwards differ with the buffers unchanged (state in
+    a buffer is the state guard's, which names it)."""
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    cpu = torch.random.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    outputs, changed = [], False
+    try:
+        with torch.no_grad():
+            for _ in range(2):
+                torch.random.set_rng_state(cpu)
+                if cuda is not None:
+                    torch.cuda.set_rng_state_all(cuda)
+                outputs.append(task.losses(model, x, y).detach().clone())
+    finally:
+        torch.random.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                changed = changed or name not in buffers or not torch.equal(buffer, buffers[name])
+                if name in buffers and buffer.shape == buffers[name].shape:
+                    buffer.copy_(buffers[name])
+    if changed:
+        return  # state kept in buffers: the state guard names the buffer after the first step
+    first, second = outputs
+    # a tolerance for nondeterministic GPU kernels; a memory that mixes in earlier examples moves
+    # the losses by far more
+    if not torch.allclose(first, second, rtol=1e-5, atol=1e-6, equal_nan=True):
+        worst = float((first - second).abs().max())
+        raise SelfCheckError(
+            f"the model is not stateless: the same batch forwarded twice from the same random "
+            f"state gave losses differing by {worst:.3g}; it keeps state across forwards outside "
+            "its parameters and buffers (e.g. a feature memory), through which one example "
+            "reaches later steps unaccounted. Remove that state."
+        )
 
 
 def to_metrics(record: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ TIMING_DIR = Path("timing")
 
 def is_timing(key: str) -> bool:
     """Whether a metric is a time measurement rather than a computed result."""
-    return key.endswith(("wall_time_s", "_seconds")) or key.startswith("throughput_")
+    return key.endswith(("_s", "_seconds")) or key.startswith("throughput_")
 
 
 def split_timing(root: Path, stage: str, returned: dict[str, Any]) -> dict[str, Any]:

@@ -201,7 +201,7 @@ def _accuracy_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
     )
     if perplexity:
         details = _joined(
-            ("unigram baseline", m.get("baseline_perplexity_unigram")),
+            ("frequency baseline", m.get("baseline_perplexity_unigram")),
             ("uniform", m.get("baseline_perplexity_uniform")),
             ("test loss", m.get("test_loss")),
             ("train perplexity", m.get("train_perplexity")),
