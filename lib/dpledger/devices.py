@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from dpledger import validation
 from dpledger.errors import ParamsError
 
 
@@ -17,7 +16,9 @@ def resolve_device(name: str | torch.device = "auto", *, key: str = "device") ->
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if text != "cpu" and not (text == "cuda" or text.startswith("cuda:")):
-        raise validation.invalid(key, text, "allowed values are auto, cpu, cuda", where="params")
+        raise ParamsError(
+            f"params: {key} = {text!r} is invalid: allowed values are auto, cpu, cuda"
+        )
     if text != "cpu" and not torch.cuda.is_available():
         raise ParamsError(
             f"params: {key} = {text!r} is invalid: no CUDA device is available (use auto or cpu)"

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dpledger.accounting.description import MechanismDescription
 from dpledger.accounting.record import AccountantResult
 from dpledger.errors import ParamsError
 
-if TYPE_CHECKING:
-    from dpledger.accounting.accountants.base import Accountant
-
 MAX_NOISE = 1e6
 MIN_NOISE = 1e-3
+
+
+class EpsilonSource(Protocol):
+    """What the search needs of an accountant: its proven ε at δ."""
+
+    def epsilon(self, description: MechanismDescription, delta: float) -> AccountantResult: ...
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ def unreachable(epsilon: float, delta: float) -> ParamsError:
 
 
 def bracketed_search(
-    accountant: Accountant,
+    accountant: EpsilonSource,
     description: MechanismDescription,
     epsilon: float,
     delta: float,

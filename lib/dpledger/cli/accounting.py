@@ -57,7 +57,8 @@ def _check_delta(delta: float, dataset_size: Optional[int]) -> list[str]:
     """Refuse a δ outside (0, 1) (NaN included); warn (returned lines) when δ >= 1/n."""
     from dpledger.accounting.description import vacuous_delta_warning
 
-    validation.within("--delta", delta, 0, 1)
+    if not (math.isfinite(delta) and 0.0 < delta < 1.0):
+        raise validation.invalid("--delta", delta, "it must be a finite number in (0, 1)")
     if dataset_size is not None:
         validation.at_least("--dataset-size", dataset_size, 1)
     warning = vacuous_delta_warning(delta, dataset_size)

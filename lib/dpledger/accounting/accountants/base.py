@@ -9,14 +9,12 @@ interface, never an accountant's type.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from dpledger.accounting.description import MechanismDescription
 from dpledger.accounting.record import AccountantResult
+from dpledger.accounting.search import Calibration
 from dpledger.errors import UnsupportedMechanismError
-
-if TYPE_CHECKING:
-    from dpledger.accounting.search import Calibration
 
 ADJACENCY = "add or remove one example (both directions accounted, the worse one reported)"
 RELEASE = "every intermediate model is released (no last-iterate amplification is claimed)"
