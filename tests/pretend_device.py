@@ -57,6 +57,11 @@ def _register_backend() -> None:
             _ready = True
 
 
+# At import (test collection), before any backward pass: autograd sizes its per-device queues at its
+# first backward pass, and a device registered after that has none.
+_register_backend()
+
+
 class OnPretend(torch.Tensor):
     """A CPU tensor (``elem``) that says it lives on the pretend device."""
 

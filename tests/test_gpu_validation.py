@@ -37,7 +37,7 @@ def test_the_dry_run_writes_every_result_and_they_pass(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=3600,  # a loaded 2-core CI machine: about 30 minutes with the defaults step
     )
     log = (tmp_path / "run.log").read_text()
     assert done.returncode == 0, log[-3000:]

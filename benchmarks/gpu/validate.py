@@ -195,7 +195,7 @@ def save_then_die(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
 train.save_checkpoint = save_then_die
 root = Path(sys.argv[1])
-runstage("train", root / "params.yaml", root)
+run_stage("train", root / "params.yaml", root)
 """
 """The train stage, SIGKILLed right after its second checkpoint (deterministic, unlike a timed
 kill)."""
