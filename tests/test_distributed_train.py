@@ -65,9 +65,11 @@ def _uneven_schedule() -> Schedule:
 
 def _outputs(root: Path) -> tuple[dict, dict]:
     """The ledger without its self-check record (that run's timing and, resumed, the resume step's
-    batch: evidence about the run, not privacy bookkeeping; it must have passed) and the weights."""
+    batch: evidence about the run, not privacy bookkeeping; it must have passed) and its thread
+    count, and the weights."""
     ledger = json.loads((root / "artifacts/train/ledger.json").read_text())
     assert ledger.pop("self_check")["passed"] is True
+    assert ledger.pop("threads") >= 1  # each rank's share of the cores: how it ran, not privacy
     return ledger, torch.load(root / "artifacts/train/model.pt")
 
 
