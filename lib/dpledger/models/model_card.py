@@ -109,7 +109,8 @@ def _epsilon(facts: CardFacts) -> str:
 
 def _mechanism(facts: CardFacts) -> str:
     tp, sigma, ledger = facts.train, facts.ledger.noise_multiplier, facts.ledger
-    noise = f"a Philox PRNG keyed by {ledger.noise_key_source or 'a key of unrecorded origin'}"
+    source = ledger.noise_key_source or "an unrecorded source"
+    noise = f"a Philox PRNG whose key came from {source}"
     if tp.secure_noise:
         noise = "the operating system's CSPRNG"
     line = (
