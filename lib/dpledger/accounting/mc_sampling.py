@@ -21,8 +21,8 @@ from dpledger import philox_normal
 BLOCK = 1 << 12
 MEMORY_VALUES = 1 << 22
 CUDA_MAX_VALUES = 1 << 28
-"""On CUDA a chunk may hold up to this many normals (1 GiB of float32) where free memory allows
-(issue 30): each chunk costs a host sync (the screen's survivors) and a few dozen launches, so
+"""On CUDA a chunk may hold up to this many normals (1 GiB of float32) where free memory allows:
+each chunk costs a host sync (the screen's survivors) and a few dozen launches, so
 4M-value chunks left an H100 idle between them."""
 CUDA_MEMORY_FRACTION = 0.25
 CUDA_BYTES_PER_VALUE = 32

@@ -175,20 +175,12 @@ def assumptions(correlated: bool) -> tuple[str, ...]:
     lines = [
         "One run, m gradient canaries C·e_j on distinct coordinates, each in with probability 1/2 "
         "(2305.08846).",
-        "Side copy: the canary is added to the released noisy sums of its own coordinate, not to "
-        "the model; its effect on later iterates is assumed negligible.",
-        "Adversary: knows every other record (the standard DP adversary), so it removes the real "
-        "examples' clipped sum from each released coordinate; valid because the canaries never "
-        "enter the model, which makes those sums independent of the canaries' inclusion.",
-        "Scores: log likelihood ratio of one coordinate's residual sums under the sampler's law at "
-        "the noise std measured from them (the claimed σ on an honest run).",
-        "order (the ledger's family): refutes 'each canary coordinate is released as the ledger's "
-        "Poisson-subsampled Gaussian at noise σ′'; under it the canaries are independent "
-        "(own coordinate, own noise, own placements), so the order-statistics tail of a fixed "
-        "statistic is exact (2509.08704); it is not a test of a generic (ε, δ) claim.",
-        "order-eps-delta: refutes 'the run is (ε, δ)-DP for each canary' by the order-statistics "
-        "tail of the (ε, δ) randomized response, which 2509.08704 proves is the least number of "
-        "mistakes any such mechanism allows.",
+        "Side copy: the canary is added to the released noisy sums of its own coordinate, not to the model; its effect on later iterates is assumed negligible.",  # noqa: E501
+        "Adversary: knows every other record (the standard DP adversary), so it removes the real examples' clipped sum from each released coordinate; valid because the canaries never enter the model, which makes those sums independent of the canaries' inclusion.",  # noqa: E501
+        "Scores: log likelihood ratio of one coordinate's residual sums under the sampler's law at the noise std measured from them (the claimed σ on an honest run).",  # noqa: E501
+        "order (the ledger's family): refutes 'each canary coordinate is released as the ledger's Poisson-subsampled Gaussian at noise σ′'; under it the canaries are independent "  # noqa: E501
+        "(own coordinate, own noise, own placements), so the order-statistics tail of a fixed statistic is exact (2509.08704); it is not a test of a generic (ε, δ) claim.",  # noqa: E501
+        "order-eps-delta: refutes 'the run is (ε, δ)-DP for each canary' by the order-statistics tail of the (ε, δ) randomized response, which 2509.08704 proves is the least number of mistakes any such mechanism allows.",  # noqa: E501
         "The number of guesses is fixed in advance: a Bonferroni grid (or held-out canaries); "
         "ε_emp is the largest ε refuted, from the run's actual guesses (one random draw).",
     ]
@@ -217,8 +209,7 @@ def order_estimates(
     if law.step_probability is None or settings["correlated"]:
         found["order"] = None
         notes.append(
-            "order (family): not computed; it models independent Gaussian noise per step and "
-            "Poisson placement, and this run has "
+            "order (family): not computed; it models independent Gaussian noise per step and Poisson placement, and this run has "  # noqa: E501
             + ("correlated noise" if settings["correlated"] else f"{law.placement} placement")
         )
     else:

@@ -172,8 +172,7 @@ class FSDPEngine(BKEngine):
         :func:`shard_model`; the sharded engine itself is tested against the naive loop and the
         unsharded engine (tests/test_fsdp_engine.py)."""
         raise ParamsError(
-            "engine: self_check is not supported on a sharded model (FSDPEngine); run it with "
-            "BKEngine on the same model before shard_model"
+            "engine: self_check is not supported on a sharded model (FSDPEngine); run it with BKEngine on the same model before shard_model"  # noqa: E501
         )
 
     def full_noisy_sum(self) -> list[Tensor] | None:

@@ -35,8 +35,7 @@ def refuse_correlated(noise: NoiseSource) -> None:
     """Refuse noise that cannot be sliced: correlated mechanisms keep a stream of whole rows."""
     if noise.mechanism != "identity":
         raise ParamsError(
-            f"engine: correlated noise ({noise.mechanism}) is not supported with sharded "
-            "parameters (FSDPEngine); use identity noise or the data-parallel BKEngine"
+            f"engine: correlated noise ({noise.mechanism}) is not supported with sharded parameters (FSDPEngine); use identity noise or the data-parallel BKEngine"  # noqa: E501
         )
 
 

@@ -81,9 +81,7 @@ def shard_layout(param: Tensor, offset: int, rank: int, world_size: int, name: s
     placements = tuple(param.placements)
     if placements != (Shard(0),) or param.device_mesh.size() != world_size:
         raise ParamsError(
-            f"engine: parameter {name} is placed as {placements} on a mesh of "
-            f"{param.device_mesh.size()} ranks; the sharded engine supports fully_shard's "
-            f"Shard(0) over all {world_size} ranks of its process group"
+            f"engine: parameter {name} is placed as {placements} on a mesh of {param.device_mesh.size()} ranks; the sharded engine supports fully_shard's Shard(0) over all {world_size} ranks of its process group"  # noqa: E501
         )
     rows = param.shape[0]
     chunk = -(-rows // world_size)
@@ -146,8 +144,7 @@ class ShardedNoisySum:
     def watch(self, select: Callable[[list[Tensor]], Tensor]) -> None:
         """The one-run audit's record is not kept on shards: refused by name."""
         raise ParamsError(
-            "engine: watching coordinates of the released sum (the one-run audit) is not "
-            "supported with sharded parameters (FSDPEngine); use the data-parallel BKEngine"
+            "engine: watching coordinates of the released sum (the one-run audit) is not supported with sharded parameters (FSDPEngine); use the data-parallel BKEngine"  # noqa: E501
         )
 
     def drop(self, flat: Tensor, weights: Tensor | None) -> Tensor:

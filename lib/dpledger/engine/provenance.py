@@ -55,10 +55,7 @@ def template(first: tuple[int, ...], second: tuple[int, ...]) -> Template | str:
         elif a % 2 == 0 and b % 3 == 0 and a // 2 == b // 3:
             sizes.append(-(a // 2))
         else:
-            return (
-                f"its size {a} at batch 2 and {b} at batch 3 is not a multiple of the batch, so it "
-                "depends on the data (tokens gathered per expert, a data-dependent selection)"
-            )
+            return f"its size {a} at batch 2 and {b} at batch 3 is not a multiple of the batch, so it depends on the data (tokens gathered per expert, a data-dependent selection)"  # noqa: E501
     if sum(s < 0 for s in sizes) > 1:
         return (
             f"several of its dimensions follow the batch ({first} at batch 2), so it mixes examples"

@@ -265,58 +265,36 @@ def provenance_message(label: str, why: str) -> str:
 
 def untraced_message(label: str) -> str:
     """A layer called in training that the trace at batch sizes 2 and 3 did not see."""
-    return (
-        f"engine: layer {label} ran in a training pass but not when the engine traced the model at "
-        "batch sizes 2 and 3 (call it only inside the model's forward, the same way for every "
-        "batch), so which dimension of its tensors is the batch is unknown"
-    )
+    return f"engine: layer {label} ran in a training pass but not when the engine traced the model at batch sizes 2 and 3 (call it only inside the model's forward, the same way for every batch), so which dimension of its tensors is the batch is unknown"  # noqa: E501
 
 
 def untraced_shape_message(label: str) -> str:
     """A layer whose tensors at this batch size are not the traced ones with the batch resized."""
-    return (
-        f"engine: layer {label}: its tensors' shapes at this batch size are not the ones traced at "
-        "batch sizes 2 and 3 with the batch resized, so its layout depends on the batch or the "
-        "data and which dimension is the batch is unknown"
-    )
+    return f"engine: layer {label}: its tensors' shapes at this batch size are not the ones traced at batch sizes 2 and 3 with the batch resized, so its layout depends on the batch or the data and which dimension is the batch is unknown"  # noqa: E501
 
 
 def rows_message(label: str, rows: int) -> str:
     """(B·k) rows whose example order the engine cannot prove."""
     return (
         f"engine: layer {label} sees {rows} rows per example flattened into its leading dimension, "
-        "and the engine can prove which example each row belongs to only for a contiguous view of "
-        "a batch-first tensor (x.view(-1, d) of x (B, T, d)) or unary elementwise operations of "
-        "such rows"
+        "and the engine can prove which example each row belongs to only for a contiguous view of a batch-first tensor (x.view(-1, d) of x (B, T, d)) or unary elementwise operations of such rows"  # noqa: E501
     )
 
 
 def unbatched_message(label: str) -> str:
     """A layer whose tensors carry no batch and no module around it returns the batch."""
-    return (
-        f"engine: layer {label}: none of its tensors carries the batch (a table shared by every "
-        "example) and no module enclosing it returns the batch, so its per-example gradients "
-        "cannot be formed; freeze its parameters (requires_grad=False)"
-    )
+    return f"engine: layer {label}: none of its tensors carries the batch (a table shared by every example) and no module enclosing it returns the batch, so its per-example gradients cannot be formed; freeze its parameters (requires_grad=False)"  # noqa: E501
 
 
 def probe_failure_message(error: Exception) -> str:
     """The model failed on 2 or 3 of its examples, which the batch trace runs it on."""
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return (
-        f"engine: the model fails on 2 or 3 of its examples ({first}), which the engine runs it on "
-        "to trace which dimension of every layer's tensors is the batch; its forward must accept "
-        "any batch size"
-    )
+    return f"engine: the model fails on 2 or 3 of its examples ({first}), which the engine runs it on to trace which dimension of every layer's tensors is the batch; its forward must accept any batch size"  # noqa: E501
 
 
 def checkpoint_reuse_message(label: str) -> str:
     """A parameter of a reentrant checkpoint's layer also used elsewhere in the step."""
-    return (
-        f"engine: layer {label} runs inside a reentrant gradient checkpoint and its parameters are "
-        "also used elsewhere in the same step, so their per-example norm cannot be formed from the "
-        "separate uses; use use_reentrant=False, or do not share the parameters"
-    )
+    return f"engine: layer {label} runs inside a reentrant gradient checkpoint and its parameters are also used elsewhere in the same step, so their per-example norm cannot be formed from the separate uses; use use_reentrant=False, or do not share the parameters"  # noqa: E501
 
 
 def rule_failure_message(label: str, shape: tuple[int, ...], error: Exception) -> str:

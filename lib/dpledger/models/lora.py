@@ -150,8 +150,7 @@ def load_adapter(model: nn.Module, folder: str, base: str, task: str) -> nn.Modu
     except (ValueError, KeyError, RuntimeError) as error:
         lines = str(error).strip().splitlines()
         raise ParamsError(
-            f"params: train.model_options.path = {folder!r} is invalid: peft cannot apply the "
-            f"adapter to its base ({lines[0] if lines else type(error).__name__})"
+            f"params: train.model_options.path = {folder!r} is invalid: peft cannot apply the adapter to its base ({lines[0] if lines else type(error).__name__})"  # noqa: E501
         ) from None
     adapted.peft_config["default"].base_model_name_or_path = base
     return adapted

@@ -22,22 +22,12 @@ from dpledger.params.train import TrainParams
 from dpledger.sampling.guard import SamplerCheck
 
 TAGS = ("differential_privacy", "dp-sgd", "dpledger")
-RELEASED = (
-    "- **What is released**: every iterate. The guarantee holds for all intermediate models of the "
-    "run, not only this final one; no privacy amplification from releasing only the last iterate "
-    "is claimed."
-)
+RELEASED = "- **What is released**: every iterate. The guarantee holds for all intermediate models of the run, not only this final one; no privacy amplification from releasing only the last iterate is claimed."  # noqa: E501
 TUNING = (
-    "- **Hyperparameter tuning**: not accounted. The ε above covers this one run with fixed "
-    "settings; any tuning runs on the same training data (learning rate, clip norm, epochs, ...) "
+    "- **Hyperparameter tuning**: not accounted. The ε above covers this one run with fixed settings; any tuning runs on the same training data (learning rate, clip norm, epochs, ...) "  # noqa: E501
     "spend privacy that this statement does not include."
 )
-AUDIT = (
-    "- **Empirical audit**: not part of this card. The audit stage runs after training, so this "
-    "card is written before its result exists; see `reports/report.md` and `metrics/audit.json` of "
-    "the same pipeline run. An audit gives a lower bound on ε; it cannot confirm the upper bound "
-    "above."
-)
+AUDIT = "- **Empirical audit**: not part of this card. The audit stage runs after training, so this card is written before its result exists; see `reports/report.md` and `metrics/audit.json` of the same pipeline run. An audit gives a lower bound on ε; it cannot confirm the upper bound above."  # noqa: E501
 
 
 @dataclass(frozen=True)
@@ -97,11 +87,7 @@ def _sampler(check: SamplerCheck, record: CalibrationRecord) -> str:
 
 def _epsilon(facts: CardFacts) -> str:
     ledger, record = facts.ledger, facts.record
-    line = (
-        f"- **(ε, δ)**: ε = {ledger.epsilon_spent:.4g} at δ = {record.delta:.3g} after "
-        f"{ledger.steps_done} of {ledger.total_steps} logical steps (the calibrated claim for the "
-        f"full run: ε = {record.epsilon:.4g})."
-    )
+    line = f"- **(ε, δ)**: ε = {ledger.epsilon_spent:.4g} at δ = {record.delta:.3g} after {ledger.steps_done} of {ledger.total_steps} logical steps (the calibrated claim for the full run: ε = {record.epsilon:.4g})."  # noqa: E501
     if ledger.steps_done < ledger.total_steps:
         line += " Training stopped early: ε is read pessimistically from the accountant's curve."
     return line
@@ -113,12 +99,7 @@ def _mechanism(facts: CardFacts) -> str:
     noise = f"a Philox PRNG whose key came from {source}"
     if tp.secure_noise:
         noise = "the operating system's CSPRNG"
-    line = (
-        f"- **Mechanism**: DP-SGD with per-example clipping ({tp.clipping}, clip norm "
-        f"R = {tp.clip_norm:g}), Gaussian noise σ·R with σ = {sigma:.6g} "
-        f"on each step's summed gradient (noise mechanism '{facts.record.mechanism}', drawn from "
-        f"{noise})."
-    )
+    line = f"- **Mechanism**: DP-SGD with per-example clipping ({tp.clipping}, clip norm R = {tp.clip_norm:g}), Gaussian noise σ·R with σ = {sigma:.6g} on each step's summed gradient (noise mechanism '{facts.record.mechanism}', drawn from {noise})."  # noqa: E501
     if ledger.noise_key_public:
         line += (
             ' <span style="color:red">**Warning: the noise key is derived from the tracked seed: '
@@ -166,14 +147,12 @@ def _training(facts: CardFacts) -> list[str]:
     lines = [
         f"- Model: `{tp.model}` for task `{tp.task}` on data `{facts.data_name}`; "
         f"{trainable:,} trainable of {total:,} parameters.",
-        f"- Optimizer: {tp.optimizer} (lr {tp.lr:g}, {schedule}, weight decay "
-        f"{tp.weight_decay:g}); expected batch size {record.batch_size}, {record.epochs} epoch(s), "
+        f"- Optimizer: {tp.optimizer} (lr {tp.lr:g}, {schedule}, weight decay {tp.weight_decay:g}); expected batch size {record.batch_size}, {record.epochs} epoch(s), "  # noqa: E501
         f"{record.steps} logical steps.",
     ]
     if tp.lora is not None:
         lines.append(
-            f"- LoRA: rank {tp.lora.rank}, alpha {tp.lora.alpha:g}, targets "
-            f"{tp.lora.target_modules or 'peft default'}; every base weight frozen."
+            f"- LoRA: rank {tp.lora.rank}, alpha {tp.lora.alpha:g}, targets {tp.lora.target_modules or 'peft default'}; every base weight frozen."  # noqa: E501
         )
     scores = {k: v for k, v in facts.metrics.items() if k.startswith(("test_", "train_"))}
     lines += [f"- {name}: {value:.4g}" for name, value in scores.items() if _number(value)]
@@ -193,8 +172,7 @@ def model_card(facts: CardFacts) -> str:
             "# Differentially private model (dpledger)",
             "",
             "Trained with DP-SGD by the dpledger pipeline (calibrate -> schedule -> train). "
-            "Generated by the train stage from `artifacts/calibration/calibration.json` and the "
-            "run's ledger.",
+            "Generated by the train stage from `artifacts/calibration/calibration.json` and the run's ledger.",  # noqa: E501
             "",
             "## Files",
             "",

@@ -40,9 +40,7 @@ class OneRunParams(Section):
     )
     bound: Literal["order", "order-eps-delta", "fdp", "fdp-gaussian", "steinke"] = Field(
         default="order",
-        description="order (order statistics against the ledger's Gaussian family; fdp where it "
-        "does not apply) | order-eps-delta (order statistics, generic (ε, δ)) | fdp (f-DP test of "
-        "the (ε, δ) trade-off) | fdp-gaussian (of the Gaussian one) | steinke",
+        description="order (order statistics against the ledger's Gaussian family; fdp where it does not apply) | order-eps-delta (order statistics, generic (ε, δ)) | fdp (f-DP test of the (ε, δ) trade-off) | fdp-gaussian (of the Gaussian one) | steinke",  # noqa: E501
     )
 
 

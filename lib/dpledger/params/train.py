@@ -78,20 +78,17 @@ class TrainParams(Section):
     )
     noise_key_file: str | None = Field(
         default=None,
-        description="an untracked file holding the secret noise key (hex; else DPLEDGER_NOISE_KEY "
-        "or a fresh CSPRNG key)",
+        description="an untracked file holding the secret noise key (hex; else DPLEDGER_NOISE_KEY or a fresh CSPRNG key)",  # noqa: E501
     )
     insecure_public_seed: bool = Field(
         default=False,
-        description="derive the noise key from the tracked seed: no privacy guarantee against "
-        "anyone who has this repository",
+        description="derive the noise key from the tracked seed: no privacy guarantee against anyone who has this repository",  # noqa: E501
     )
     threads: int | None = Field(
         default=None,
         ge=1,
         le=1024,
-        description="intra-op CPU threads of the steps (default: torch's); a resumed run keeps the "
-        "count it started with, so it stays bit-identical",
+        description="intra-op CPU threads of the steps (default: torch's); a resumed run keeps the count it started with, so it stays bit-identical",  # noqa: E501
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = Field(

@@ -73,8 +73,7 @@ def parse_key(text: str, where: str) -> int:
     digits = text.strip().lower().removeprefix("0x")
     if not re.fullmatch(r"[0-9a-f]+", digits) or len(digits) < MIN_HEX_DIGITS:
         raise ParamsError(
-            f"params: the noise key in {where} is invalid: it must be at least {MIN_HEX_DIGITS} "
-            "hexadecimal digits (128 bits), e.g. the output of: python -c 'import secrets; "
+            f"params: the noise key in {where} is invalid: it must be at least {MIN_HEX_DIGITS} hexadecimal digits (128 bits), e.g. the output of: python -c 'import secrets; "  # noqa: E501
             "print(secrets.token_hex(32))'"
         )
     return int(digits, 16)
@@ -125,9 +124,7 @@ def resolve_noise_key(seed: int, key_file: str | None, public_seed: bool, root: 
             raise ParamsError(f"params: train.noise_key_file = {key_file!r} is not a file")
         if problem := _key_file_problem(path):
             raise ParamsError(
-                f"params: train.noise_key_file = {key_file!r} is refused: {problem}, so its key "
-                "would be public; move it out of the repository or git-ignore it (or set "
-                f"train.insecure_public_seed: true for a run with {PUBLIC_KEY_WARNING})"
+                f"params: train.noise_key_file = {key_file!r} is refused: {problem}, so its key would be public; move it out of the repository or git-ignore it (or set train.insecure_public_seed: true for a run with {PUBLIC_KEY_WARNING})"  # noqa: E501
             )
         value = parse_key(path.read_text(), f"train.noise_key_file = {key_file!r}")
         return NoiseKey(

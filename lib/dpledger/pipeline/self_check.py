@@ -106,10 +106,7 @@ def check_stateless(model: torch.nn.Module, task: Task, x: torch.Tensor, y: torc
     if not torch.allclose(first, second, rtol=1e-5, atol=1e-6, equal_nan=True):
         worst = float((first - second).abs().max())
         raise SelfCheckError(
-            f"the model is not stateless: the same batch forwarded twice from the same random "
-            f"state gave losses differing by {worst:.3g}; it keeps state across forwards outside "
-            "its parameters and buffers (e.g. a feature memory), through which one example "
-            "reaches later steps unaccounted. Remove that state."
+            f"the model is not stateless: the same batch forwarded twice from the same random state gave losses differing by {worst:.3g}; it keeps state across forwards outside its parameters and buffers (e.g. a feature memory), through which one example reaches later steps unaccounted. Remove that state."  # noqa: E501
         )
 
 

@@ -211,8 +211,7 @@ def pin_threads(ledger: Ledger, asked: int | None) -> None:
     threads = ledger.threads or asked or torch.get_num_threads()
     if asked is not None and asked != threads:
         print(
-            f"train: resuming at the {threads} threads the run started with (train.threads = "
-            f"{asked} applies to a run from step 0)",
+            f"train: resuming at the {threads} threads the run started with (train.threads = {asked} applies to a run from step 0)",  # noqa: E501
             file=sys.stderr,
         )
     torch.set_num_threads(threads)

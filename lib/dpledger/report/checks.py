@@ -181,9 +181,7 @@ def _dpsgd_contradicted(
         severity="warning",
         title="The DP-SGD audit contradicts the claimed ε",
         message=(
-            f"Gradient canaries in real training runs give ε_emp ≥ "
-            f"{format_lower(audit.get('dpsgd_epsilon_emp'))} (verdict "
-            f"{audit.get('dpsgd_verdict', 'unstated')}), above or against the claimed ε: "
+            f"Gradient canaries in real training runs give ε_emp ≥ {format_lower(audit.get('dpsgd_epsilon_emp'))} (verdict {audit.get('dpsgd_verdict', 'unstated')}), above or against the claimed ε: "  # noqa: E501
             "the training code leaks more than its privacy claim allows."
         ),
     )

@@ -130,8 +130,7 @@ def _self_check_disagreement(train: dict[str, Any], ledger: dict[str, Any]) -> l
         stated = train.get(f"self_check_{key}")
         if stated is not None and not _same(stated, record.get(key)):
             found.append(
-                f"self-check {key}: train metrics {_shown(stated)}, training ledger "
-                f"{_shown(record.get(key))}"
+                f"self-check {key}: train metrics {_shown(stated)}, training ledger {_shown(record.get(key))}"  # noqa: E501
             )
     return found
 

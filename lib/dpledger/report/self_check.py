@@ -100,8 +100,7 @@ def self_check_findings(metrics: dict[str, dict[str, Any]]) -> list[tuple[str, s
                 "self-check-partial",
                 "Engine exactness checked on part of the model only",
                 f"The self-check compared {partial} trainable parameters "
-                "(train.self_check_parameters): the others' private gradients are unchecked, and a "
-                "layer the engine gets wrong there would pass. Empty the list to check them all.",
+                "(train.self_check_parameters): the others' private gradients are unchecked, and a layer the engine gets wrong there would pass. Empty the list to check them all.",  # noqa: E501
             )
         ]
     return [

@@ -20,7 +20,7 @@ EXAMPLES = 4
 
 ENGINE_SELF_CHECK = Check(
     "engine_self_check",
-    "issue 26: the BK engine's per-example norms and clipped sum (σ = 0) "
+    "the BK engine's per-example norms and clipped sum (σ = 0) "
     "on the battery's model equal a naive per-example loop's, every parameter, flat, "
     "per-layer and automatic clipping",
     "max relative error / tolerance",

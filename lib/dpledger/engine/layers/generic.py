@@ -114,10 +114,7 @@ def check_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any])
     if isinstance(module, nn.MultiheadAttention):
         mask = kwargs.get("attn_mask", args[5] if len(args) > 5 else None)
         if isinstance(mask, Tensor) and mask.dim() == 3:
-            return (
-                "a 3-D attn_mask (batch × heads, L, S) mixes the batch and head dimensions; use "
-                "a 2-D mask"
-            )
+            return "a 3-D attn_mask (batch × heads, L, S) mixes the batch and head dimensions; use a 2-D mask"  # noqa: E501
     return None
 
 
@@ -143,8 +140,7 @@ def per_example_grads(
     for k in used:
         if layout.outputs[k] is None:
             raise GenericRuleError(
-                f"output {k} (shape {tuple(outputs[k].shape)}) carries no batch dimension, so its "
-                "gradient is the sum over the examples"
+                f"output {k} (shape {tuple(outputs[k].shape)}) carries no batch dimension, so its gradient is the sum over the examples"  # noqa: E501
             )
     out_dims = [layout.outputs[k] for k in used]
     tensor_slots = [i for i, d in enumerate(in_dims) if d is not None]
