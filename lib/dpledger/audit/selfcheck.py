@@ -12,6 +12,7 @@ A valid threshold method reports ε_emp > ε (a false alarm) in at most 1 − co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -26,6 +27,9 @@ from dpledger.errors import ParamsError
 from dpledger.params.bounds import MAX_SELFCHECK_OBSERVATIONS, refuse_beyond
 
 SELFCHECK_MECHANISMS = ("laplace", "poisson")
+
+ScoreDraw = Callable[[int], tuple[np.ndarray, np.ndarray]]
+"""Repeat index -> the scores of the games with the canary present and with it absent."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,40 @@ def run_selfcheck(
     """Run ``repeats`` audits of ``observations`` games each; ``epsilon`` is the Laplace ε,
     ``steps`` and ``noise_multiplier`` set the Poisson BGM (q = 1/steps, one epoch)."""
     validation.one_of("mechanism", mechanism, SELFCHECK_MECHANISMS, where="audit selfcheck")
+    _check_sizes(repeats, observations)
+    games = observations // 2
+    streams = np.random.SeedSequence(seed).spawn(repeats)
+    epsilon_true, scores = _known_mechanism(
+        mechanism, games, streams, epsilon, steps, noise_multiplier, delta
+    )
+    estimates = []
+    for index in tqdm(
+        range(repeats), desc=f"selfcheck ({mechanism}, {method})", disable=not progress, leave=False
+    ):
+        present, absent = scores(index)
+        estimates.append(
+            estimate_epsilon(
+                present, absent, delta=delta, confidence=confidence, method=method
+            ).epsilon
+        )
+    alarms = int(np.sum(np.asarray(estimates) > epsilon_true))
+    return SelfCheck(
+        mechanism=mechanism,
+        method=method,
+        epsilon_true=float(epsilon_true),
+        repeats=repeats,
+        observations=2 * games,
+        confidence=confidence,
+        false_alarms=alarms,
+        false_alarm_rate=alarms / repeats,
+        false_alarm_rate_upper=float(clopper_pearson_upper(alarms, repeats, 0.05)),
+        allowed_rate=1.0 - confidence,
+        epsilon_emp=[float(e) for e in estimates],
+    )
+
+
+def _check_sizes(repeats: int, observations: int) -> None:
+    """Refuse (one line) too few repeats or observations, or more games than the bound allows."""
     if repeats < 1 or observations < 4:
         raise ParamsError(
             f"audit selfcheck: repeats = {repeats}, observations = {observations}: "
@@ -86,8 +124,19 @@ def run_selfcheck(
         "games",
         "lower --repeats or --observations",
     )
-    games = observations // 2
-    streams = np.random.SeedSequence(seed).spawn(repeats)
+
+
+def _known_mechanism(
+    mechanism: str,
+    games: int,
+    streams: list[np.random.SeedSequence],
+    epsilon: float,
+    steps: int,
+    noise_multiplier: float,
+    delta: float,
+) -> tuple[float, ScoreDraw]:
+    """The mechanism's true ε and its draw of ``games`` present and absent scores per repeat (each
+    repeat from its own stream)."""
     if mechanism == "laplace":
         epsilon_true = epsilon
 
@@ -114,27 +163,4 @@ def run_selfcheck(
             )
             return game_scores.present, game_scores.absent
 
-    estimates = []
-    for index in tqdm(
-        range(repeats), desc=f"selfcheck ({mechanism}, {method})", disable=not progress, leave=False
-    ):
-        present, absent = scores(index)
-        estimates.append(
-            estimate_epsilon(
-                present, absent, delta=delta, confidence=confidence, method=method
-            ).epsilon
-        )
-    alarms = int(np.sum(np.asarray(estimates) > epsilon_true))
-    return SelfCheck(
-        mechanism=mechanism,
-        method=method,
-        epsilon_true=float(epsilon_true),
-        repeats=repeats,
-        observations=2 * games,
-        confidence=confidence,
-        false_alarms=alarms,
-        false_alarm_rate=alarms / repeats,
-        false_alarm_rate_upper=float(clopper_pearson_upper(alarms, repeats, 0.05)),
-        allowed_rate=1.0 - confidence,
-        epsilon_emp=[float(e) for e in estimates],
-    )
+    return epsilon_true, scores

@@ -30,6 +30,10 @@ It proves the engine exact on this model, these examples, at this precision; it 
 inputs (a data-dependent branch not taken here) or another precision. The cost is one engine step
 plus n + 1 naive forward and backward passes on n + 1 rows; with ``only`` it compares a subset of
 parameters.
+
+This module orchestrates the check (the copy, the precision, the engine's pass); the naive loop is
+in :mod:`dpledger.engine.naive_loop`, the comparison, tolerances and record in
+:mod:`dpledger.engine.self_check_compare` (their public names are importable from here too).
 """
 
 from __future__ import annotations
@@ -41,7 +45,6 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,133 +52,44 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from dpledger.engine.clipping import clip_factors, group_threshold
-from dpledger.engine.layers import generic
-from dpledger.engine.validators import UnsupportedLayerError, check_state_unchanged, state_snapshot
+from dpledger.engine.naive_loop import LossFn, clipping_groups, naive_loop
+from dpledger.engine.self_check_compare import (
+    LOSS_TOLERANCE_FACTOR,
+    TOLERANCE,
+    WORST_SHOWN,
+    ZERO_GRADIENT_FLOOR,
+    EnginePass,
+    NaiveResult,
+    ParameterError,
+    SelfCheckError,
+    SelfCheckResult,
+    compare,
+)
+from dpledger.engine.validators import check_state_unchanged, state_snapshot
 from dpledger.errors import ParamsError
 
-LossFn = Callable[[nn.Module, Tensor, Tensor], Tensor]
+__all__ = [
+    "LOSS_TOLERANCE_FACTOR",
+    "MEMORY_SHARE",
+    "PADDING_WEIGHT",
+    "TOLERANCE",
+    "WORST_SHOWN",
+    "ZERO_GRADIENT_FLOOR",
+    "LossFn",
+    "ParameterError",
+    "Precision",
+    "SelfCheckError",
+    "SelfCheckResult",
+    "run_self_check",
+    "training_batches",
+]
+
 Precision = Literal["auto", "float64", "float32"]
-
-TOLERANCE: dict[torch.dtype, float] = {torch.float64: 1e-9, torch.float32: 1e-3}
-"""Largest relative error accepted, per precision of the check.
-
-float64: the engine and the loop sum the same terms in different orders, so they differ by
-round-off, ~1e-16 per operation; measured at most 6e-16 on the zoo, tiny GPT-2 and BERT and the
-digits and LM examples (1e-12 on a gradient that cancels exactly), so 1e-9 is three orders above
-round-off and seven below a 1 % error in a rule. float32: round-off is ~6e-8 per operation and
-grows through depth and with B·T-term sums (measured at most 4e-7 on the same models); 1e-3
-separates that from a wrong rule (errors of a rule are of the order of the gradient itself: a
-missing term, a wrong factor), not from a slip below 0.1 %."""
-
-ZERO_GRADIENT_FLOOR: dict[torch.dtype, float] = {torch.float64: 1e-5, torch.float32: 1e-3}
-"""A parameter's error is relative to the sum of the examples' clipped contributions to it, but at
-least to this share of the whole sum's: a gradient that is zero in exact arithmetic (an attention
-key's bias: softmax ignores a shift shared by all keys) comes out as round-off in both computations,
-~eps × the terms that cancel, and its own scale would turn that into relative errors of order 1.
-With a floor f, round-off up to tolerance·f of the whole sum passes (f = 1e-5: 1e-14, ~90·eps in
-float64; 1e-3: 1e-6, ~16·eps in float32) and a 5 % error is still caught on any parameter carrying
-more than 2e-13 (float64) or 2e-5 (float32) of it."""
-
-LOSS_TOLERANCE_FACTOR = 10.0
-"""The losses of one example alone and in the batch are the same operations on the same numbers
-except for batched-kernel reduction orders: their tolerance is the precision's, times this margin,
-relative."""
 
 MEMORY_SHARE = 0.5
 """A float64 copy is made only if its estimated size is at most this share of the free memory."""
 
 PADDING_WEIGHT = 0.0
-WORST_SHOWN = 3
-
-
-class SelfCheckError(UnsupportedLayerError):
-    """The engine's private gradient on the user's model differs from the naive per-example loop
-    (the message names the worst parameters, their layers and the relative error)."""
-
-
-@dataclass(frozen=True)
-class ParameterError:
-    """One trainable parameter's relative error: ‖engine − loop‖ / Σ_i ‖C_i·w_i·g_i‖ over its
-    coordinates (at least ``ZERO_GRADIENT_FLOOR`` of the same sum over all parameters)."""
-
-    name: str
-    layer: str
-    relative_error: float
-
-
-@dataclass(frozen=True)
-class SelfCheckResult:
-    """What the self-check compared and found; ``passed`` when every error is within ``tolerance``.
-
-    ``max_relative_error`` is the largest of: the whole clipped sum's ‖Δ‖/‖S‖, the worst parameter's
-    error, the worst per-example norm's |Δ|/‖w_i·g_i‖ and the worst per-example loss's."""
-
-    passed: bool
-    max_relative_error: float
-    sum_relative_error: float
-    norm_relative_error: float
-    loss_relative_error: float
-    worst_parameters: tuple[ParameterError, ...]
-    examples: int
-    padding_rows: int
-    parameters_checked: int
-    parameters_trainable: int
-    elements_checked: int
-    dtype: str
-    tolerance: float
-    clipping: str
-    seconds: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the ledger's ``self_check`` entry)."""
-        return {
-            "passed": self.passed,
-            "max_relative_error": self.max_relative_error,
-            "sum_relative_error": self.sum_relative_error,
-            "norm_relative_error": self.norm_relative_error,
-            "loss_relative_error": self.loss_relative_error,
-            "worst_parameters": [asdict(worst) for worst in self.worst_parameters],
-            "examples": self.examples,
-            "padding_rows": self.padding_rows,
-            "parameters_checked": self.parameters_checked,
-            "parameters_trainable": self.parameters_trainable,
-            "elements_checked": self.elements_checked,
-            "dtype": self.dtype,
-            "tolerance": self.tolerance,
-            "clipping": self.clipping,
-            "seconds": self.seconds,
-        }
-
-    def failure(self) -> str:
-        """One line naming what differs (empty when passed)."""
-        if self.passed:
-            return ""
-        where = f"{self.examples} examples, {self.dtype}, tolerance {self.tolerance:g}"
-        if self.loss_relative_error > self.tolerance * LOSS_TOLERANCE_FACTOR:
-            return (
-                "self-check: each example's loss alone differs from its loss in the batch "
-                f"(relative error {self.loss_relative_error:.3g}; {where}): "
-                "the model mixes examples or is random with dropout off, "
-                "so per-example clipping bounds nothing; "
-                "make each example's loss depend on it alone"
-            )
-        failing = [w for w in self.worst_parameters if w.relative_error > self.tolerance]
-        if not failing:
-            return (
-                "self-check: "
-                "the engine's per-example norms differ from the naive per-example loop's "
-                f"(relative error {self.norm_relative_error:.3g}; {where}); "
-                "do not train privately with this model"
-            )
-        layers = ", ".join(dict.fromkeys(w.layer for w in failing))
-        worst = ", ".join(f"{w.name} {w.relative_error:.3g}" for w in failing)
-        return (
-            "self-check: the engine's private gradient of layer(s) "
-            f"{layers} differs from the naive per-example loop (relative error {worst}; {where}): "
-            "its per-layer rule is wrong for this model; fix or unregister the rule, "
-            "or freeze the layer"
-        )
 
 
 def run_self_check(
@@ -219,19 +133,19 @@ def run_self_check(
         ones = torch.ones(len(x), dtype=dtype, device=device)
         w = ones if weights is None else _cast(weights, dtype)
         x, y, w = _with_padding_row(x, y, w)
-        groups = _clipping_groups(replica, names)
+        groups = clipping_groups(replica, names)
         clip = (clip_norm, clipping, automatic_gamma)
         trained = [p for name, p in replica.named_parameters() if name in set(trainable)]
         state = state_snapshot(replica, trained)  # a model changing its own state is named as such
         batches = training_batches(x)
         counts = torch.bincount(torch.cat(batches), minlength=len(x)).tolist()
-        naive = _naive_loop(replica, loss_fn, (x, y, w), names, groups, clip, counts)
+        naive = naive_loop(replica, loss_fn, (x, y, w), names, groups, clip, counts)
         check_state_unchanged(replica, trained, state)
         engine = _engine_pass(engine_type, replica, loss_fn, (x, y, w), clip, ghost, batches)
         seen = torch.cat(batches).cpu()
-        naive = _Naive(naive.losses[seen], naive.norms[seen], naive.sums, naive.scales)
+        naive = NaiveResult(naive.losses[seen], naive.norms[seen], naive.sums, naive.scales)
         counts = (len(x) - 1, len(trainable))
-        result = _compare(naive, engine, names, replica, dtype, clipping, started, counts)
+        result = compare(naive, engine, names, replica, dtype, clipping, started, counts)
         if not result.passed and raise_on_mismatch:
             raise SelfCheckError(result.failure())
         return result
@@ -381,109 +295,6 @@ def _with_padding_row(x: Tensor, y: Tensor, w: Tensor) -> tuple[Tensor, Tensor, 
     )
 
 
-def _clipping_groups(model: nn.Module, names: Sequence[str]) -> dict[str, int]:
-    """Per-layer clipping groups as the engine documents them: each parameter belongs to the first
-    layer (``named_modules`` order) that owns it, a generic-rule layer owning the children it
-    claims; a layer whose parameters all belong to earlier layers (tied weights) is no group of its
-    own."""
-    checked = {id(p): n for n, p in model.named_parameters() if n in set(names)}
-    group: dict[str, int] = {}
-    claimed: set[int] = set()
-    for _, module in model.named_modules():
-        if id(module) in claimed:
-            continue
-        children = generic.claimed_children(module)
-        claimed.update(id(getattr(module, child)) for child in children)
-        own = [
-            *module.parameters(recurse=False),
-            *(p for c in children for p in getattr(module, c).parameters()),
-        ]
-        fresh = [checked[id(p)] for p in own if id(p) in checked and checked[id(p)] not in group]
-        if fresh:
-            count = len(set(group.values()))
-            group.update({name: count for name in fresh})
-    return group
-
-
-@dataclass
-class _Naive:
-    """The oracle's results: losses and norms per example, per parameter the clipped sum and its
-    scale."""
-
-    losses: Tensor
-    norms: Tensor
-    sums: dict[str, Tensor]
-    scales: dict[str, Tensor]
-
-
-def _naive_loop(
-    model: nn.Module,
-    loss_fn: LossFn,
-    rows: tuple[Tensor, Tensor, Tensor],
-    names: Sequence[str],
-    groups: dict[str, int],
-    clip: tuple[float, str, float],
-    counts: Sequence[int],
-) -> _Naive:
-    """One forward and one backward pass per example by plain autograd; Σ_i C_i·w_i·g_i accumulated
-    with the clipping factors of the loop's own norms (flat, per layer over ``groups`` with R/√L,
-    automatic), row i counted ``counts[i]`` times (as often as the engine's batches hold it)."""
-    (x, y, w), (clip_norm, clipping, gamma) = rows, clip
-    params = dict(model.named_parameters())
-    sums = {n: torch.zeros_like(params[n]) for n in names}
-    scales = {n: torch.zeros((), dtype=torch.float64, device=params[n].device) for n in names}
-    threshold = group_threshold(clipping, clip_norm, len(set(groups.values())))
-    losses, norms = [], []
-    for i in range(len(x)):
-        model.zero_grad(set_to_none=True)
-        try:
-            loss = loss_fn(model, x[i : i + 1], y[i : i + 1])
-            (loss.sum() * w[i].to(loss.dtype)).backward()
-        except RuntimeError as error:
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            message = f"self-check: the naive loop failed on one example: {first}"
-            raise SelfCheckError(message) from error
-        grads = {n: _grad_or_zero(params[n]) for n in names}
-        by_group: dict[int, Tensor] = {}
-        for n, g in grads.items():
-            key = groups[n] if clipping == "per-layer" else 0
-            by_group[key] = by_group.get(key, 0) + g.double().square().sum()
-        factor = {key: _factor(sq, threshold, clipping, gamma) for key, sq in by_group.items()}
-        if w[i] == 0:  # a padding row: factor 0 in every group
-            factor = dict.fromkeys(factor, 0.0)
-        norm = math.sqrt(float(sum(by_group.values())))
-        for n, g in grads.items():
-            f = counts[i] * factor[groups[n] if clipping == "per-layer" else 0]
-            if f != 0 and math.isfinite(norm):
-                sums[n] += f * g
-                scales[n] += f * g.double().norm()
-        losses.append(float(loss.detach().double().sum()))
-        norms.append(norm)
-    model.zero_grad(set_to_none=True)
-    return _Naive(
-        torch.tensor(losses, dtype=torch.float64),
-        torch.tensor(norms, dtype=torch.float64),
-        sums,
-        scales,
-    )
-
-
-def _grad_or_zero(parameter: nn.Parameter) -> Tensor:
-    return parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
-
-
-def _factor(norm_sq: Tensor, threshold: float, clipping: str, gamma: float) -> float:
-    """C(‖g‖) of one example's (group's) squared norm, by engine/clipping.py's function."""
-    return float(clip_factors(norm_sq.reshape(1), threshold, clipping, gamma)[0])
-
-
-@dataclass
-class _EnginePass:
-    losses: Tensor
-    norms: Tensor
-    sums: dict[str, Tensor]
-
-
 def _engine_pass(
     engine_type: Callable[..., Any],
     model: nn.Module,
@@ -492,7 +303,7 @@ def _engine_pass(
     clip: tuple[float, str, float],
     ghost: str,
     batches: Sequence[Tensor],
-) -> _EnginePass:
+) -> EnginePass:
     """The engine's step with noise off (normalizer 1) over the physical ``batches`` (row indices)
     of the rows, accumulated."""
     (x, y, w), (clip_norm, clipping, gamma) = rows, clip
@@ -519,7 +330,7 @@ def _engine_pass(
     finally:
         engine.detach()
     # the naive loop's losses and norms are host numbers: the engine's join them on the CPU
-    return _EnginePass(torch.cat(losses).cpu(), torch.cat(norms).cpu(), sums)
+    return EnginePass(torch.cat(losses).cpu(), torch.cat(norms).cpu(), sums)
 
 
 def _coprime(sizes: Sequence[int], avoid: Sequence[int]) -> int:
@@ -544,61 +355,3 @@ def training_batches(x: Tensor) -> list[Tensor]:
         sizes.append(len(x) - sum(sizes))
     order = torch.arange(sum(sizes), device=x.device) % len(x)
     return list(order.split(sizes))
-
-
-def _relative(difference: Tensor, scale: Tensor, floor: float = 0.0) -> float:
-    """|difference| / max(scale, floor), elementwise max; 0/0 = 0 (nothing compared), x/0 = inf."""
-    difference, scale = difference.double().abs(), scale.double().abs().clamp_min(floor)
-    undefined = torch.where(difference > 0, math.inf, 0.0)
-    ratio = torch.where(scale > 0, difference / scale.clamp_min(1e-300), undefined)
-    return float(ratio.max()) if ratio.numel() else 0.0
-
-
-def _compare(
-    naive: _Naive,
-    engine: _EnginePass,
-    names: Sequence[str],
-    model: nn.Module,
-    dtype: torch.dtype,
-    clipping: str,
-    started: float,
-    counts: tuple[int, int],
-) -> SelfCheckResult:
-    """The record: errors per parameter (worst first), of the whole sum, the norms and the losses.
-    ``counts``: real examples checked and trainable parameters of the user's model."""
-    tolerance = TOLERANCE[dtype]
-    floor = ZERO_GRADIENT_FLOOR[dtype] * float(sum(naive.scales.values()))
-    modules = dict(model.named_modules())
-    errors = []
-    errors_of = {n: engine.sums[n].double() - naive.sums[n].double() for n in names}
-    for name in names:
-        difference = errors_of[name].norm()
-        layer = name.rsplit(".", 1)[0] if "." in name else ""
-        label = f"{layer or '<model>'} ({type(modules[layer]).__name__})"
-        errors.append(ParameterError(name, label, _relative(difference, naive.scales[name], floor)))
-    errors.sort(key=lambda e: e.relative_error, reverse=True)
-    whole = math.sqrt(sum(float(errors_of[n].square().sum()) for n in names))
-    size = math.sqrt(sum(float(naive.sums[n].double().square().sum()) for n in names))
-    sum_error = _relative(torch.tensor(whole), torch.tensor(size), floor)
-    norm_error = _relative(engine.norms - naive.norms, naive.norms)
-    loss_floor = ZERO_GRADIENT_FLOOR[dtype] * float(naive.losses.abs().max())
-    loss_error = _relative(engine.losses - naive.losses, naive.losses, loss_floor)
-    worst = max(sum_error, norm_error, errors[0].relative_error)
-    passed = worst <= tolerance and loss_error <= tolerance * LOSS_TOLERANCE_FACTOR
-    return SelfCheckResult(
-        passed=passed,
-        max_relative_error=max(worst, loss_error),
-        sum_relative_error=sum_error,
-        norm_relative_error=norm_error,
-        loss_relative_error=loss_error,
-        worst_parameters=tuple(errors[:WORST_SHOWN]),
-        examples=counts[0],
-        padding_rows=1,
-        parameters_checked=len(names),
-        parameters_trainable=counts[1],
-        elements_checked=sum(naive.sums[n].numel() for n in names),
-        dtype=str(dtype).removeprefix("torch."),
-        tolerance=tolerance,
-        clipping=clipping,
-        seconds=time.perf_counter() - started,
-    )

@@ -13,7 +13,8 @@ from dpledger.audit import plots
 from dpledger.audit.bgm import BgmAudit, audit_bgm
 from dpledger.audit.estimate import AuditStatistics
 from dpledger.audit.one_run import audit_run
-from dpledger.audit.result import Claim, epsilon_versus_observations, tradeoff_points
+from dpledger.audit.result import AuditResult, Claim, epsilon_versus_observations, tradeoff_points
+from dpledger.audit.simulate import GameScores
 from dpledger.params import Params
 from dpledger.sampling.guard import check_schedule
 from dpledger.sampling.registry import options_for
@@ -34,26 +35,7 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     check = check_schedule(record.description, schedule, allow_mismatch=True)
     ledger = f"ledger: {record.accountant} accountant assuming '{record.sampler}' sampling"
     statistics = AuditStatistics(audit.confidence, audit.threshold, audit.split_fraction)
-    mechanism = BgmAudit(
-        schedule.sampler,
-        dataset_size=schedule.dataset_size,
-        batch_size=record.batch_size,
-        epochs=record.epochs,
-        noise_multiplier=record.noise_multiplier,
-        observations=audit.observations,
-        delta=record.delta,
-        statistics=statistics,
-        claim=Claim(record.epsilon, record.delta, ledger),
-        options=options_for(schedule.sampler, **schedule.sampler_params),
-        seed=params.seed,
-        backend=audit.backend,
-    )
-    observations = (
-        audit.pattern_observations
-        if mechanism.audited().simulated_by_sampler
-        else audit.observations
-    )
-    mechanism = replace(mechanism, observations=observations - observations % 2)
+    mechanism = _mechanism(params, record, schedule, ledger, statistics)
     result, scores = audit_bgm(mechanism)
     correlated = (
         []
@@ -100,11 +82,60 @@ def run(params: Params, root: Path) -> dict[str, Any]:
     )
     metrics.update(run_metrics)
     details.update(run_details)
+    _write_plots(root, schedule, record, result, scores, measured, audit.confidence)
+    io.write_json(root / paths.AUDIT, details)
+    io.write_json(root / paths.metrics("audit"), metrics)
+    return metrics
+
+
+def _mechanism(
+    params: Params,
+    record: CalibrationRecord,
+    schedule: Schedule,
+    ledger: str,
+    statistics: AuditStatistics,
+) -> BgmAudit:
+    """The audited mechanism: the ledger's σ, sizes and claim with the sampler used, at
+    ``audit.observations`` games, or ``audit.pattern_observations`` where the sampler's own pattern
+    is simulated (rounded down to an even count)."""
+    audit = params.audit
+    mechanism = BgmAudit(
+        schedule.sampler,
+        dataset_size=schedule.dataset_size,
+        batch_size=record.batch_size,
+        epochs=record.epochs,
+        noise_multiplier=record.noise_multiplier,
+        observations=audit.observations,
+        delta=record.delta,
+        statistics=statistics,
+        claim=Claim(record.epsilon, record.delta, ledger),
+        options=options_for(schedule.sampler, **schedule.sampler_params),
+        seed=params.seed,
+        backend=audit.backend,
+    )
+    observations = (
+        audit.pattern_observations
+        if mechanism.audited().simulated_by_sampler
+        else audit.observations
+    )
+    return replace(mechanism, observations=observations - observations % 2)
+
+
+def _write_plots(
+    root: Path,
+    schedule: Schedule,
+    record: CalibrationRecord,
+    result: AuditResult,
+    scores: GameScores,
+    measured: list[tuple[int, float]],
+    confidence: float,
+) -> None:
+    """plots/audit/: the trade-off curve against the claim and ε_emp against the observations."""
     with io.atomic_dir(root / paths.plots("audit")) as folder:
         title = f"BGM audit, sampler '{schedule.sampler}', N = {result.observations:,}"
         plots.write_tradeoff(
             folder,
-            tradeoff_points(scores, audit.confidence),
+            tradeoff_points(scores, confidence),
             epsilon_claimed=record.epsilon,
             epsilon_emp=result.estimate.epsilon,
             delta=record.delta,
@@ -113,9 +144,6 @@ def run(params: Params, root: Path) -> dict[str, Any]:
         plots.write_epsilon_vs_observations(
             folder, measured, result.judgement.projection, epsilon_claimed=record.epsilon
         )
-    io.write_json(root / paths.AUDIT, details)
-    io.write_json(root / paths.metrics("audit"), metrics)
-    return metrics
 
 
 def _audit_dpsgd(params: Params, mechanism: BgmAudit) -> Any:

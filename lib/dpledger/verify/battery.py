@@ -27,13 +27,13 @@ from dpledger.verify.noise_checks import (
     run_noise_distribution,
     run_noise_independence,
     run_sigma_heuristic,
-    run_t3,
     skipped_noise_tests,
 )
 from dpledger.verify.protocol import Trainer
 from dpledger.verify.result import BatteryResult, PendingResult, TestResult
 from dpledger.verify.runner import BatteryConfig, Runner
 from dpledger.verify.stats import holm_thresholds
+from dpledger.verify.t3_checks import run_t3
 from dpledger.verify.task import SyntheticTask, make_task
 
 OPTIMIZERS = ("sgd", "adam")
