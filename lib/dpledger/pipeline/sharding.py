@@ -42,14 +42,16 @@ from dpledger.engine.fsdp import FSDPEngine, full_state_dict, shard_model
 from dpledger.errors import ParamsError
 from dpledger.params import Params
 from dpledger.pipeline.batches import DeviceBatches
-from dpledger.pipeline.distributed import Ranks
+from dpledger.pipeline.distributed import Ranks, under_torchrun
 
 FRESH = Callable[[], nn.Module]
 """A new unsharded model of the run (same architecture; its weights are then loaded)."""
 
 
-def check_sharding(params: Params, settings: ClipNoise, ranks: Ranks) -> None:
-    """Refuse what the sharded engine cannot privatize or record, naming the keys."""
+def check_sharding(params: Params, mechanism: str, several_ranks: bool) -> None:
+    """Refuse what the sharded engine cannot privatize or record, naming the keys: the train
+    stage calls it before it starts its ranks (with the params' mechanism) and again in each rank
+    (with the calibration record's)."""
     if params.train.sharding != "fsdp":
         return
     if params.audit.one_run.enabled:
@@ -58,17 +60,23 @@ def check_sharding(params: Params, settings: ClipNoise, ranks: Ranks) -> None:
             "(its canaries watch coordinates of the whole released sum); "
             "set audit.one_run.enabled: false or train.sharding: none"
         )
-    if settings.mechanism != "identity":
+    if mechanism != "identity":
         raise ParamsError(
-            f"params: calibrate.mechanism: {settings.mechanism} is not supported with "
+            f"params: calibrate.mechanism: {mechanism} is not supported with "
             "train.sharding: fsdp (correlated noise is a stream over whole rows); "
             "use calibrate.mechanism: identity or train.sharding: none"
         )
-    if ranks.group is None:
+    if not several_ranks:
         raise ParamsError(
             "params: train.sharding: fsdp needs several ranks: "
             "set train.processes to 2 or more, or start the stage under torchrun"
         )
+
+
+def check_before_ranks(params: Params) -> None:
+    """:func:`check_sharding` on the params alone, before any rank starts."""
+    several = params.train.processes > 1 or under_torchrun()
+    check_sharding(params, params.calibrate.mechanism, several)
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -79,7 +87,7 @@ def is_sharded(model: nn.Module) -> bool:
 def shard(params: Params, settings: ClipNoise, model: nn.Module, ranks: Ranks) -> None:
     """With ``train.sharding: fsdp``: check the combination, then shard ``model`` in place (before
     its optimizer is made: the optimizer steps on the shards)."""
-    check_sharding(params, settings, ranks)
+    check_sharding(params, settings.mechanism, ranks.group is not None)
     if params.train.sharding == "fsdp":
         shard_model(model)
 

@@ -319,6 +319,7 @@ def finish(run: Run, placement: dict[str, Any]) -> dict[str, Any]:
 def run(params: Params, root: Path) -> dict[str, Any]:
     """Train (or resume) in ``train.processes`` ranks (see pipeline/distributed.py), then write the
     outputs."""
+    sharding.check_before_ranks(params)
     remove_stale_temporaries(root / OUT)
     return run_ranks(
         train, params, root, params.train.processes, select_device(params.train.device)

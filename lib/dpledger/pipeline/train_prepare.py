@@ -25,8 +25,8 @@ from dpledger.ledger import Ledger, fingerprint, load_checkpoint
 from dpledger.models import Task, build_task_model, task_for
 from dpledger.models.lora import adapter_base, is_adapter_folder
 from dpledger.params import Params
-from dpledger.pipeline.distributed import Ranks
 from dpledger.pipeline import sharding
+from dpledger.pipeline.distributed import Ranks
 from dpledger.pipeline.noise_key import NoiseKey, key_from_checkpoint, resolve_noise_key
 from dpledger.plugins import plugin_source
 from dpledger.sampling.schedule import Schedule
