@@ -10,6 +10,12 @@ sharded engine cannot run is refused before anything is written, naming the keys
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +24,7 @@ import yaml
 
 from dpledger.errors import DpledgerError
 from dpledger.pipeline import run_stage
-from test_distributed_train import _assert_same_run, _uneven_schedule
+from test_distributed_train import REPO, _assert_same_run, _rank_pids, _uneven_schedule
 from test_train_helpers import make_project
 
 ADAMW = {"optimizer": "adamw", "lr": 0.01, "weight_decay": 0.01, "checkpoint_every": 5}
@@ -82,3 +88,29 @@ def test_what_the_sharded_engine_cannot_run_is_refused_naming_the_keys(
     assert keys in message and "\n" not in message, message
     assert not (tmp_path / "artifacts/train/model.pt").exists()
     assert not (tmp_path / "metrics/train.json").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_sharded_run_resumes_with_its_adam_state_and_ends_like_one_process(tmp_path):
+    """The checkpoint's full AdamW state is cut back into the shards on resume: a sharded run
+    killed mid-way and rerun ends with the uninterrupted single process's ledger and model."""
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    settings = {**ADAMW, "checkpoint_every": 1}
+    _project(killed, {**settings, "processes": 2, "sharding": "fsdp"})
+    run_stage("train", _project(clean, settings), clean)
+    command = [sys.executable, "-m", "stages.train", "--params", "params.yaml", "--root", "."]
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'lib'}:{REPO}"}
+    process = subprocess.Popen(command, cwd=killed, env=env, stderr=subprocess.PIPE, text=True)
+    ledger_file = killed / "artifacts/train/checkpoint.json"
+    deadline = time.time() + 600
+    while time.time() < deadline and process.poll() is None:
+        if ledger_file.exists() and json.loads(ledger_file.read_text())["steps_done"] >= 6:
+            break
+        time.sleep(0.05)
+    os.kill(_rank_pids(process.pid)[-1], signal.SIGKILL)
+    process.communicate(timeout=300)
+    partial = json.loads(ledger_file.read_text())["steps_done"]
+    assert 0 < partial < 16, partial
+    subprocess.run(command, cwd=killed, env=env, check=True, stderr=subprocess.DEVNULL)
+    _assert_same_run(clean, killed)
+    assert json.loads((killed / "metrics/train.json").read_text())["resumed_from_step"] == partial
