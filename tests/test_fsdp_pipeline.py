@@ -53,6 +53,10 @@ def test_fsdp_on_two_processes_trains_the_single_process_model_and_ledger(tmp_pa
     assert len(metrics["peak_memory_mib_per_rank"]) == 2
     assert all(m > 0 for m in metrics["peak_memory_mib_per_rank"])
     assert metrics["self_check_ran"] and metrics["self_check_passed"]  # on the unsharded model
+    tracked = json.loads((sharded / "metrics/train.json").read_text())
+    assert tracked["sharding"] == "fsdp" and tracked["ranks"] == 2
+    timing = json.loads((sharded / "timing/train.json").read_text())  # varies by machine
+    assert timing["peak_memory_mib_per_rank"] == metrics["peak_memory_mib_per_rank"]
     _assert_same_run(single, sharded)
     saved_a, saved_b = _checkpoint(single), _checkpoint(sharded)
     assert saved_a["ledger"] == saved_b["ledger"]
