@@ -27,7 +27,14 @@ from dpledger.pipeline import run_stage
 from test_distributed_train import REPO, _assert_same_run, _rank_pids, _uneven_schedule
 from test_train_helpers import make_project
 
-ADAMW = {"optimizer": "adamw", "lr": 0.01, "weight_decay": 0.01, "checkpoint_every": 5}
+# threads: the ledger records the count (a spawned rank gets its share of the machine's)
+ADAMW = {
+    "optimizer": "adamw",
+    "lr": 0.01,
+    "weight_decay": 0.01,
+    "checkpoint_every": 5,
+    "threads": 1,
+}
 
 
 def _project(root: Path, train: dict, one_run: bool = False, **options) -> Path:

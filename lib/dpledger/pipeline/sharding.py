@@ -249,4 +249,5 @@ def for_outputs(run: Any) -> tuple[Any, dict[str, Any]]:
         return run, where
     assert run.engine.whole is not None
     model, engine = run.engine.whole()
+    engine.layer_methods.update(run.engine.layer_methods)  # what the sharded engine did per layer
     return dataclasses.replace(run, model=model, engine=engine), where
