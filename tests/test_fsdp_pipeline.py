@@ -66,7 +66,6 @@ def test_fsdp_on_two_processes_trains_the_single_process_model_and_ledger(tmp_pa
     assert timing["peak_memory_mib_per_rank"] == metrics["peak_memory_mib_per_rank"]
     _assert_same_run(single, sharded)
     saved_a, saved_b = _checkpoint(single), _checkpoint(sharded)
-    assert saved_a["ledger"] == saved_b["ledger"]
     for name, value in saved_a["model"].items():
         torch.testing.assert_close(saved_b["model"][name], value, rtol=1e-5, atol=1e-6)
     state_a, state_b = saved_a["optimizer"]["state"], saved_b["optimizer"]["state"]
