@@ -84,7 +84,11 @@ def test_two_processes_train_the_single_process_model_with_the_same_noise_and_le
     roots = {n: tmp_path / f"processes{n}" for n in (1, 2)}
     for processes, root in roots.items():
         params = make_project(
-            root, schedule=_uneven_schedule(), epochs=1, train={"processes": processes}
+            root,
+            schedule=_uneven_schedule(),
+            epochs=1,
+            # threads: the ledger records the count, and a spawned rank gets its share
+            train={"processes": processes, "threads": 1},
         )
         metrics = run_stage("train", params, root)
         assert metrics["steps_done"] == 16

@@ -105,6 +105,11 @@ class TrainParams(Section):
         description="data-parallel training processes on this machine (torch.distributed; "
         "gloo/nccl)",
     )
+    sharding: Literal["none", "fsdp"] = Field(
+        default="none",
+        description="fsdp: shard parameters, gradients and optimizer state over the processes "
+        "(FSDP2); none: a full copy on every process",
+    )
 
     self_check: bool = Field(
         default=True,

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
 from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 
 from dpledger.engine.distributed import rank_span
@@ -71,8 +72,8 @@ class Ranks:
         agree."""
         if self.group is None:
             return
-        checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
-        mine = torch.tensor([steps_done, checksum], dtype=torch.float64, device=device)
+        mine = torch.tensor([steps_done, _checksum(model, self.group)], dtype=torch.float64)
+        mine = mine.to(device)
         lowest, highest = rank_span(mine, self.group)
         if not torch.equal(highest, lowest):
             raise DpledgerError(
@@ -81,6 +82,22 @@ class Ranks:
                 "every rank must read the same artifacts/train/checkpoint.json "
                 "(on several machines: a shared project folder)"
             )
+
+
+def _checksum(model: torch.nn.Module, group: dist.ProcessGroup) -> float:
+    """The sum of every parameter entry; a sharded (DTensor) parameter's shards are summed over the
+    ranks, so the checksum is of the whole model on every rank (it then cannot tell a rank whose
+    shards came from another checkpoint of the same step; the steps still differ otherwise)."""
+    plain, shards = 0.0, torch.zeros((), dtype=torch.float64)
+    for p in model.parameters():
+        if isinstance(p, DTensor):
+            shards += p.to_local().detach().double().sum().cpu()
+        else:
+            plain += float(p.detach().double().sum())
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        shards = shards.to(next(iter(model.parameters())).to_local().device)
+        dist.all_reduce(shards, group=group)
+    return plain + float(shards)
 
 
 SINGLE = Ranks()

@@ -19,8 +19,9 @@ TIMING_DIR = Path("timing")
 
 
 def is_timing(key: str) -> bool:
-    """Whether a metric is a time measurement rather than a computed result."""
-    return key.endswith(("_s", "_seconds")) or key.startswith("throughput_")
+    """Whether a metric is a time (or a peak memory) measurement rather than a computed result."""
+    measured = key.startswith(("throughput_", "peak_memory_"))
+    return key.endswith(("_s", "_seconds")) or measured
 
 
 def split_timing(root: Path, stage: str, returned: dict[str, Any]) -> dict[str, Any]:

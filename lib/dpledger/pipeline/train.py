@@ -45,8 +45,7 @@ from dpledger.ledger import (
 from dpledger.models import Task, utility
 from dpledger.models.publish import publish_run
 from dpledger.params import Params
-from dpledger.pipeline import train_prepare
-from dpledger.pipeline.batches import DeviceBatches
+from dpledger.pipeline import sharding, train_prepare
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.pipeline.noise_key import NoiseKey
 from dpledger.pipeline.progress import Progress
@@ -213,7 +212,7 @@ def step_loop(run: Run) -> None:
     bar = Progress(schedule.num_steps, run.ledger.steps_done, enabled=ranks.writes)
     # buffers and frozen parameters: checked after a step, before saving
     state = state_snapshot(run.model, run.optimizer)
-    batches = DeviceBatches.upload(schedule, ranks, run.device)
+    batches = sharding.upload(run.engine, schedule, ranks, run.device)
     step_losses = StepLosses(ranks)
     for step in range(run.ledger.steps_done, schedule.num_steps):
         rows, weights, _ = batches.batch(step)
@@ -246,7 +245,7 @@ def step_loop(run: Run) -> None:
         history["epsilon"].append(epsilon_spent(run.record, step + 1))
         if epoch_end:
             _evaluate(history, done, run.task, run.model, run.tensors)
-        if saves and ranks.writes:
+        if saves:
             checkpoint(run, loop, done)
         bar.update(history["loss"][-1] if reads else None, history["epsilon"][-1])
     bar.close()
@@ -254,7 +253,11 @@ def step_loop(run: Run) -> None:
 
 def checkpoint(run: Run, loop: Progression, done: int) -> None:
     """The ledger after ``done`` steps (time and examples since the last save added) and the
-    weights file with the sealed noise key; the canaries' own checkpoint beside it."""
+    weights file with the sealed noise key; the canaries' own checkpoint beside it. Every rank
+    calls it (a sharded model is gathered whole); rank 0 writes."""
+    model, optimizer = sharding.whole_state(run.model, run.optimizer)
+    if not run.ranks.writes:
+        return
     history = loop.history
     history["elapsed_s"] = [history["elapsed_s"][0] + time.perf_counter() - loop.started]
     history["examples"] = [history["examples"][0] + loop.examples]
@@ -269,8 +272,8 @@ def checkpoint(run: Run, loop: Progression, done: int) -> None:
     save_checkpoint(
         run.checkpoint_path,
         run.ledger,
-        run.model,
-        run.optimizer,
+        model,
+        optimizer,
         run.scheduler,
         noise_key=run.noise.to_hex(),
     )
@@ -278,9 +281,9 @@ def checkpoint(run: Run, loop: Progression, done: int) -> None:
         run.canaries.save(run.root / OUT, run.fingerprint, done)
 
 
-def finish(run: Run) -> dict[str, Any]:
-    """Utility evidence, the outputs of artifacts/train, plots and metrics, and the published
-    model; returns the metrics."""
+def finish(run: Run, placement: dict[str, Any]) -> dict[str, Any]:
+    """Utility evidence, the outputs of artifacts/train, plots and metrics (with the run's
+    ``placement``: sharding, ranks, memory), and the published model; returns the metrics."""
     evidence = utility.measure(
         run.task,
         run.model,
@@ -290,7 +293,14 @@ def finish(run: Run) -> dict[str, Any]:
         trainable=run.engine.params,
     )
     finished = Finished(
-        run.ledger, run.record, run.check, run.model, run.task, run.engine, run.resumed_from
+        run.ledger,
+        run.record,
+        run.check,
+        run.model,
+        run.task,
+        run.engine,
+        run.resumed_from,
+        placement,
     )
     metrics = write_outputs(run.root, finished, run.tensors, evidence)
     publish_run(
@@ -309,6 +319,7 @@ def finish(run: Run) -> dict[str, Any]:
 def run(params: Params, root: Path) -> dict[str, Any]:
     """Train (or resume) in ``train.processes`` ranks (see pipeline/distributed.py), then write the
     outputs."""
+    sharding.check_before_ranks(params)
     remove_stale_temporaries(root / OUT)
     return run_ranks(
         train, params, root, params.train.processes, select_device(params.train.device)
@@ -322,7 +333,8 @@ def train(params: Params, root: Path, ranks: Ranks = SINGLE) -> dict[str, Any]:
     try:
         started = prepare(params, root, ranks)
         step_loop(started)
-        return finish(started) if ranks.writes else {}
+        outputs, placement = sharding.for_outputs(started)  # every rank: a sharded model gathered
+        return finish(outputs, placement) if ranks.writes else {}
     finally:
         torch.set_num_threads(threads)
 

@@ -4,7 +4,7 @@ plots/train and metrics/train.json, from a finished (or resumed-to-the-end) run.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ class Finished:
     task: Task
     engine: BKEngine
     resumed_from: int
+    placement: dict[str, Any] = field(default_factory=dict)
+    """How the run was placed: sharding, ranks, peak memory per rank (``pipeline/sharding.py``)."""
 
 
 def write_outputs(
@@ -72,6 +74,7 @@ def write_outputs(
         "mechanism": record.mechanism,
         "noise_key_source": ledger.noise_key_source,
         "noise_key_public": ledger.noise_key_public,
+        **run.placement,
         **check.to_metrics(),
         **to_metrics(ledger.self_check),
         **evidence.metrics,

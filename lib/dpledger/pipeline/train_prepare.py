@@ -25,6 +25,7 @@ from dpledger.ledger import Ledger, fingerprint, load_checkpoint
 from dpledger.models import Task, build_task_model, task_for
 from dpledger.models.lora import adapter_base, is_adapter_folder
 from dpledger.params import Params
+from dpledger.pipeline import sharding
 from dpledger.pipeline.distributed import Ranks
 from dpledger.pipeline.noise_key import NoiseKey, key_from_checkpoint, resolve_noise_key
 from dpledger.plugins import plugin_source
@@ -91,8 +92,10 @@ def input_fingerprint(
     both, and correlated noise replays its history on resume) and the noise key's identity (a hash
     of a provided key; never the key)."""
     checks = {"self_check", "self_check_examples", "self_check_parameters"}  # they change no step
-    # threads: a resume takes the ledger's count back (``pin_threads``)
-    train = params.train.model_dump(exclude={"checkpoint_every", "processes", "threads", *checks})
+    # threads: a resume takes the ledger's count back (``pin_threads``); the checkpoint holds one
+    # process's full state whatever the processes and sharding
+    placed = {"processes", "sharding"}
+    train = params.train.model_dump(exclude={"checkpoint_every", "threads", *placed, *checks})
     train |= {"device": device.type, "torch": torch.__version__, "noise_key": noise.identity()}
     # their record must be whole
     canaries = params.audit.one_run.model_dump(include={"enabled", "canaries"})
@@ -156,17 +159,21 @@ def build(
     ranks: Ranks,
     noise: NoiseKey,
 ) -> Built:
-    """Model (seeded), its task, optimizer, learning-rate schedule (in logical steps) and engine."""
+    """Model (seeded; sharded with ``train.sharding: fsdp``), its task, optimizer, learning-rate
+    schedule (in logical steps) and engine."""
     tp = params.train
     task = task_for(tp.model, tp.task, data)
-    torch.manual_seed(params.seed)
-    model = build_task_model(tp.model, tp.model_options, task, data, lora=tp.lora).to(device)
+
+    def fresh() -> torch.nn.Module:
+        torch.manual_seed(params.seed)
+        return build_task_model(tp.model, tp.model_options, task, data, lora=tp.lora).to(device)
+
+    model = fresh()
+    sharding.shard(params, settings, model, ranks)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(tp.optimizer, trainable, tp.lr, tp.momentum, tp.weight_decay)
     scheduler = make_scheduler(optimizer, tp.lr_schedule, tp.warmup_steps, settings.num_steps)
-    engine = BKEngine.from_settings(
-        model, optimizer, settings, seed=noise.value, ghost=tp.ghost, process_group=ranks.group
-    )
+    engine = sharding.make_engine(params, settings, model, optimizer, ranks, noise.value, fresh)
     return Built(model, task, optimizer, scheduler, engine)
 
 
@@ -226,8 +233,7 @@ def saved_state(path: Path, key: str, noise: NoiseKey) -> tuple[dict[str, Any] |
 
 def restore(saved: dict[str, Any], built: Built) -> Ledger:
     """Put the saved model, optimizer, schedule and engine ledger back; returns the saved ledger."""
-    built.model.load_state_dict(saved["model"])
-    built.optimizer.load_state_dict(saved["optimizer"])
+    sharding.load_state(built.model, built.optimizer, saved)
     built.scheduler.load_state_dict(saved["scheduler"])
     built.engine.load_state_dict(
         {

@@ -54,6 +54,7 @@ def headline(inputs: ReportInputs, findings: list[Finding]) -> list[Block]:
         _spent_row(inputs, kinds),
         _noise_key_row(inputs),
         _cost_row(inputs),
+        _placement_row(inputs),
     ]
     return [
         Heading(2, "Headline"),
@@ -259,6 +260,23 @@ def _cost_row(inputs: ReportInputs) -> tuple[Text, ...]:
     else:
         result = f"{format_value(m.get('steps_done'))} steps"
         details = "wall time and throughput: timing/train.json (untracked: they vary by machine)"
+    return label, text(result), text(details), text()
+
+
+def _placement_row(inputs: ReportInputs) -> tuple[Text, ...]:
+    """How the run was sharded (pipeline/sharding.py); the peak memory per rank is in
+    metrics/train.json (it varies by machine)."""
+    label = text(Strong("Placement"))
+    m = inputs.metrics["train"]
+    if not inputs.ran("train") or "sharding" not in m:
+        return label, text(MISSING), text(), text()
+    ranks = m.get("ranks", 1)
+    if m["sharding"] == "fsdp":
+        result = f"FSDP over {ranks} ranks"
+        details = "parameters, gradients and optimizer state sharded; model gathered to publish"
+    else:
+        result = "one process" if ranks == 1 else f"data-parallel over {ranks} ranks"
+        details = "a full copy of the model on every rank" if ranks > 1 else ""
     return label, text(result), text(details), text()
 
 
