@@ -53,7 +53,7 @@ from dpledger.accounting.optimize import (
 from dpledger.accounting.pld import gaussian_noise_for
 from dpledger.mechanisms import banded_params, coefficients
 from dpledger.mechanisms.rmse import prefix_rmse
-from tests.oracles import naive_losses
+from tests.helpers.oracles import naive_losses
 
 BINS, EPOCHS, DELTA = 128, 16, 1e-5
 STEPS = BINS * EPOCHS

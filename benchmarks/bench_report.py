@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from dpledger.pipeline.report import run  # noqa: E402
-from test_report_fixtures import ALL_PROBLEMS, fabricate_project, report_params  # noqa: E402
+from helpers.report_fixtures import ALL_PROBLEMS, fabricate_project, report_params  # noqa: E402
 
 BUDGET_S = 10.0
 HEAVY_FIGURES = 40

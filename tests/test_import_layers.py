@@ -39,7 +39,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpledger.imports import imported_modules, module_file
-from test_pipeline_deps import REPO, SOURCE_ROOTS
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE_ROOTS = {"dpledger": REPO / "lib", "stages": REPO}
 
 LAYERS = (
     ("errors",),

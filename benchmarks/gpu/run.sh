@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU validation of issue 30 in one go (at most 8 minutes on one H100): benchmarks/gpu/README.md.
 #   benchmarks/gpu/run.sh OUT            on the GPU machine (installs .whl/ first when packages are missing)
-#   benchmarks/gpu/run.sh OUT --dry-run  the same steps on the CPU with tiny sizes (tests/test_gpu_validation.py)
+#   benchmarks/gpu/run.sh OUT --dry-run  the same steps on the CPU with tiny sizes (tests/e2e/test_gpu_validation.py)
 # Each step runs under `timeout` and writes OUT/STEP.json; all output goes to OUT/run.log (7 files in all).
 # A step fails when one of its checks fails (validate.py exits 1), when it crashes or when it runs out of
 # time; a failed step is recorded and the next one runs; the exit status is the number of failed steps.

@@ -5,7 +5,7 @@ beside every number. ``--dry-run``: the same steps on the CPU with tiny sizes (a
 it cannot rot).
 
 - ``exactness``: the BK clipped sum against the naive per-example loop in float64 on the device, for
-  every architecture of tests/test_engine_hf_models.py; GPT-2 in float32 with TF32 off and on, and
+  every architecture of tests/engine/test_engine_hf_models.py; GPT-2 in float32 with TF32 off and on, and
   under bf16 autocast, against a CPU float64 reference; the largest clipped contribution ‖C_i g_i‖/R
   under TF32 and bf16 (must be ≤ 1 + 1e-5); the device's noise (same step twice equal, moments).
 - ``bench --method M --precision P``: GPT-2 small (12 × 768, T 256, B 16) one training step,
@@ -25,7 +25,7 @@ it cannot rot).
 
 Every step ends with named checks (``checks`` in its JSON, ``failed`` listing those that did not
 hold) and exits 1 when one fails, so run.sh counts it: a step passes only by looking. ``--inject``
-plants the fault each step exists to catch (tests/test_gpu_validation.py proves every step fails
+plants the fault each step exists to catch (tests/e2e/test_gpu_validation.py proves every step fails
 with it): a clip factor 1 % too large (exactness), a non-finite loss (bench), a train stage that
 exits 1 (pipeline, distributed, defaults), a device estimate off by 1 (montecarlo).
 """
@@ -46,7 +46,13 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "lib"), str(REPO), str(REPO / "tests"), str(Path(__file__).parent)]
+sys.path[:0] = [
+    str(REPO / "lib"),
+    str(REPO),
+    str(REPO / "tests"),
+    str(REPO / "tests" / "engine"),
+    str(Path(__file__).parent),
+]
 
 from gpt2_bench import bench  # noqa: E402, F401  (a step, called by name)
 from gpu_common import (  # noqa: E402  (after the path)
@@ -85,9 +91,10 @@ def exactness(args) -> None:
     import contextlib
 
     import test_engine_hf_models as hf
+
     from dpledger.engine import BKEngine
     from dpledger.engine.noise import NoiseSource
-    from test_engine_helpers import compare, naive_clipped_sum, relative_error
+    from helpers.engine_checks import compare, naive_clipped_sum, relative_error
 
     device = device_for(args.dry_run)
     if args.inject:  # every clip factor 1 % too large: neither exact nor within R

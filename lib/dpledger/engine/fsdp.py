@@ -170,7 +170,7 @@ class FSDPEngine(BKEngine):
         """Refused by name: the check copies the model, and a copy of shards proves nothing about
         the whole. Check the same model unsharded (``BKEngine.self_check``) before
         :func:`shard_model`; the sharded engine itself is tested against the naive loop and the
-        unsharded engine (tests/test_fsdp_engine.py)."""
+        unsharded engine (tests/engine/test_fsdp_engine.py)."""
         raise ParamsError(
             "engine: self_check is not supported on a sharded model (FSDPEngine); run it with BKEngine on the same model before shard_model"  # noqa: E501
         )

@@ -1,0 +1,1 @@
+"""Shared fixtures, oracles and project builders for the tests (no tests here)."""

@@ -1,0 +1,85 @@
+"""The report re-derives its headline verdicts from the numbers and cross-checks them against the
+sealed artifacts: an edited verdict in metrics/audit.json or an edited self-check in
+metrics/train.json never earns a green badge."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_report_render import render
+
+from helpers.report_fixtures import fabricate_project
+
+
+def _edit(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def _row(markdown: str, label: str) -> str:
+    return next(line for line in markdown.splitlines() if line.startswith(f"| **{label}**"))
+
+
+def test_an_edited_one_run_verdict_is_re_derived(tmp_path):
+    """ε_emp = 9 against a proven ε ≤ 3 rendered "✅ consistent" because the file said so."""
+    root = fabricate_project(tmp_path)
+    _edit(
+        root / "metrics/audit.json",
+        epsilon_emp_one_run=9.0,
+        one_run_verdict="consistent",
+        one_run_confidence=0.95,
+        one_run_canaries=10000,
+        one_run_ceiling=12.0,
+    )
+    metrics, markdown, _ = render(root)
+    row = _row(markdown, "This run")
+    assert "contradicted" in row and "✅" not in row
+    assert "The run's own canaries contradict the claimed ε" in markdown
+    assert "contradicted" in _row(markdown, "Claimed ε")
+
+
+def test_no_green_verdict_above_the_audit_power_ceiling(tmp_path):
+    """A claim above the most ε_emp the audit could show is not evidence for it."""
+    root = fabricate_project(tmp_path)
+    _edit(
+        root / "metrics/audit.json",
+        epsilon_emp_one_run=1.0,
+        one_run_verdict="consistent",
+        one_run_ceiling=2.5,
+    )
+    _, markdown, _ = render(root)
+    row = _row(markdown, "This run")
+    assert "cannot test the claim" in row and "✅" not in row and "power ceiling" in row
+    _edit(root / "metrics/audit.json", one_run_ceiling=6.6)
+    _, markdown, _ = render(root)
+    assert "✅" in _row(markdown, "This run")
+
+
+def test_an_edited_dpsgd_verdict_reaches_the_headline(tmp_path):
+    root = fabricate_project(tmp_path)
+    _edit(root / "metrics/audit.json", dpsgd_epsilon_emp=1.1, dpsgd_verdict="contradicted")
+    _, markdown, _ = render(root)
+    assert "DP-SGD audit ε_emp" in _row(markdown, "Empirical ε")
+    assert "contradicted" in _row(markdown, "Empirical ε")
+    assert "contradicted" in _row(markdown, "Claimed ε")
+    assert "The DP-SGD audit contradicts the claimed ε" in markdown
+
+
+def test_a_self_check_the_ledger_does_not_record_is_not_exact(tmp_path):
+    root = fabricate_project(tmp_path)
+    ledger = {"steps_done": 225, "total_steps": 225, "self_check": {}}
+    (root / "artifacts/train/ledger.json").write_text(json.dumps(ledger))
+    _, markdown, _ = render(root)
+    row = _row(markdown, "Engine exactness")
+    assert "exact" not in row.split("|")[4] and "sources disagree" in row
+    assert "training ledger records no self-check" in markdown
+
+
+def test_a_partial_self_check_says_so_and_warns(tmp_path):
+    root = fabricate_project(tmp_path)
+    _edit(root / "metrics/train.json", self_check_parameters_checked=2)
+    _, markdown, _ = render(root)
+    assert "exact on 2 of 4 parameters only" in _row(markdown, "Engine exactness")
+    assert "Engine exactness checked on part of the model only" in markdown
