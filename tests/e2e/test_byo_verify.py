@@ -157,7 +157,8 @@ def test_weighted_token_loss_is_weight_times_the_naive_loss_and_zero_weight_give
     assert torch.all(
         per_example_gradient_norms(battery.model, zero_inputs, zero_targets, battery.loss_fn) == 0
     )
-    assert battery.probe_norm >= 20 * float(battery.ordinary_norms.max())
+    # the weight is chosen as 20 × the largest norm over the unit norm: equal up to rounding
+    assert battery.probe_norm >= 20 * float(battery.ordinary_norms.max()) * (1 - 1e-12)
 
 
 def test_model_train_with_an_external_command_is_refused(tmp_path, lm):
