@@ -43,7 +43,8 @@ dvc-yaml: setup
 # so that HEAD's outputs are HEAD's (a test runs `dvc status` on a clean copy and fails otherwise).
 refresh: dvc-yaml
 	PATH="$(abspath $(BIN)):$$PATH" dvc repro
-	git add dvc.yaml dvc.lock metrics plots reports
+	PATH="$(abspath $(BIN)):$$PATH" dvc repro examples/lm/dvc.yaml
+	git add dvc.yaml dvc.lock examples/lm/dvc.lock metrics plots reports
 	git diff --cached --quiet || git commit -q -m "Refreshed pipeline outputs (make refresh)"
 
 test: setup lint
