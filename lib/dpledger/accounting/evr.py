@@ -10,7 +10,8 @@ by the Chernoff–Hoeffding bound for [0, 1]-valued variables (Hoeffding 1963, T
 relative-entropy form: a [0, 1] variable's moment generating function is at most that of a Bernoulli
 with the same mean), with kl(a ‖ b) = a ln(a/b) + (1 − a) ln((1 − a)/(1 − b)) the Bernoulli relative
 entropy, increasing in b >= a (so μ = δ is the worst case). It is never weaker than Bernstein's
-exp(−m t²/(2δ + 2t/3)), t = δ − τ (tests/accounting/test_accounting_evr.py checks both directions numerically).
+exp(−m t²/(2δ + 2t/3)), t = δ − τ (tests/accounting/test_accounting_evr.py checks both directions
+numerically).
 The sample count then follows from the failure probability β: m = ceil(ln(1/β) / kl(τ ‖ δ)).
 """
 
