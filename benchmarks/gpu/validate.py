@@ -6,8 +6,9 @@ it cannot rot).
 
 - ``exactness``: the BK clipped sum against the naive per-example loop in float64 on the device, for
   every architecture of tests/engine/test_engine_hf_models.py; GPT-2 in float32 with TF32 off and
-  on, and under bf16 autocast, against a CPU float64 reference; the largest clipped contribution ‖C_i g_i‖/R
-  under TF32 and bf16 (must be ≤ 1 + 1e-5); the device's noise (same step twice equal, moments).
+  on, and under bf16 autocast, against a CPU float64 reference; the largest clipped contribution
+  ‖C_i g_i‖/R under TF32 and bf16 (must be ≤ 1 + 1e-5); the device's noise (same step twice equal,
+moments).
 - ``bench --method M --precision P``: GPT-2 small (12 × 768, T 256, B 16) one training step,
   non-private, BK or Opacus (ghost clipping), in fp32 or bf16: time per step (synchronized, after
   warm-up) and peak memory; run.sh starts a fresh process per method so peak memory is the method's

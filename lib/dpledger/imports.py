@@ -2,9 +2,9 @@
 
 One function serves every list of code that must follow the real imports: the train stage's
 fingerprint of the code a step depends on, ``dvc.yaml``'s deps
-(``tests/pipeline/test_pipeline_deps.py``) and the import layers (``tests/test_import_layers.py``). Function-level imports count (they run when the
-function does), and a package that loads its names lazily from a ``_HOMES`` table (PEP 562) counts
-as importing every module it names.
+(``tests/pipeline/test_pipeline_deps.py``) and the import layers (``tests/test_import_layers.py``).
+Function-level imports count (they run when the function does), and a package that loads its names
+lazily from a ``_HOMES`` table (PEP 562) counts as importing every module it names.
 """
 
 from __future__ import annotations

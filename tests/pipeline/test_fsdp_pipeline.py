@@ -4,8 +4,8 @@ process (sharding none), with AdamW.
 Noise on, same seed: the ledger is identical and the model equal to float32 rounding (the
 tolerance of the data-parallel test, tests/pipeline/test_distributed_train.py); the schedule has
 empty, odd-sized and one-row batches, so the ranks' shares are padded to equal sizes. The checkpoint
-holds one process's full state, so the sharded run's last checkpoint equals the single process's; what the
-sharded engine cannot run is refused before anything is written, naming the keys.
+holds one process's full state, so the sharded run's last checkpoint equals the single process's;
+what the sharded engine cannot run is refused before anything is written, naming the keys.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ them and takes rank 0's trained state back); every rank's final parameters must 
 call fails.
 
 Two deliberately wrong builds, which the battery must catch
-(tests/verify/test_distributed_verify.py), show it can: :func:`train_noise_on_every_rank` (every rank adds σ·C·z_t, so the sum holds √N times the
-noise) and :func:`train_clipping_after_all_reduce` (the ranks sum unclipped gradients and the sum is
-clipped).
+(tests/verify/test_distributed_verify.py), show it can: :func:`train_noise_on_every_rank` (every
+rank adds σ·C·z_t, so the sum holds √N times the noise) and :func:`train_clipping_after_all_reduce`
+(the ranks sum unclipped gradients and the sum is clipped).
 """
 
 from __future__ import annotations
