@@ -54,6 +54,9 @@ def _register_backend() -> None:
 
             if torch._C._get_privateuse1_backend_name() != NAME:
                 _setup_privateuseone_for_python_backend(NAME)
+            # torch.utils.checkpoint restores the autocast state of every registered backend in its
+            # backward, and autocast asks each backend module which dtypes it supports
+            getattr(torch, NAME).get_amp_supported_dtype = lambda: [torch.bfloat16]
             _ready = True
 
 

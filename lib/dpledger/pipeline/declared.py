@@ -90,10 +90,14 @@ STAGE_INPUTS: dict[str, StageInputs] = {
             "train.task",
             "train.clip_norm",
             "train.lr",
+            "train.secure_noise",
         ),
         files=(*_UPSTREAM, "artifacts/train"),
         outs=("artifacts/audit",),
-        notes={"artifacts/train": "audit.one_run: the canary coordinates recorded by train"},
+        notes={
+            "artifacts/train": "audit.one_run: the canary coordinates recorded by train",
+            "train.secure_noise": "the noise path whose tail the one-run audit states",
+        },
     ),
     "report": StageInputs(
         params=(
