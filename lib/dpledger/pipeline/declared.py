@@ -61,6 +61,7 @@ STAGE_INPUTS: dict[str, StageInputs] = {
         outs=("artifacts/train", "artifacts/model"),
         persist=("artifacts/train",),
         unpushed=("artifacts/train",),
+        checked=("calibrate.mechanism",),  # pipeline/sharding.py: refuses correlated noise early
         notes={
             "data": "the split it trains and tests on, and the resume fingerprint",
             "artifacts/model": "the model to publish and its card",
