@@ -62,8 +62,7 @@ def check_sharding(params: Params, mechanism: str, several_ranks: bool) -> None:
         )
     if mechanism != "identity":
         raise ParamsError(
-            f"params: calibrate.mechanism: {mechanism} is not supported with "
-            "train.sharding: fsdp (correlated noise is a stream over whole rows); "
+            f"params: calibrate.mechanism: {mechanism} is not supported with train.sharding: fsdp (correlated noise is a stream over whole rows); "  # noqa: E501
             "use calibrate.mechanism: identity or train.sharding: none"
         )
     if not several_ranks:
