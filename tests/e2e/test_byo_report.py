@@ -62,7 +62,8 @@ def test_headline_shows_perplexity_and_the_report_holds_its_curves_beside_the_ep
 
 
 def test_the_lm_report_loads_in_chromium(tmp_path):
-    browser = pytest.importorskip("test_report_browser")
+    from helpers import browser
+
     if browser.CHROMIUM is None:
         pytest.skip("no chromium")
     root = _lm_project(tmp_path / "project")
