@@ -7,9 +7,12 @@ torch.bfloat16)`` inside a dispatch mode that adds the FLOPs of every matrix pro
 bmm, baddbmm, addmv and their in-place forms, convolution; eager attention, so its products are
 bmm) under the dtype of its operands, and hands back zeros of the product's shape instead of
 computing it: the non-private step (loss.backward()) and the BK step (``engine.private_step``,
-noise off). Both are linear in the number of blocks, so they are counted with 1 and 2 blocks and
-extrapolated to 12 (exact: every block has the same shapes). Counted twice: with the Grams as CUDA
-forms them and as the CPU does.
+noise off; its second step: the first also traces the batch's provenance, once per input shape).
+Both are linear in the number of blocks, so they are counted with 1 and 2 blocks and extrapolated
+to 12 (exact: every block has the same shapes). Counted twice: with the Grams and
+half-precision products as CUDA forms them (whole T × T Grams; ``out_dtype`` products of the bf16
+operands, ``engine/tensor_cores.py``) and as the CPU does (upper-triangle Gram blocks; operands
+promoted to float32).
 
     python -m benchmarks.bench_flops [--layers 12] [--steps 256]
 """
@@ -62,8 +65,9 @@ class FlopsByDtype(TorchDispatchMode):
             lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, (args, kwargs)
         )
         shaped = func(*meta[0], **meta[1])
+        operands = [a for a in args if not isinstance(a, torch.dtype)]  # out_dtype overloads
         self.flops[str(first.dtype).removeprefix("torch.")] += formula(
-            *args, **kwargs, out_val=shaped
+            *operands, **kwargs, out_val=shaped
         )
         if func._schema.is_mutable:  # in place: the output is the first argument, left as it is
             return args[0]
@@ -95,7 +99,7 @@ def count(layers: int, steps: int, gpu_path: bool) -> dict[str, Counter]:
     """FLOPs by dtype of one non-private and one BK step with ``layers`` blocks; ``gpu_path``: the
     Grams as CUDA forms them (whole T × T products; the CPU forms only the blocks on and above the
     diagonal, ``layers/linear.py``)."""
-    from dpledger.engine import BKEngine
+    from dpledger.engine import BKEngine, tensor_cores
     from dpledger.engine.layers import linear
     from dpledger.models.tasks import Task
 
@@ -114,13 +118,16 @@ def count(layers: int, steps: int, gpu_path: bool) -> dict[str, Counter]:
     result["nonprivate"] = counter.flops
     model = _model(layers, steps)
     engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
-    block = linear.GRAM_BLOCK
-    linear.GRAM_BLOCK = 1 << 62 if gpu_path else block  # no row block: one whole Gram
+    engine.private_step(losses(model))  # uncounted: the first step's one-time batch provenance
+    block, probe = linear.GRAM_BLOCK, tensor_cores.has_out_dtype
+    if gpu_path:  # one whole Gram, and half operands multiplied as CUDA's out_dtype kernels do
+        linear.GRAM_BLOCK = 1 << 62
+        linear.has_out_dtype = tensor_cores.has_out_dtype = lambda device_type: True
     try:
         with FlopsByDtype() as counter:
             engine.private_step(losses(model))
     finally:
-        linear.GRAM_BLOCK = block
+        linear.GRAM_BLOCK, linear.has_out_dtype, tensor_cores.has_out_dtype = block, probe, probe
     result["bk"] = counter.flops
     return result
 

@@ -139,6 +139,8 @@ def bench(args) -> None:
         sync(device)
         seconds = (time.perf_counter() - started) / timed
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+        if args.profile and batch == batches[-1]:
+            _profile(step, device, args.out / f"profile_{key}.txt")
         finite = bool(torch.isfinite(loss)) and all(
             bool(torch.isfinite(p).all()) for p in model.parameters()
         )
@@ -149,3 +151,18 @@ def bench(args) -> None:
             torch.cuda.empty_cache()
     shape = {"layers": layers, "width": width, "T": steps, "B": list(batches), "loss": "flat"}
     finish(args.out, "bench", {**about(device), "shape": shape, key: result}, checks)
+
+
+def _profile(step, device, path) -> None:
+    """The 30 operators that took the most device time (CPU time on the CPU) over two steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as profiled:
+        for _ in range(2):
+            step()
+        sync(device)
+    order = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    path.write_text(
+        profiled.key_averages().table(sort_by=order, row_limit=30, max_name_column_width=60)
+    )

@@ -71,10 +71,18 @@ def stage(name: str, params: Path, root: Path, env: dict, inject: bool = False) 
     return time.perf_counter() - started
 
 
-def stage_env() -> dict:
-    """The environment of a stage's process: this tree's library first."""
+COMPARISON_NOISE_KEY = "d9" * 16
+"""A public noise key for the steps that compare two runs (kill-and-resume, torchrun against one
+process): with the default fresh CSPRNG key, two runs never draw the same noise."""
+
+
+def stage_env(compared: bool = False) -> dict:
+    """The environment of a stage's process: this tree's library first; ``compared``: every run
+    draws its noise from :data:`COMPARISON_NOISE_KEY`."""
+    key = {"DPLEDGER_NOISE_KEY": COMPARISON_NOISE_KEY} if compared else {}
     return {
         **os.environ,
+        **key,
         "PYTHONPATH": os.pathsep.join(
             [str(REPO / "lib"), str(REPO), os.environ.get("PYTHONPATH", "")]
         ),

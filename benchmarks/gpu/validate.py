@@ -223,7 +223,7 @@ def pipeline(args) -> None:
         params["calibrate"].update(pld_discretization=1e-2, curve_points=3)
     params["train"].update(device=device.type, checkpoint_every=1)
     params["calibrate"].update(group_sizes=[1], table_discretization=0.01)
-    env = stage_env()
+    env = stage_env(compared=True)
     result, seconds = {}, {}
     roots = {}
     for label in ("straight", "killed"):
@@ -313,7 +313,7 @@ def montecarlo(args) -> None:
 def distributed(args) -> None:
     device = device_for(args.dry_run)
     ranks = torch.cuda.device_count() if device.type == "cuda" else 1
-    env = stage_env()
+    env = stage_env(compared=True)
     work = Path(args.work)
     straight, root = work / "straight", work / "torchrun"
     shutil.rmtree(root, ignore_errors=True)
@@ -434,6 +434,11 @@ def main() -> None:
     )
     parser.add_argument("--method", choices=["nonprivate", "bk", "opacus"], default="bk")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="bench: also profile two steps at the largest batch (OUT/profile_M_P.txt)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     globals()[args.step](args)

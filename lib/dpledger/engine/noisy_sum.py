@@ -26,6 +26,7 @@ from dpledger.engine.noise import NoiseSource
 from dpledger.engine.norms import norm_precision
 from dpledger.engine.owners import Owner
 from dpledger.engine.recorder import Call
+from dpledger.engine.tensor_cores import promoted_dtype
 from dpledger.precision import exactly
 
 
@@ -165,12 +166,14 @@ class NoisySum:
             )
         for call in ghost_calls:
             key = id(call.params["weight"])
+            half = call.rule.half_operands  # else promoted: the operands its norm came from
             a, b = (
-                keep_rows(norm_precision(t), dropped) for t in (call.activations, call.backprops)
+                keep_rows(t if half else norm_precision(t), dropped)
+                for t in (call.activations, call.backprops)
             )
             self._accumulate(
                 key,
-                b.dtype,
+                promoted_dtype(b.dtype),
                 lambda out, c=call, a=a, b=b, f=factors[key]: c.rule.clipped_sum(
                     c.module, a, b, f, out
                 ),

@@ -25,6 +25,7 @@ from dpledger.engine.batched import Packed, stacked_sum
 from dpledger.engine.layers import generic, ghost_dot
 from dpledger.engine.owners import GENERIC
 from dpledger.engine.recorder import Call, GenericCall, Recorder
+from dpledger.engine.tensor_cores import HALF, promoted
 from dpledger.engine.validators import UnsupportedLayerError
 from dpledger.errors import ParamsError
 from dpledger.precision import exactly
@@ -49,11 +50,16 @@ class Pass:
     tied: dict[int, list[Call]] = field(default_factory=dict)
 
 
-def norm_precision(tensor: Tensor) -> Tensor:
-    """Half-precision activations and gradients are promoted so norms are computed in float32."""
-    if tensor.is_floating_point() and tensor.dtype in (torch.float16, torch.bfloat16):
-        return tensor.float()
-    return tensor
+norm_precision = promoted
+"""Half-precision activations and gradients are promoted so norms are computed in float32."""
+
+
+def _as_the_product_used(activations: Tensor, backprops: Tensor) -> Tensor:
+    """A float32 input of a layer whose output gradient is half precision, rounded to that
+    precision: the layer ran under autocast, which cast its input so before the product."""
+    if backprops.dtype in HALF and activations.dtype == torch.float32:
+        return activations.to(backprops.dtype)
+    return activations
 
 
 def _add_to(store: dict[int, Tensor], key: int, value: Tensor) -> None:
@@ -206,26 +212,25 @@ class LayerNorms:
             return
         # Half-precision a and b are promoted for the computations only; a ghost call keeps them as
         # they came (GPT-2's head keeps a B × T × vocabulary b until book-keeping: twice the memory
-        # in float32).
+        # in float32). A rule with half operands gets a rounded as its product used it (autocast),
+        # so that its norm and its clipped sum both come from the operands the model multiplied.
+        if call.rule.half_operands:
+            call.activations = _as_the_product_used(call.activations, call.backprops)
         kept = call.activations, call.backprops
-        call.activations, call.backprops = (
-            norm_precision(call.activations),
-            norm_precision(call.backprops),
-        )
+        promoted = norm_precision(call.activations), norm_precision(call.backprops)
         shared = any(state.use_count[id(p)] > 1 for p in call.params.values())
         tied = "weight" in call.params and id(call.params["weight"]) in state.tied
         names = frozenset(call.params)
         ghost = self._use_ghost(call, shared, tied)
         self.layer_methods[call.name] = "ghost" if ghost else "instantiate"
         if ghost:
-            norm_sq = call.rule.ghost_norm(call.module, call.activations, call.backprops)
+            operands = kept if call.rule.half_operands else promoted
+            norm_sq = call.rule.ghost_norm(call.module, *operands)
             _add_to(state.norm_sq, id(call.params["weight"]), norm_sq)
             state.ghost_calls.append(call)
             names -= {"weight"}
         if names:
-            instantiated = parametrized.per_example_grads(
-                call.rule, call.module, call.activations, call.backprops, names
-            )
+            instantiated = parametrized.per_example_grads(call.rule, call.module, *promoted, names)
             for attr, grads in instantiated.items():
                 _add_to(state.per_example, id(call.params[attr]), grads)
         call.activations, call.backprops = kept if ghost else (None, None)

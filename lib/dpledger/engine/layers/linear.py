@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from dpledger.engine.layers.registry import LayerRule, add_scaled_product, register
+from dpledger.engine.tensor_cores import bmm_float32, has_out_dtype, promoted
 
 
 def as_sequences(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
@@ -35,18 +36,22 @@ def sequence_ghost_norm(a: Tensor, b: Tensor) -> Tensor:
 
     On CPU both Grams are symmetric, so only the blocks on and above the diagonal are formed, row
     block by row block (a block of 32 rows against every later column): about 5/8 of the flops at T
-    = 128 (off-diagonal blocks count twice; timings in benchmarks/RESULTS.md)."""
+    = 128 (off-diagonal blocks count twice; timings in benchmarks/RESULTS.md). Half-precision
+    operands make float32 Grams on tensor cores where the device has them, and are promoted
+    (exactly) elsewhere."""
+    if not has_out_dtype(a.device.type):
+        a, b = promoted(a), promoted(b)
     if a.shape[1] == 1:
         return (
-            torch.linalg.vector_norm(a, dim=(1, 2)).square()
-            * torch.linalg.vector_norm(b, dim=(1, 2)).square()
+            torch.linalg.vector_norm(promoted(a), dim=(1, 2)).square()
+            * torch.linalg.vector_norm(promoted(b), dim=(1, 2)).square()
         )
     steps = a.shape[1]
     blocks = min(steps // GRAM_BLOCK, 8) if a.device.type == "cpu" else 1
     if blocks <= 1:  # Σ of the Grams' product as one batched dot product: three launches
         grams = (
-            torch.bmm(a, a.transpose(1, 2)).view(a.shape[0], 1, -1),
-            torch.bmm(b, b.transpose(1, 2)),
+            bmm_float32(a, a.transpose(1, 2)).view(a.shape[0], 1, -1),
+            bmm_float32(b, b.transpose(1, 2)),
         )
         return torch.bmm(grams[0], grams[1].view(b.shape[0], -1, 1)).view(-1)
     height = GRAM_BLOCK * -(-steps // (GRAM_BLOCK * blocks))
@@ -102,6 +107,7 @@ def sequence_rule(transposed: bool) -> LayerRule:
         ghost_cost=ghost_cost,
         tied_factors=tied_factors,
         rowwise=True,
+        half_operands=True,
     )
 
 

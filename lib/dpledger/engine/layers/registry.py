@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from dpledger.engine.tensor_cores import mm_float32, promoted, scaled_parts
 from dpledger.precision import exactly
 
 PerExampleGrads = Callable[[nn.Module, Tensor, Tensor, frozenset], dict[str, Tensor]]
@@ -45,7 +46,11 @@ class LayerRule:
     weight shared by several layers (GPT-2's head tied to its token embedding) keeps the ghost norm:
     see :func:`ghost_dot`. ``rowwise``: the layer acts on each position of its leading dimensions
     alone (Linear, LayerNorm), so an input of (B·k, ...) rows proved to be example-major
-    (:func:`validators.flattened_rows`) is given to the rule as (B, k, ...).
+    (:func:`validators.flattened_rows`) is given to the rule as (B, k, ...). ``half_operands``: the
+    layer's product ran on half-precision operands when its output gradient is half (autocast casts
+    its input), so the engine rounds a float32 input the same way and hands ``ghost_norm`` and
+    ``clipped_sum`` the half operands, for tensor cores (``tensor_cores.py``); other rules get them
+    promoted to float32.
     """
 
     per_example_grads: PerExampleGrads
@@ -56,6 +61,7 @@ class LayerRule:
     parameters: tuple[str, ...] = ("weight", "bias")
     tied_factors: TiedFactors | None = None
     rowwise: bool = False
+    half_operands: bool = False
 
     @property
     def has_ghost(self) -> bool:
@@ -140,10 +146,27 @@ def add_weighted_sum(out: Tensor, factors: Tensor, per_example: Tensor) -> None:
 def add_scaled_product(out: Tensor, factors: Tensor, b: Tensor, a: Tensor) -> None:
     """out += Σ_i factors[i] · b_iᵀ a_i for b (B, T, p) and a (B, T, d), in place.
 
-    The factors scale whichever of a and b is smaller, so the temporary is B·T·min(p, d)."""
+    The factors scale whichever of a and b is smaller, so the temporary is B·T·min(p, d). bfloat16
+    operands take the exact split of ``tensor_cores.scaled_parts`` (two products on tensor cores,
+    the factors lowered by less than 2⁻⁷); float16 ones are promoted to float32."""
+    if a.dtype == b.dtype == torch.bfloat16:
+        _add_split_product(out, factors, b, a)
+        return
+    b, a = promoted(b), promoted(a)
     factors = factors.to(b.dtype)[:, None, None]
     if b.shape[-1] <= a.shape[-1]:
         b = b * factors
     else:
         a = a * factors
     out.addmm_(b.reshape(-1, b.shape[-1]).T, a.reshape(-1, a.shape[-1]))
+
+
+def _add_split_product(out: Tensor, factors: Tensor, b: Tensor, a: Tensor) -> None:
+    """:func:`add_scaled_product` of bfloat16 b and a: hi + lo = C̃·(the smaller one) exactly, and
+    out += hiᵀ·other + loᵀ·other with float32 results."""
+    scale_b = b.shape[-1] <= a.shape[-1]
+    scaled, other = (b, a) if scale_b else (a, b)
+    other = other.reshape(-1, other.shape[-1])
+    for part in scaled_parts(scaled, factors):
+        part = part.reshape(-1, part.shape[-1])
+        out.add_(mm_float32(part.T, other) if scale_b else mm_float32(other.T, part))
