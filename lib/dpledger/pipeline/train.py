@@ -35,7 +35,7 @@ from dpledger.audit.canaries import CanaryRecorder, recorder_for
 from dpledger.data import Dataset
 from dpledger.engine import BKEngine, retain_freed_memory
 from dpledger.engine.device import autocast, select_device
-from dpledger.engine.validators import check_state_unchanged, state_snapshot
+from dpledger.engine.state_guard import check_state_unchanged, state_snapshot
 from dpledger.ledger import (
     PUBLIC_KEY_WARNING,
     Ledger,
