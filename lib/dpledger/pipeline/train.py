@@ -170,7 +170,9 @@ def prepare(params: Params, root: Path, ranks: Ranks) -> Run:
     checked = check_before_training(
         params.train, run.engine, run.task, schedule, resumed_from, tensors[:2]
     )
-    run.ledger = ledger if checked is None else replace(ledger, self_check=checked)
+    if checked is not None or resumed_from < schedule.num_steps:
+        # steps left to train without a check: an earlier run's record covers none of them
+        run.ledger = replace(ledger, self_check=checked or {})
     return run
 
 
