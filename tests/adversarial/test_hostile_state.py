@@ -9,7 +9,7 @@ import torch
 from test_trust_inputs import small_project
 from torch import nn
 
-from dpledger.engine.validators import check_state_unchanged, state_snapshot
+from dpledger.engine.state_guard import check_state_unchanged, state_snapshot
 from dpledger.errors import DpledgerError
 from dpledger.pipeline import run_stage
 
@@ -189,19 +189,19 @@ def test_the_digest_sees_one_flipped_bit_anywhere_and_keeps_no_copy(dtype, size,
     """The snapshot digests on the tensor's device instead of copying it to the host (a LoRA base
     stays put); one flipped bit at the start, in the middle (across the pass boundary) or at the end
     shows."""
-    from dpledger.engine import validators
+    from dpledger.engine import state_guard
 
     # several passes over the float32 tensor
-    monkeypatch.setattr(validators, "DIGEST_CHUNK", 1 << 20)
+    monkeypatch.setattr(state_guard, "DIGEST_CHUNK", 1 << 20)
     generator = torch.Generator().manual_seed(0)
     tensor = torch.randint(0, 255, (size,), generator=generator, dtype=torch.uint8).to(dtype)
-    before = validators.digest(tensor)
+    before = state_guard.digest(tensor)
     assert before.dtype == torch.int64 and before.shape == (2,)
-    assert torch.equal(validators.digest(tensor.clone()), before)
+    assert torch.equal(state_guard.digest(tensor.clone()), before)
     raw = tensor.view(torch.uint8) if dtype != torch.uint8 else tensor
     for index in (0, raw.numel() // 2, raw.numel() - 1):
         flipped = raw.clone()
         flipped[index] ^= 1 << (index % 8)
         assert not torch.equal(
-            validators.digest(flipped.view(dtype) if dtype != torch.uint8 else flipped), before
+            state_guard.digest(flipped.view(dtype) if dtype != torch.uint8 else flipped), before
         )

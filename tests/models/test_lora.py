@@ -159,6 +159,10 @@ def _one_line_refusal(match: str, call) -> None:
         ({"lora_dropout": 0.1}, r"its lora_dropout is 0.1; LoRA dropout must be 0"),
         ({"peft_type": "IA3"}, r"its peft_type is IA3; dpledger trains LoRA adapters"),
         (
+            {"target_modules": ["no_such_layer"]},
+            r"is invalid: peft cannot apply the adapter to its base \(Target modules",
+        ),
+        (
             {"task_type": "SEQ_CLS"},
             r"the adapter was saved for task_type 'SEQ_CLS' \(needs 'CAUSAL_LM'\)",
         ),

@@ -21,6 +21,11 @@ from dpledger.engine.self_check_compare import NaiveResult, SelfCheckError
 LossFn = Callable[[nn.Module, Tensor, Tensor], Tensor]
 
 
+class ExampleFailure(SelfCheckError):
+    """The model failed on one example alone in the naive loop (the message names torch's
+    error)."""
+
+
 def clipping_groups(model: nn.Module, names: Sequence[str]) -> dict[str, int]:
     """Per-layer clipping groups as the engine documents them: each parameter belongs to the first
     layer (``named_modules`` order) that owns it, a generic-rule layer owning the children it
@@ -68,10 +73,10 @@ def naive_loop(
         try:
             loss = loss_fn(model, x[i : i + 1], y[i : i + 1])
             (loss.sum() * w[i].to(loss.dtype)).backward()
-        except RuntimeError as error:
+        except (RuntimeError, ValueError) as error:
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             message = f"self-check: the naive loop failed on one example: {first}"
-            raise SelfCheckError(message) from error
+            raise ExampleFailure(message) from error
         grads = {n: _grad_or_zero(params[n]) for n in names}
         by_group: dict[int, Tensor] = {}
         for n, g in grads.items():

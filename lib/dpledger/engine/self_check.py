@@ -14,11 +14,19 @@ one example alone: a model that mixes examples or draws random numbers breaks pe
 per-example norms ‖w_i·g_i‖, and every trainable parameter's clipped sum. The copy:
 
 - is float64 where it fits in memory (round-off ~1e-16 per operation), else the model's float32;
+  a model that fails on an example in float64 (its own code fixes float32: ``x.float()``) is
+  checked in float32, the precision it trains in;
 - keeps exactly the trainable set of the user's model (or of ``only``: a subset, to bound the cost);
-- runs in training mode (the engine records nothing in eval mode, and eval mode changes what some
-  layers compute) with every dropout off: dropout modules' ``p`` and every float ``*drop*``
-  attribute of a layer or its config (HF's ``attention_dropout``, ``layerdrop``, ``drop_path_rate``)
-  set to 0;
+- runs in the modes training runs it in: the model's own when it is in training mode (a frozen
+  BatchNorm put in eval mode stays so), else every module in training mode (the engine records
+  nothing in eval mode, and eval mode changes what some layers compute);
+- has every dropout off: dropout modules' ``p`` and every float ``*drop*`` attribute of a layer or
+  its config (HF's ``attention_dropout``, ``layerdrop``, ``drop_path_rate``) set to 0, and every
+  functional dropout called at rate 0 (a literal ``F.dropout(x, 0.1)``;
+  :mod:`dpledger.engine.self_check_forward`, which also refuses ``F.batch_norm(training=True)``
+  by name);
+- has spectral_norm's power iteration off: its vectors are constants in the gradient, and
+  iterating between the naive loop's examples would give each a different weight;
 - gets the examples, plus one padding row of weight 0 (it must contribute exactly zero), as
   physical batches accumulated into one step (gradient accumulation) at the shapes training uses:
   for sequence inputs one batch as large as the padded sequence length (B = T), and one whose size
@@ -50,9 +58,10 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.parametrizations import _SpectralNorm as SpectralNorm
 from torch.utils.hooks import RemovableHandle
 
-from dpledger.engine.naive_loop import LossFn, clipping_groups, naive_loop
+from dpledger.engine.naive_loop import ExampleFailure, LossFn, clipping_groups, naive_loop
 from dpledger.engine.self_check_compare import (
     LOSS_TOLERANCE_FACTOR,
     TOLERANCE,
@@ -65,7 +74,8 @@ from dpledger.engine.self_check_compare import (
     SelfCheckResult,
     compare,
 )
-from dpledger.engine.validators import check_state_unchanged, state_snapshot
+from dpledger.engine.self_check_forward import CheckedForward, uncopyable_attribute
+from dpledger.engine.state_guard import check_state_unchanged, state_snapshot
 from dpledger.errors import ParamsError
 
 __all__ = [
@@ -126,29 +136,77 @@ def run_self_check(
     trainable, names = _checked_names(model, trainable, only)
     dtype = _check_dtype(model, names, precision)
     device = _device(model)
+    rows = (inputs, targets, weights)
+    clip = (clip_norm, clipping, automatic_gamma)
     # Nothing here may move the training's random streams: the run trains as without the check.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        replica = _replica(model, names, dtype, hidden_hooks)
-        x, y = _cast(inputs, dtype), _cast(targets, dtype)
-        ones = torch.ones(len(x), dtype=dtype, device=device)
-        w = ones if weights is None else _cast(weights, dtype)
-        x, y, w = _with_padding_row(x, y, w)
-        groups = clipping_groups(replica, names)
-        clip = (clip_norm, clipping, automatic_gamma)
-        trained = [p for name, p in replica.named_parameters() if name in set(trainable)]
-        state = state_snapshot(replica, trained)  # a model changing its own state is named as such
-        batches = training_batches(x)
-        counts = torch.bincount(torch.cat(batches), minlength=len(x)).tolist()
+        try:
+            result = _check(
+                engine_type,
+                model,
+                loss_fn,
+                rows,
+                (trainable, names),
+                dtype,
+                clip,
+                ghost,
+                hidden_hooks,
+                started,
+            )
+        except ExampleFailure:
+            # a model whose own code fixes float32 (x.float(), a float32 constant) cannot run in
+            # float64: it is checked in float32, the precision it trains in
+            if precision != "auto" or dtype != torch.float64:
+                raise
+            result = _check(
+                engine_type,
+                model,
+                loss_fn,
+                rows,
+                (trainable, names),
+                torch.float32,
+                clip,
+                ghost,
+                hidden_hooks,
+                started,
+            )
+    if not result.passed and raise_on_mismatch:
+        raise SelfCheckError(result.failure())
+    return result
+
+
+def _check(
+    engine_type: Callable[..., Any],
+    model: nn.Module,
+    loss_fn: LossFn,
+    rows: tuple[Tensor, Tensor, Tensor | None],
+    checked: tuple[Sequence[str], Sequence[str]],
+    dtype: torch.dtype,
+    clip: tuple[float, str, float],
+    ghost: str,
+    hidden_hooks: Sequence[RemovableHandle],
+    started: float,
+) -> SelfCheckResult:
+    """The naive loop and the engine's pass on a ``dtype`` copy of ``model``, compared."""
+    (inputs, targets, weights), (trainable, names) = rows, checked
+    replica = _replica(model, names, dtype, hidden_hooks)
+    x, y = _cast(inputs, dtype), _cast(targets, dtype)
+    ones = torch.ones(len(x), dtype=dtype, device=_device(model))
+    w = ones if weights is None else _cast(weights, dtype)
+    x, y, w = _with_padding_row(x, y, w)
+    groups = clipping_groups(replica, names)
+    trained = [p for name, p in replica.named_parameters() if name in set(trainable)]
+    state = state_snapshot(replica, trained)  # a model changing its own state is named as such
+    batches = training_batches(x)
+    counts = torch.bincount(torch.cat(batches), minlength=len(x)).tolist()
+    with CheckedForward():
         naive = naive_loop(replica, loss_fn, (x, y, w), names, groups, clip, counts)
         check_state_unchanged(replica, trained, state)
         engine = _engine_pass(engine_type, replica, loss_fn, (x, y, w), clip, ghost, batches)
-        seen = torch.cat(batches).cpu()
-        naive = NaiveResult(naive.losses[seen], naive.norms[seen], naive.sums, naive.scales)
-        counts = (len(x) - 1, len(trainable))
-        result = compare(naive, engine, names, replica, dtype, clipping, started, counts)
-        if not result.passed and raise_on_mismatch:
-            raise SelfCheckError(result.failure())
-        return result
+    seen = torch.cat(batches).cpu()
+    naive = NaiveResult(naive.losses[seen], naive.norms[seen], naive.sums, naive.scales)
+    counts = (len(x) - 1, len(trainable))
+    return compare(naive, engine, names, replica, dtype, clip[1], started, counts)
 
 
 def _checked_names(
@@ -245,16 +303,33 @@ def _replica(
     dtype: torch.dtype,
     hidden_hooks: Sequence[RemovableHandle],
 ) -> nn.Module:
-    """A deep copy in ``dtype``, training mode, dropout off, trainable exactly where ``names``
-    say."""
-    with _hooks_hidden(hidden_hooks), torch.no_grad():
-        replica = copy.deepcopy(model)
+    """A deep copy in ``dtype``, dropout off, spectral_norm's power iteration off, trainable
+    exactly where ``names`` say; in the modes training runs it in: the model's own when it is in
+    training mode (a frozen BatchNorm put in eval mode stays so), else every module in training
+    mode. A model that cannot be deep-copied (a lock in an attribute) is refused naming the
+    attribute."""
+    try:
+        with _hooks_hidden(hidden_hooks), torch.no_grad():
+            replica = copy.deepcopy(model)
+    except Exception as error:  # noqa: BLE001 (deepcopy raises whatever an attribute's copy raises)
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        where = uncopyable_attribute(model)
+        raise SelfCheckError(
+            f"self-check: the model cannot be copied for the check ({first}): {where} cannot be deep-copied; keep it outside the model (or give its class a __deepcopy__), or turn the check off with train.self_check: false"  # noqa: E501
+        ) from None
     checked = set(names)
     for name, parameter in replica.named_parameters():
         parameter.requires_grad_(name in checked)
         parameter.grad = None
-    replica.to(dtype).train()
+    replica.to(dtype)
+    if not replica.training:
+        replica.train()
     _dropout_off(replica)
+    for module in replica.modules():
+        if isinstance(module, SpectralNorm):
+            # its vectors are constants in the gradient; iterating between the naive loop's
+            # examples would give each example a different weight
+            module.n_power_iterations = 0
     return replica
 
 

@@ -2,21 +2,23 @@
 one fix it offers.
 
 Checks that run on construction (options, layers the engine cannot train), on the first training
-forward pass (parameters used outside their layers), during training (layers whose forward pass
+forward pass (parameters used outside their layers, batch statistics from ``F.batch_norm``), during
+training (layers whose forward pass
 changes the model from the data; losses that are not per-example; canaries of the wrong length) and
 after the backward pass (inputs changed in place, layers whose batch dimension is not the losses'),
 plus :func:`replace_batchnorm`, the explicit one-call fix for BatchNorm (which mixes examples, so no
-per-example gradient exists).
+per-example gradient exists). The state a private step must not change is guarded in
+:mod:`dpledger.engine.state_guard`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
+from torch.nn.utils.spectral_norm import SpectralNorm as HookSpectralNorm
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
@@ -64,14 +66,17 @@ def layer_refusal(
     module: nn.Module, label: str, names: list[str], rule: LayerRule | None, attrs: list[str]
 ) -> str | None:
     """Why a layer owning the trainable parameters ``names`` (attributes ``attrs``) cannot be
-    trained, or None: a BatchNorm (it mixes examples; the fix is :func:`replace_batchnorm`), or a
-    rule that refuses this layer's configuration or does not know one of its parameters. Layers
-    without a rule get the generic rule."""
+    trained, or None: a BatchNorm (it mixes examples; the fix is :func:`replace_batchnorm`), the
+    hook-based ``torch.nn.utils.spectral_norm`` (the parametrization is the fix), or a rule that
+    refuses this layer's configuration or does not know one of its parameters. Layers without a
+    rule get the generic rule."""
     if isinstance(module, _BatchNorm):
         return (
             f"engine: trainable parameter {', '.join(names)} is in layer {label}, a BatchNorm: "
             f"it mixes examples, so no per-example gradient exists; {BATCHNORM_FIX}"
         )
+    if any(isinstance(hook, HookSpectralNorm) for hook in module._forward_pre_hooks.values()):
+        return f"engine: layer {label} uses torch.nn.utils.spectral_norm, whose weight a forward pre-hook recomputes outside any rule, so its per-example gradients cannot be formed; use torch.nn.utils.parametrizations.spectral_norm, which the engine trains"  # noqa: E501
     if rule is None:
         return None
     reason = rule.validate(module) if rule.validate else None
@@ -128,6 +133,18 @@ def refuse_data_dependent_state(
     if reason:
         name = next((n for n, m in model.named_modules() if m is module), "?") or "<model>"
         raise UnsupportedLayerError(f"engine: layer {name} ({type(module).__name__}) {reason}")
+
+
+BATCH_STATISTICS = "engine: the model calls F.batch_norm with training=True, which normalises with the statistics of the batch: they mix examples (and padding rows) into every per-example gradient, so clipping bounds no example's contribution; pass training=False with fixed running statistics, or normalise each example on its own (F.group_norm, F.layer_norm)"  # noqa: E501
+
+
+def batch_statistics(func: object, args: tuple, kwargs: dict) -> bool:
+    """Whether a call seen by a torch function mode is a batch normalisation with the batch's own
+    statistics: ``F.batch_norm`` or ``torch.batch_norm`` with ``training`` true (argument 5 of
+    both)."""
+    if func is not F.batch_norm and func is not torch.batch_norm:
+        return False
+    return bool(kwargs["training"] if "training" in kwargs else len(args) > 5 and args[5])
 
 
 def check_losses(losses: Tensor) -> None:
@@ -339,7 +356,8 @@ class OutsideUses(TorchFunctionMode):
     differentiable operation uses outside the forward of a layer owning it (e.g. a head tied by
     ``F.linear(h, embed.weight)``). Ghost differentiation turns requires_grad off, so such a use
     would get no gradient at all, silently; only the layers' own uses reach the per-example
-    rules."""
+    rules. A functional batch normalisation with the batch's statistics is refused at once (a
+    BatchNorm module in training mode is refused by its own pre-hook)."""
 
     def __init__(self, names: dict[int, str]) -> None:
         super().__init__()
@@ -354,6 +372,8 @@ class OutsideUses(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if batch_statistics(func, args, kwargs):
+            raise UnsupportedLayerError(BATCH_STATISTICS)
         try:
             result = func(*args, **kwargs)
         except (RuntimeError, IndexError) as error:
@@ -416,77 +436,3 @@ def replace_batchnorm(model: nn.Module) -> nn.Module:
         else:
             replace_batchnorm(child)
     return model
-
-
-# --- State a private step must not change
-# ---------------------------------------------------------
-
-
-Trained = torch.optim.Optimizer | Iterable[nn.Parameter]
-"""What a private step may change: an optimizer's parameters, or the trained parameters
-themselves."""
-
-
-def _trained_ids(trained: Trained) -> set[int]:
-    if isinstance(trained, torch.optim.Optimizer):
-        return {id(p) for group in trained.param_groups for p in group["params"]}
-    return {id(p) for p in trained}
-
-
-DIGEST_CHUNK = 1 << 22
-"""Words digested per pass: bounds the temporaries of :func:`digest` whatever the tensor's size."""
-
-
-def digest(tensor: Tensor) -> Tensor:
-    """Two int64 sums of a tensor's bytes, read as 32-bit words (bytes when the size is not a
-    multiple of 4), plain and position-weighted, computed where the tensor lives: any change of its
-    bits changes them except by a coincidence of both sums. No copy to the host (a LoRA base model
-    stays where it is) and no sync until :func:`check_state_unchanged` reads them; NaN stays equal
-    to itself."""
-    data = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-    words = data.view(torch.int32) if data.numel() % 4 == 0 else data
-    sums = torch.zeros(2, dtype=torch.int64, device=tensor.device)
-    for start in range(0, words.numel(), DIGEST_CHUNK):
-        chunk = words[start : start + DIGEST_CHUNK].to(torch.int64)
-        position = torch.arange(start, start + chunk.numel(), device=tensor.device) * 0x9E3779B1 + 1
-        sums += torch.stack([chunk.sum(), (chunk * position).sum()])  # int64 wraps: still a digest
-    return sums
-
-
-def state_snapshot(model: nn.Module, trained: Trained) -> dict[str, tuple]:
-    """(shape, dtype, :func:`digest`) of every buffer of ``model`` and every parameter that is not
-    ``trained``.
-
-    A private step may change only what the optimizer updates from the noisy gradient; anything else
-    that changes during it (a running mean updated in ``forward``, an example copied into a frozen
-    parameter under ``no_grad``) carries data into the released model without noise, as BatchNorm's
-    running statistics do.
-    """
-    trained = _trained_ids(trained)
-    tensors = {f"buffer {name}": b for name, b in model.named_buffers()}
-    for name, param in model.named_parameters():
-        if id(param) not in trained:
-            tensors[f"frozen parameter {name}"] = param
-    return {name: (tuple(t.shape), t.dtype, digest(t)) for name, t in tensors.items()}
-
-
-def check_state_unchanged(model: nn.Module, trained: Trained, before: dict[str, tuple]) -> None:
-    """Refuse, naming it, the first buffer or frozen parameter that differs from
-    :func:`state_snapshot`'s record (changed, added or removed): the model changes its own state
-    from the data."""
-    after = state_snapshot(model, trained)
-    for name in [*before, *(n for n in after if n not in before)]:
-        old, new = before.get(name), after.get(name)
-        if old is None or new is None or not _same_state(old, new):
-            what = "appeared" if old is None else "disappeared" if new is None else "changed"
-            raise DpledgerError(
-                f"engine: {name} {what} during a private step: "
-                "the model changes its own state from the data "
-                "(like BatchNorm's running statistics), which would release data without noise; "
-                "compute it without state, register it as a trainable parameter, "
-                "or freeze it unchanged"
-            )
-
-
-def _same_state(a: tuple, b: tuple) -> bool:
-    return a[:2] == b[:2] and a[2].device == b[2].device and bool(torch.equal(a[2], b[2]))

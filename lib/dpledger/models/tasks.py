@@ -18,7 +18,9 @@ Per-example losses:
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +31,20 @@ from dpledger.data.text import PAD
 
 TASKS = ("classification", "causal-lm", "sequence-classification")
 EVAL_CHUNK = 64
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode, then every module back in the mode it had: not ``model.train()``,
+    which would put a frozen BatchNorm the user keeps in eval mode back in training mode, where
+    the engine refuses it mid-run."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 @dataclass(frozen=True)
@@ -65,9 +81,8 @@ class Task:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, x: Tensor, y: Tensor) -> dict[str, float]:
         """In eval mode: ``accuracy`` and mean ``loss`` (classification), or the token-weighted mean
-        ``loss`` and its ``perplexity`` exp(loss) (causal LM)."""
-        model.eval()
-        try:
+        ``loss`` and its ``perplexity`` exp(loss) (causal LM); each module's mode restored after."""
+        with evaluating(model):
             if self.name == "causal-lm":
                 total, count = 0.0, 0.0
                 for xs in x.split(EVAL_CHUNK):
@@ -81,8 +96,6 @@ class Task:
                 correct += float((logits.argmax(1) == ys).sum())
                 loss += float(F.cross_entropy(logits, ys, reduction="sum"))
             return {"accuracy": correct / len(y), "loss": loss / len(y)}
-        finally:
-            model.train()
 
     @property
     def metric(self) -> str:

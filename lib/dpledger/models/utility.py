@@ -37,7 +37,7 @@ from torch import nn
 from dpledger import io, plotting
 from dpledger.data.text import PAD
 from dpledger.engine.settings import ClipNoise
-from dpledger.models.tasks import EVAL_CHUNK, Task
+from dpledger.models.tasks import EVAL_CHUNK, Task, evaluating
 
 
 def model_summary(model: nn.Module, trainable: list[nn.Parameter] | None = None) -> dict[str, Any]:
@@ -81,14 +81,12 @@ def tuning_hint(
 
 @torch.no_grad()
 def predictions(task: Task, model: nn.Module, x: torch.Tensor) -> np.ndarray:
-    """The predicted class of every row of ``x`` (eval mode, in chunks)."""
-    model.eval()
-    try:
+    """The predicted class of every row of ``x`` (eval mode, in chunks; each module's mode
+    restored)."""
+    with evaluating(model):
         return torch.cat(
             [task.logits(model, xs).argmax(1).cpu() for xs in x.split(EVAL_CHUNK)]
         ).numpy()
-    finally:
-        model.train()
 
 
 def majority_baseline(y_test: np.ndarray) -> tuple[int, float]:

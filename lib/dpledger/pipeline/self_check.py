@@ -6,7 +6,8 @@ It runs on every run that has steps left, a resumed one included (on the model a
 batch at the resume step: the code that trains next is what is checked); a run resumed at its end
 trains nothing and keeps the check its ledger already holds. A mismatch raises ``SelfCheckError``
 (one line naming the layers) before anything is written. ``train.self_check: false`` skips it; the
-ledger, the metrics and the report then say it did not run.
+ledger, the metrics and the report then say it did not run, a resumed run's too: the record of the
+check an earlier run made covers none of the steps trained now, so it is dropped.
 """
 
 from __future__ import annotations

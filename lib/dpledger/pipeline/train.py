@@ -35,7 +35,7 @@ from dpledger.audit.canaries import CanaryRecorder, recorder_for
 from dpledger.data import Dataset
 from dpledger.engine import BKEngine, retain_freed_memory
 from dpledger.engine.device import autocast, select_device
-from dpledger.engine.validators import check_state_unchanged, state_snapshot
+from dpledger.engine.state_guard import check_state_unchanged, state_snapshot
 from dpledger.ledger import (
     PUBLIC_KEY_WARNING,
     Ledger,
@@ -170,7 +170,9 @@ def prepare(params: Params, root: Path, ranks: Ranks) -> Run:
     checked = check_before_training(
         params.train, run.engine, run.task, schedule, resumed_from, tensors[:2]
     )
-    run.ledger = ledger if checked is None else replace(ledger, self_check=checked)
+    if checked is not None or resumed_from < schedule.num_steps:
+        # steps left to train without a check: an earlier run's record covers none of them
+        run.ledger = replace(ledger, self_check=checked or {})
     return run
 
 

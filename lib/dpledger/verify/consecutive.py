@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from dpledger.engine.bk import BKEngine
 from dpledger.engine.optimizers import make_optimizer
 from dpledger.engine.reference import ReferenceTrainer
-from dpledger.engine.validators import check_state_unchanged, state_snapshot
+from dpledger.engine.state_guard import check_state_unchanged, state_snapshot
 
 
 def consecutive_indices(step: int, batch_size: int, dataset_size: int) -> np.ndarray:
