@@ -21,7 +21,7 @@ PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c "import pydantic, dp_accounting, opacus" 2>/dev/null; then
     SITE="$WORK/site"
     ls .whl/*.whl >/dev/null 2>&1 || { echo "missing packages and no .whl/ (run make gpu-wheels)" | tee -a "$OUT/run.log"; exit 1; }
-    "$PYTHON" -m pip install -q --no-index --no-deps --target "$SITE" .whl/*.whl 2>&1 | tee -a "$OUT/run.log"
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl 2>&1 | tee -a "$OUT/run.log"
     export PYTHONPATH="$SITE:${PYTHONPATH:-}"
 fi
 export PYTHONPATH="$PWD/lib:$PWD:${PYTHONPATH:-}"
@@ -48,7 +48,7 @@ for precision in fp32 bf16; do
         step 75 bench --method "$method" --precision "$precision"
     done
 done
-step 120 pipeline
+step 180 pipeline
 step 45 montecarlo
 step 90 distributed
 step 150 defaults

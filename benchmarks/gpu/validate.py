@@ -217,7 +217,7 @@ def pipeline(args) -> None:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["batching"] = {
         "batch_size": 256 if args.dry_run else 64,
-        "epochs": 1 if args.dry_run else 3,
+        "epochs": 1,
     }
     if args.dry_run:
         params["calibrate"].update(pld_discretization=1e-2, curve_points=3)
