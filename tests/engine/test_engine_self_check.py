@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import sys
 
 import pytest
 import torch
@@ -61,6 +62,26 @@ WRONG_RULE = dataclasses.replace(
     clipped_sum=_nudged_sum,
 )
 register(NudgedLinear, rule=WRONG_RULE)  # a test-only class: no other layer gets this rule
+
+
+class Float32BlindLinear(NudgedLinear):
+    """A custom linear layer registered with a ghost-norm rule that under-reports the norm only on
+    float32 activations (issue 41: exact in float64, each clipped contribution 1/0.7 R in
+    training)."""
+
+
+def _blind_ghost_norm(layer, a, b):
+    squared = LINEAR_RULE.ghost_norm(layer, a, b)
+    return squared * 0.7**2 if a.dtype == torch.float32 else squared
+
+
+register(Float32BlindLinear, rule=dataclasses.replace(LINEAR_RULE, ghost_norm=_blind_ghost_norm))
+
+
+def make_float32_blind_model(input_shape, num_classes):
+    """A plugin model factory (train.model: test_engine_self_check:make_float32_blind_model)."""
+    first = nn.Linear(math.prod(input_shape), 8)
+    return nn.Sequential(nn.Flatten(), first, nn.Tanh(), Float32BlindLinear(8, num_classes))
 
 
 def make_nudged_model(input_shape, num_classes):
@@ -245,6 +266,62 @@ def test_float32_precision_has_its_own_stated_tolerance_and_still_catches_a_wron
             y,
             clip_norm=1e3,
             precision="float32",
+        )
+
+
+def test_a_rule_wrong_only_in_float32_passes_in_float64_and_is_caught_in_the_training_dtype():
+    torch.manual_seed(0)
+    model = make_float32_blind_model((1, 8, 8), 4)
+    x, y = _images()
+    loss = classification_loss
+    result = run_self_check(model, loss, x, y, clip_norm=0.05, raise_on_mismatch=False)
+    assert result.dtype == "float64" and result.within_tolerance()  # the float64 proof is fooled
+    assert result.max_relative_error < 1e-12
+    training = result.training
+    assert training.dtype == "float32" and training.tolerance == 1e-3 and not training.passed
+    assert training.norm_relative_error > 0.01 and not result.passed  # whole norm, both layers
+    record = result.to_dict()
+    assert record["training_dtype"] == "float32" and record["training_passed"] is False
+    assert record["training_max_relative_error"] == training.max_relative_error > 1e-2
+    pattern = r"self-check in the training dtype \(the float64 check passed\): .*Float32BlindLinear"
+    with pytest.raises(SelfCheckError, match=pattern) as caught:
+        run_self_check(model, loss, x, y, clip_norm=0.05)
+    assert "float32, tolerance 0.001" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_training_dtype_comparison_is_recorded_beside_the_float64_one():
+    torch.manual_seed(0)
+    x, y = _images()
+    model = build_model("mlp", (1, 8, 8), 4)
+    result = run_self_check(model, classification_loss, x, y, clip_norm=0.1)
+    assert result.passed and result.dtype == "float64" and result.training.dtype == "float32"
+    assert result.training.passed and result.training.max_relative_error < 1e-5
+    assert result.to_dict()["training_max_relative_error"] == result.training.max_relative_error
+    only = run_self_check(model, classification_loss, x, y, clip_norm=0.1, precision="training")
+    assert only.dtype == "float32" and only.training is None and only.passed
+    as_double = run_self_check(model.double(), classification_loss, x, y, clip_norm=0.1)
+    assert as_double.training.dtype == "float64"  # training's precision is the proof's: run once
+    assert as_double.to_dict()["training_max_relative_error"] == as_double.max_relative_error
+
+
+def test_bf16_autocast_is_the_training_precision_with_its_own_tolerance(monkeypatch):
+    torch.manual_seed(0)
+    x, y = _images()
+    model = build_model("mlp", (1, 8, 8), 4)
+    loss = classification_loss
+    result = run_self_check(model, loss, x, y, clip_norm=0.1, autocast=torch.bfloat16)
+    assert result.passed and result.training.dtype == "bfloat16 autocast"
+    assert result.training.tolerance == 5e-2 and 0 < result.training.max_relative_error < 5e-2
+    monkeypatch.setattr(sys.modules[__name__], "WRONG_FACTOR", 1.2)  # 20 % off: bf16 catches it
+    with pytest.raises(SelfCheckError, match="NudgedLinear"):
+        run_self_check(
+            make_nudged_model((1, 8, 8), 4),
+            loss,
+            x,
+            y,
+            clip_norm=1e3,
+            precision="training",
+            autocast=torch.bfloat16,
         )
 
 

@@ -25,16 +25,23 @@ def select_device(name: str = "auto") -> torch.device:
     return resolve_device(name, key="train.device")
 
 
-def autocast(device: torch.device, precision: str = "fp32") -> ContextManager:
-    """torch.autocast for bf16 on CUDA; a no-op for fp32 or on CPU (where half precision is
-    slower)."""
+def autocast_dtype(device: torch.device, precision: str = "fp32") -> torch.dtype | None:
+    """The dtype training's forward passes autocast to: bf16 on CUDA; None for fp32 or on CPU
+    (where half precision is slower). The self-check runs its training-precision comparison under
+    the same."""
     if precision not in PRECISIONS:
         raise ParamsError(
             f"params: train.precision = {precision!r} is invalid: "
             f"allowed values are {', '.join(PRECISIONS)}"
         )
     dtype = PRECISIONS[precision]
-    if dtype is None or device.type != "cuda":
+    return None if dtype is None or device.type != "cuda" else dtype
+
+
+def autocast(device: torch.device, precision: str = "fp32") -> ContextManager:
+    """torch.autocast in :func:`autocast_dtype`'s dtype; a no-op where that is None."""
+    dtype = autocast_dtype(device, precision)
+    if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type="cuda", dtype=dtype)
 

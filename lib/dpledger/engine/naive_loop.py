@@ -8,6 +8,7 @@ Used by :mod:`dpledger.engine.self_check`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 
@@ -58,10 +59,13 @@ def naive_loop(
     groups: dict[str, int],
     clip: tuple[float, str, float],
     counts: Sequence[int],
+    forward: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> NaiveResult:
     """One forward and one backward pass per example by plain autograd; Σ_i C_i·w_i·g_i accumulated
     with the clipping factors of the loop's own norms (flat, per layer over ``groups`` with R/√L,
-    automatic), row i counted ``counts[i]`` times (as often as the engine's batches hold it)."""
+    automatic), row i counted ``counts[i]`` times (as often as the engine's batches hold it). Each
+    forward pass runs in ``forward()`` (training's autocast), the backward pass outside it, as
+    training runs them."""
     (x, y, w), (clip_norm, clipping, gamma) = rows, clip
     params = dict(model.named_parameters())
     sums = {n: torch.zeros_like(params[n]) for n in names}
@@ -71,7 +75,8 @@ def naive_loop(
     for i in range(len(x)):
         model.zero_grad(set_to_none=True)
         try:
-            loss = loss_fn(model, x[i : i + 1], y[i : i + 1])
+            with forward():
+                loss = loss_fn(model, x[i : i + 1], y[i : i + 1])
             (loss.sum() * w[i].to(loss.dtype)).backward()
         except (RuntimeError, ValueError) as error:
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]

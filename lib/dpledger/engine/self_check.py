@@ -49,10 +49,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import fnmatch
+import functools
 import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -67,12 +69,14 @@ from dpledger.engine.self_check_compare import (
     TOLERANCE,
     WORST_SHOWN,
     ZERO_GRADIENT_FLOOR,
+    Arithmetic,
     EnginePass,
     NaiveResult,
     ParameterError,
     SelfCheckError,
     SelfCheckResult,
     compare,
+    full_precision,
 )
 from dpledger.engine.self_check_forward import CheckedForward, uncopyable_attribute
 from dpledger.engine.state_guard import check_state_unchanged, state_snapshot
@@ -91,10 +95,13 @@ __all__ = [
     "SelfCheckError",
     "SelfCheckResult",
     "run_self_check",
+    "training_arithmetic",
     "training_batches",
 ]
 
-Precision = Literal["auto", "float64", "float32"]
+Precision = Literal["auto", "float64", "float32", "training"]
+"""The proof's precision (``auto``: float64 where the copy fits, else float32); ``training``: no
+proof, the comparison in training's precision only."""
 
 MEMORY_SHARE = 0.5
 """A float64 copy is made only if its estimated size is at most this share of the free memory."""
@@ -116,97 +123,126 @@ def run_self_check(
     trainable: Sequence[str] | None = None,
     only: Sequence[str] = (),
     precision: Precision = "auto",
+    autocast: torch.dtype | None = None,
     hidden_hooks: Sequence[RemovableHandle] = (),
     raise_on_mismatch: bool = True,
     engine_type: Callable[..., Any],
 ) -> SelfCheckResult:
     """Compare the engine with the naive per-example loop on a copy of ``model`` (the model is not
-    changed).
+    changed): in float64 (``precision``), and again in the precision training uses.
 
     ``loss_fn(model, x, y)`` -> per-example losses (B,) (the train stage's ``task.losses``);
     ``inputs``, ``targets``, ``weights``: a few actual training rows (batch first; weights default
     to 1). ``trainable``: names of the parameters the engine trains (default: those with
     ``requires_grad``); ``only``: glob patterns over those names to check a subset (the others are
-    frozen on the copy). ``hidden_hooks``: an attached engine's own hooks, left off the copy. A
-    mismatch above the tolerance raises :class:`SelfCheckError` with one line, unless
-    ``raise_on_mismatch`` is False. ``engine_type``: the engine class under test (``BKEngine``;
-    passed in, so that this module and the engine's ``self_check`` method do not import each other).
+    frozen on the copy). ``autocast``: the dtype training's forward passes run under
+    ``torch.autocast`` in (bf16 under ``train.precision: bf16`` on CUDA), None for none; the second
+    comparison runs the copy in the model's own dtype under it (``SelfCheckResult.training``), as
+    training does, so that a rule exact in float64 but not in float32 is caught.
+    ``precision="training"`` runs that comparison only. ``hidden_hooks``: an attached engine's own
+    hooks, left off the copy. A mismatch above the tolerance raises :class:`SelfCheckError` with
+    one line, unless ``raise_on_mismatch`` is False. ``engine_type``: the engine class under test
+    (``BKEngine``; passed in, so that this module and the engine's ``self_check`` method do not
+    import each other).
     """
     started = time.perf_counter()
     trainable, names = _checked_names(model, trainable, only)
-    dtype = _check_dtype(model, names, precision)
     device = _device(model)
     rows = (inputs, targets, weights)
     clip = (clip_norm, clipping, automatic_gamma)
+    check = _Check(engine_type, model, loss_fn, rows, (trainable, names), clip, ghost, hidden_hooks)
+    training = training_arithmetic(model, names, autocast)
     # Nothing here may move the training's random streams: the run trains as without the check.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        try:
-            result = _check(
-                engine_type,
-                model,
-                loss_fn,
-                rows,
-                (trainable, names),
-                dtype,
-                clip,
-                ghost,
-                hidden_hooks,
-                started,
-            )
-        except ExampleFailure:
-            # a model whose own code fixes float32 (x.float(), a float32 constant) cannot run in
-            # float64: it is checked in float32, the precision it trains in
-            if precision != "auto" or dtype != torch.float64:
-                raise
-            result = _check(
-                engine_type,
-                model,
-                loss_fn,
-                rows,
-                (trainable, names),
-                torch.float32,
-                clip,
-                ghost,
-                hidden_hooks,
-                started,
-            )
+        proof = None if precision == "training" else _proof(check, precision)
+        if proof is not None and proof.dtype == training.label:
+            result = replace(proof, training=proof)  # the proof ran in training's precision
+        else:
+            _check_dtype(model, names, "training")  # refused in one line where it does not fit
+            in_training = check.run(training)
+            result = in_training
+            if proof is not None:
+                both = proof.passed and in_training.passed
+                result = replace(proof, passed=both, training=in_training)
+    result = replace(result, seconds=time.perf_counter() - started)
     if not result.passed and raise_on_mismatch:
         raise SelfCheckError(result.failure())
     return result
 
 
-def _check(
-    engine_type: Callable[..., Any],
-    model: nn.Module,
-    loss_fn: LossFn,
-    rows: tuple[Tensor, Tensor, Tensor | None],
-    checked: tuple[Sequence[str], Sequence[str]],
-    dtype: torch.dtype,
-    clip: tuple[float, str, float],
-    ghost: str,
-    hidden_hooks: Sequence[RemovableHandle],
-    started: float,
-) -> SelfCheckResult:
-    """The naive loop and the engine's pass on a ``dtype`` copy of ``model``, compared."""
-    (inputs, targets, weights), (trainable, names) = rows, checked
-    replica = _replica(model, names, dtype, hidden_hooks)
-    x, y = _cast(inputs, dtype), _cast(targets, dtype)
-    ones = torch.ones(len(x), dtype=dtype, device=_device(model))
-    w = ones if weights is None else _cast(weights, dtype)
-    x, y, w = _with_padding_row(x, y, w)
-    groups = clipping_groups(replica, names)
-    trained = [p for name, p in replica.named_parameters() if name in set(trainable)]
-    state = state_snapshot(replica, trained)  # a model changing its own state is named as such
-    batches = training_batches(x)
-    counts = torch.bincount(torch.cat(batches), minlength=len(x)).tolist()
-    with CheckedForward():
-        naive = naive_loop(replica, loss_fn, (x, y, w), names, groups, clip, counts)
-        check_state_unchanged(replica, trained, state)
-        engine = _engine_pass(engine_type, replica, loss_fn, (x, y, w), clip, ghost, batches)
-    seen = torch.cat(batches).cpu()
-    naive = NaiveResult(naive.losses[seen], naive.norms[seen], naive.sums, naive.scales)
-    counts = (len(x) - 1, len(trainable))
-    return compare(naive, engine, names, replica, dtype, clip[1], started, counts)
+def _proof(check: _Check, precision: Precision) -> SelfCheckResult:
+    """The comparison in float64 where the copy fits (else float32, or as ``precision`` says)."""
+    model, names = check.model, check.checked[1]
+    dtype = _check_dtype(model, names, precision)
+    try:
+        return check.run(full_precision(dtype))
+    except ExampleFailure:
+        # a model whose own code fixes float32 (x.float(), a float32 constant) cannot run in
+        # float64: it is checked in float32, the precision it trains in
+        if precision != "auto" or dtype != torch.float64:
+            raise
+        return check.run(full_precision(torch.float32))
+
+
+def training_arithmetic(
+    model: nn.Module, names: Sequence[str], autocast: torch.dtype | None
+) -> Arithmetic:
+    """The precision training runs in: the checked parameters' own dtype (the copy is not cast),
+    under ``autocast`` where training uses it (its tolerance is then the autocast dtype's)."""
+    dtype = _parameter_dtype(model, names)
+    if autocast is None:
+        return Arithmetic(None, None, dtype, str(dtype).removeprefix("torch."))
+    return Arithmetic(None, autocast, autocast, f"{str(autocast).removeprefix('torch.')} autocast")
+
+
+@dataclass(frozen=True)
+class _Check:
+    """One self-check's model, loss, rows, parameters and clipping: what every comparison shares
+    but its precision."""
+
+    engine_type: Callable[..., Any]
+    model: nn.Module
+    loss_fn: LossFn
+    rows: tuple[Tensor, Tensor, Tensor | None]
+    checked: tuple[Sequence[str], Sequence[str]]
+    clip: tuple[float, str, float]
+    ghost: str
+    hidden_hooks: Sequence[RemovableHandle]
+
+    def run(self, arithmetic: Arithmetic) -> SelfCheckResult:
+        """The naive loop and the engine's pass on a copy of the model in ``arithmetic``,
+        compared."""
+        started = time.perf_counter()
+        (inputs, targets, weights), (trainable, names) = self.rows, self.checked
+        cast = arithmetic.cast
+        replica = _replica(self.model, names, cast, self.hidden_hooks)
+        x, y = _cast(inputs, cast), _cast(targets, cast)
+        device = _device(self.model)
+        ones = torch.ones(len(x), dtype=cast or _parameter_dtype(replica, names), device=device)
+        w = ones if weights is None else _cast(weights, cast)
+        x, y, w = _with_padding_row(x, y, w)
+        groups = clipping_groups(replica, names)
+        trained = [p for name, p in replica.named_parameters() if name in set(trainable)]
+        state = state_snapshot(replica, trained)  # a model changing its own state is named as such
+        batches = training_batches(x)
+        counts = torch.bincount(torch.cat(batches), minlength=len(x)).tolist()
+        forward = functools.partial(arithmetic.forward, device)
+        rows = (x, y, w)
+        with CheckedForward():
+            clip = self.clip
+            naive = naive_loop(replica, self.loss_fn, rows, names, groups, clip, counts, forward)
+            check_state_unchanged(replica, trained, state)
+            engine = _engine_pass(self, replica, rows, batches, forward)
+        seen = torch.cat(batches).cpu()
+        naive = NaiveResult(naive.losses[seen], naive.norms[seen], naive.sums, naive.scales)
+        counts = (len(x) - 1, len(trainable))
+        return compare(naive, engine, names, replica, arithmetic, self.clip[1], started, counts)
+
+
+def _parameter_dtype(model: nn.Module, names: Sequence[str]) -> torch.dtype:
+    """The dtype of the first checked parameter: training's (and the weights' of rows given
+    none)."""
+    return dict(model.named_parameters())[names[0]].dtype
 
 
 def _checked_names(
@@ -256,16 +292,19 @@ def _copy_bytes(model: nn.Module, names: Sequence[str], dtype: torch.dtype) -> i
 
 
 def _check_dtype(model: nn.Module, names: Sequence[str], precision: Precision) -> torch.dtype:
-    """float64 where the copy fits (``auto``), else float32; refused (one line) when neither
-    fits."""
+    """float64 where the copy fits (``auto``), else float32 (``training``: the parameters' own
+    dtype); refused (one line) when none fits."""
     free = _available_bytes(_device(model))
     candidates = {
         "auto": (torch.float64, torch.float32),
         "float64": (torch.float64,),
         "float32": (torch.float32,),
+        "training": (_parameter_dtype(model, names),),
     }
     if precision not in candidates:
-        raise ParamsError(f"self-check: precision {precision!r} is invalid: auto, float64, float32")
+        raise ParamsError(
+            f"self-check: precision {precision!r} is invalid: auto, float64, float32, training"
+        )
     for dtype in candidates[precision]:
         if _copy_bytes(model, names, dtype) <= MEMORY_SHARE * free:
             return dtype
@@ -300,14 +339,14 @@ def _hooks_hidden(handles: Sequence[RemovableHandle]) -> Iterator[None]:
 def _replica(
     model: nn.Module,
     names: Sequence[str],
-    dtype: torch.dtype,
+    dtype: torch.dtype | None,
     hidden_hooks: Sequence[RemovableHandle],
 ) -> nn.Module:
-    """A deep copy in ``dtype``, dropout off, spectral_norm's power iteration off, trainable
-    exactly where ``names`` say; in the modes training runs it in: the model's own when it is in
-    training mode (a frozen BatchNorm put in eval mode stays so), else every module in training
-    mode. A model that cannot be deep-copied (a lock in an attribute) is refused naming the
-    attribute."""
+    """A deep copy in ``dtype`` (None: the model's own), dropout off, spectral_norm's power
+    iteration off, trainable exactly where ``names`` say; in the modes training runs it in: the
+    model's own when it is in training mode (a frozen BatchNorm put in eval mode stays so), else
+    every module in training mode. A model that cannot be deep-copied (a lock in an attribute) is
+    refused naming the attribute."""
     try:
         with _hooks_hidden(hidden_hooks), torch.no_grad():
             replica = copy.deepcopy(model)
@@ -321,7 +360,8 @@ def _replica(
     for name, parameter in replica.named_parameters():
         parameter.requires_grad_(name in checked)
         parameter.grad = None
-    replica.to(dtype)
+    if dtype is not None:
+        replica.to(dtype)
     if not replica.training:
         replica.train()
     _dropout_off(replica)
@@ -355,9 +395,10 @@ def _dropout_off(model: nn.Module) -> None:
         zero(module)
 
 
-def _cast(tensor: Tensor, dtype: torch.dtype) -> Tensor:
-    """Floating inputs and targets in the check's precision; token ids and labels as they are."""
-    return tensor.to(dtype) if tensor.is_floating_point() else tensor
+def _cast(tensor: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """Floating inputs and targets in the check's precision (None: as training gives them); token
+    ids and labels as they are."""
+    return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
 
 
 def _with_padding_row(x: Tensor, y: Tensor, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -371,18 +412,16 @@ def _with_padding_row(x: Tensor, y: Tensor, w: Tensor) -> tuple[Tensor, Tensor, 
 
 
 def _engine_pass(
-    engine_type: Callable[..., Any],
+    check: _Check,
     model: nn.Module,
-    loss_fn: LossFn,
     rows: tuple[Tensor, Tensor, Tensor],
-    clip: tuple[float, str, float],
-    ghost: str,
     batches: Sequence[Tensor],
+    forward: Callable[[], contextlib.AbstractContextManager],
 ) -> EnginePass:
     """The engine's step with noise off (normalizer 1) over the physical ``batches`` (row indices)
-    of the rows, accumulated."""
-    (x, y, w), (clip_norm, clipping, gamma) = rows, clip
-    engine = engine_type(
+    of the rows, accumulated; each forward pass in ``forward()`` (training's autocast)."""
+    (x, y, w), (clip_norm, clipping, gamma) = rows, check.clip
+    engine = check.engine_type(
         model,
         None,
         clip_norm=clip_norm,
@@ -390,13 +429,14 @@ def _engine_pass(
         normalizer=1.0,
         clipping=clipping,
         automatic_gamma=gamma,
-        ghost=ghost,  # type: ignore[arg-type]
+        ghost=check.ghost,  # type: ignore[arg-type]
     )
     try:
         losses, norms = [], []
-        for rows in batches:
-            batch_losses = loss_fn(model, x[rows], y[rows])
-            norms.append(engine.backward(batch_losses, w[rows]).detach().double())
+        for batch in batches:
+            with forward():
+                batch_losses = check.loss_fn(model, x[batch], y[batch])
+            norms.append(engine.backward(batch_losses, w[batch]).detach().double())
             losses.append(batch_losses.detach().double())
         engine.step()
         released = engine.last_noisy_sum
