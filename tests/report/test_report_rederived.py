@@ -83,3 +83,25 @@ def test_a_partial_self_check_says_so_and_warns(tmp_path):
     _, markdown, _ = render(root)
     assert "exact on 2 of 4 parameters only" in _row(markdown, "Engine exactness")
     assert "Engine exactness checked on part of the model only" in markdown
+
+
+def test_the_training_dtype_and_spot_checks_show_and_are_cross_checked(tmp_path):
+    root = fabricate_project(tmp_path)
+    checks = {
+        "self_check_training_dtype": "float32",
+        "self_check_training_max_relative_error": 1.6e-7,
+        "self_check_spot_step": 7,
+        "self_check_spot_max_relative_error": 1.2e-7,
+    }
+    _edit(root / "metrics/train.json", **checks)
+    record = {"passed": True, "max_relative_error": 2.1e-16}
+    record |= {key.removeprefix("self_check_"): value for key, value in checks.items()}
+    ledger = {"steps_done": 225, "total_steps": 225, "self_check": record}
+    (root / "artifacts/train/ledger.json").write_text(json.dumps(ledger))
+    _, markdown, _ = render(root)
+    row = _row(markdown, "Engine exactness")
+    assert "training dtype float32: 1.6e-7" in row and "spot check at step 7: 1.2e-7" in row
+    assert "sources disagree" not in row
+    _edit(root / "metrics/train.json", self_check_training_max_relative_error=1e-12)
+    _, markdown, _ = render(root)
+    assert "self-check training_max_relative_error: train metrics" in markdown

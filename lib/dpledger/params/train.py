@@ -113,7 +113,8 @@ class TrainParams(Section):
 
     self_check: bool = Field(
         default=True,
-        description="before the first step, prove the engine exact on the model (naive loop)",
+        description="before the first step, prove the engine exact on the model (naive loop), "
+        "in float64 and in the training dtype; again at one later step on the live model",
     )
     self_check_examples: int = Field(
         default=4, ge=1, le=64, description="self-check: examples of the run's first batch compared"

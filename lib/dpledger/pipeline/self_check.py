@@ -1,6 +1,10 @@
 """The train stage's self-check: before the first step of a run, the engine proves itself
 exact on the user's model and examples of the run's first scheduled batch
-(:mod:`dpledger.engine.self_check`).
+(:mod:`dpledger.engine.self_check`), in float64 and in the precision training uses (the model's own
+dtype, under ``train.precision``'s autocast); and once more at one later step, drawn from the run's
+seed, on the live model as trained so far (:func:`spot_check`): a model whose behaviour changes with
+training (a layer that switches method, state that builds up) is checked as it trains, not only as
+it starts.
 
 It runs on every run that has steps left, a resumed one included (on the model as resumed and the
 batch at the resume step: the code that trains next is what is checked); a run resumed at its end
@@ -18,6 +22,7 @@ import numpy as np
 import torch
 
 from dpledger.engine import BKEngine, SelfCheckError
+from dpledger.engine.device import autocast_dtype
 from dpledger.models import Task
 from dpledger.params.train import TrainParams
 from dpledger.sampling.schedule import Schedule
@@ -31,8 +36,21 @@ METRIC_KEYS = (
     "parameters_trainable",
     "dtype",
     "seconds",
+    "training_passed",
+    "training_dtype",
+    "training_max_relative_error",
+    "spot_step",
+    "spot_passed",
+    "spot_dtype",
+    "spot_max_relative_error",
 )
-"""The ledger entries copied into metrics/train.json as ``self_check_<key>``."""
+"""The ledger entries copied into metrics/train.json as ``self_check_<key>`` (those a record holds:
+one from an older version has no ``training_*``, one of a run that has not reached its spot step no
+``spot_*``)."""
+
+SPOT_STREAM = 0x5B07
+"""Mixed with the run's seed to draw the spot check's step: its own stream, so that drawing it moves
+no other random number of the run."""
 
 
 def check_rows(schedule: Schedule, step: int, count: int) -> np.ndarray:
@@ -66,8 +84,64 @@ def check_before_training(
     index = torch.from_numpy(rows).to(x_train.device)
     check_stateless(engine.model, task, x_train[index], y_train[index])
     only = tuple(settings.self_check_parameters)
-    result = engine.self_check(task.losses, x_train[index], y_train[index], only=only)
+    autocast = autocast_dtype(x_train.device, settings.precision)
+    result = engine.self_check(
+        task.losses, x_train[index], y_train[index], only=only, autocast=autocast
+    )
     return result.to_dict()
+
+
+def spot_step(seed: int, num_steps: int) -> int | None:
+    """The step (never the first) at which :func:`spot_check` runs, drawn from the run's ``seed``
+    so that a rerun or a resume checks the same one; None when the run has a single step."""
+    if num_steps < 2:
+        return None
+    return int(np.random.default_rng([seed, SPOT_STREAM]).integers(1, num_steps))
+
+
+def spot_check(
+    settings: TrainParams,
+    engine: BKEngine,
+    task: Task,
+    schedule: Schedule,
+    step: int,
+    data: tuple[torch.Tensor, torch.Tensor],
+) -> dict[str, Any]:
+    """The self-check's comparison on the live model before ``step`` is trained, in training's
+    precision only, on the first ``train.self_check_examples`` real rows of the step's batch: the
+    ``spot_*`` entries of the ledger's record. It runs on a copy in its own fork of the random
+    streams, so the model, the optimizer and the RNG are left as they were and the run trains bit
+    for bit as without it; a mismatch raises ``SelfCheckError`` (one line naming the step)."""
+    rows = check_rows(schedule, step, settings.self_check_examples)
+    x_train, y_train = data
+    index = torch.from_numpy(rows).to(x_train.device)
+    result = engine.self_check(
+        task.losses,
+        x_train[index],
+        y_train[index],
+        only=tuple(settings.self_check_parameters),
+        precision="training",
+        autocast=autocast_dtype(x_train.device, settings.precision),
+        raise_on_mismatch=False,
+    )
+    if not result.passed:
+        raise SelfCheckError(result.failure(f" at step {step} on the live model (spot check)"))
+    return {
+        "spot_step": step,
+        "spot_passed": True,
+        "spot_dtype": result.dtype,
+        "spot_max_relative_error": result.max_relative_error,
+    }
+
+
+def spot_entries(record: dict[str, Any], before: int) -> dict[str, Any]:
+    """The ``spot_*`` entries of an earlier run's ``record`` whose spot check ran before step
+    ``before`` (a resumed run keeps them beside its own check: the steps they covered are in its
+    ledger)."""
+    step = record.get("spot_step")
+    if not isinstance(step, int) or step >= before:
+        return {}
+    return {key: value for key, value in record.items() if key.startswith("spot_")}
 
 
 def check_stateless(model: torch.nn.Module, task: Task, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -116,4 +190,5 @@ def to_metrics(record: dict[str, Any]) -> dict[str, Any]:
     record."""
     if not record:
         return {"self_check_ran": False}
-    return {"self_check_ran": True, **{f"self_check_{key}": record[key] for key in METRIC_KEYS}}
+    copied = {f"self_check_{key}": record[key] for key in METRIC_KEYS if key in record}
+    return {"self_check_ran": True, **copied}

@@ -49,7 +49,12 @@ from dpledger.pipeline import sharding, train_prepare
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.pipeline.noise_key import NoiseKey
 from dpledger.pipeline.progress import Progress
-from dpledger.pipeline.self_check import check_before_training
+from dpledger.pipeline.self_check import (
+    check_before_training,
+    spot_check,
+    spot_entries,
+    spot_step,
+)
 from dpledger.pipeline.step_losses import StepLosses
 from dpledger.pipeline.train_outputs import Finished, write_outputs
 from dpledger.sampling.guard import SamplerCheck, check_schedule
@@ -170,6 +175,9 @@ def prepare(params: Params, root: Path, ranks: Ranks) -> Run:
     checked = check_before_training(
         params.train, run.engine, run.task, schedule, resumed_from, tensors[:2]
     )
+    if checked is not None:
+        # a spot check the earlier run made covers steps of this ledger: kept beside the new check
+        checked = {**spot_entries(ledger.self_check, resumed_from), **checked}
     if checked is not None or resumed_from < schedule.num_steps:
         # steps left to train without a check: an earlier run's record covers none of them
         run.ledger = replace(ledger, self_check=checked or {})
@@ -205,8 +213,9 @@ def _private_step(
 
 def step_loop(run: Run) -> None:
     """The DP-SGD steps from the ledger's position to the schedule's end: one private step and one
-    learning-rate step each, the state check after the first step and before each save, canaries,
-    losses, ε, an evaluation at each epoch's end and a checkpoint where one is due."""
+    learning-rate step each, the state check after the first step and before each save, the spot
+    self-check before the step the seed draws, canaries, losses, ε, an evaluation at each epoch's
+    end and a checkpoint where one is due."""
     tp, schedule, ranks = run.params.train, run.schedule, run.ranks
     x_train, y_train = run.tensors[:2]
     loop = Progression({k: list(v) for k, v in run.ledger.history.items()})
@@ -216,7 +225,11 @@ def step_loop(run: Run) -> None:
     state = state_snapshot(run.model, run.optimizer)
     batches = sharding.upload(run.engine, schedule, ranks, run.device)
     step_losses = StepLosses(ranks)
+    spot = spot_step(run.params.seed, schedule.num_steps) if tp.self_check else None
     for step in range(run.ledger.steps_done, schedule.num_steps):
+        if step == spot:  # the self-check on the live model, before this step changes it
+            found = spot_check(tp, run.engine, run.task, schedule, step, (x_train, y_train))
+            run.ledger = replace(run.ledger, self_check={**run.ledger.self_check, **found})
         rows, weights, _ = batches.batch(step)
         loss_sum = _private_step(
             run.engine,

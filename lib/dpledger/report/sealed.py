@@ -126,7 +126,12 @@ def _self_check_disagreement(train: dict[str, Any], ledger: dict[str, Any]) -> l
             "training ledger records no self-check"
         ]
     found = []
-    for key in ("passed", "max_relative_error"):
+    for key in (
+        "passed",
+        "max_relative_error",
+        "training_max_relative_error",
+        "spot_max_relative_error",
+    ):
         stated = train.get(f"self_check_{key}")
         if stated is not None and not _same(stated, record.get(key)):
             found.append(

@@ -15,13 +15,23 @@ from dpledger.report.tables import NOT_RUN
 
 
 def _checked(train: dict[str, Any]) -> str:
-    """'4 examples · 13 of 13 parameters · float64 · 0.21 s (1.6 % of training)'."""
+    """'4 examples · 13 of 13 parameters · float64 · training dtype float32: 1.6e-07 · spot check at
+    step 7: 1.2e-07 · 0.21 s (1.6 % of training)' (the training dtype and spot parts where the
+    metrics have them: older runs' do not)."""
     seconds, wall = train.get("self_check_seconds"), train.get("wall_time_s")
     parts = [
         f"{format_value(train.get('self_check_examples'))} examples",
         f"{format_value(train.get('self_check_parameters_checked'))} of {format_value(train.get('self_check_parameters_trainable'))} parameters",  # noqa: E501
         format_value(train.get("self_check_dtype")),
     ]
+    if "self_check_training_dtype" in train:
+        parts.append(
+            f"training dtype {format_value(train['self_check_training_dtype'])}: {format_value(train.get('self_check_training_max_relative_error'))}"  # noqa: E501
+        )
+    if "self_check_spot_step" in train:
+        parts.append(
+            f"spot check at step {format_value(train['self_check_spot_step'])}: {format_value(train.get('self_check_spot_max_relative_error'))}"  # noqa: E501
+        )
     if seconds is not None:  # a run from before the wall times left the tracked metrics
         parts.append(f"{format_value(seconds)} s")
     if isinstance(seconds, (int, float)) and isinstance(wall, (int, float)) and wall > 0:
