@@ -69,6 +69,28 @@ class ConstantState(nn.Module):
         return self.linear(x * self.scale + self.shift)
 
 
+class ActNorm(nn.Module):
+    """ActNorm's data-dependent initialisation: its first training forward sets a trainable scale
+    from the batch (under no_grad), which no noise covers."""
+
+    def __init__(self, features: int, classes: int, any_forward: bool = False) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(features))
+        self.linear = nn.Linear(features, classes)
+        self.initialised, self.any_forward = False, any_forward
+
+    def forward(self, x):
+        if (self.any_forward or torch.is_grad_enabled()) and not self.initialised:
+            with torch.no_grad():
+                self.scale.copy_(1 / (x.std(0) + 1e-6))
+            self.initialised = True
+        return self.linear(x * self.scale)
+
+
+def act_norm(input_shape, num_classes):
+    return ActNorm(input_shape[0], num_classes)
+
+
 def running_mean(input_shape, num_classes):
     return RunningMean(input_shape[0], num_classes)
 
@@ -109,6 +131,33 @@ def test_a_model_that_changes_its_state_from_the_data_is_refused_and_nothing_is_
         else []
     )
     assert written == [] and not (tmp_path / "metrics/train.json").exists()
+
+
+@pytest.mark.parametrize("self_check", [True, False])
+def test_a_trainable_parameter_set_from_the_data_in_forward_is_refused(tmp_path, self_check):
+    """Caught in the first training step, before the optimizer runs, with the self-check on (its
+    copy initialises itself, not the live model) or off."""
+    params, _, _ = small_project(
+        tmp_path,
+        train={"model": f"{__name__}:act_norm", "model_options": {}, "self_check": self_check},
+    )
+    with pytest.raises(DpledgerError) as refused:
+        run_stage("train", params, tmp_path)
+    message = str(refused.value)
+    assert "\n" not in message and "trainable parameter scale changed" in message
+    assert not (tmp_path / "metrics/train.json").exists()
+
+
+def test_the_statelessness_forward_refuses_a_trainable_parameter_set_from_the_data():
+    """A model that initialises itself in any forward does so in the self-check's forward on the
+    live model (the pipeline's first call on training rows): refused there, in one line."""
+    from dpledger.models.tasks import Task
+    from dpledger.pipeline.self_check import check_stateless
+
+    x, y = torch.randn(4, 3) * 5, torch.randint(0, 2, (4,))
+    with pytest.raises(DpledgerError, match="trainable parameter scale changed"):
+        check_stateless(ActNorm(3, 2, any_forward=True), Task("classification"), x, y)
+    check_stateless(ActNorm(3, 2), Task("classification"), x, y)  # under no_grad: not set
 
 
 def test_a_model_whose_buffers_and_frozen_parameters_stay_put_trains(tmp_path):

@@ -1,7 +1,10 @@
 """The state guard: a private step may change only what the optimizer updates from the noisy
 gradient. Every buffer and frozen parameter is digested before training and compared after the
 first step and before each save; one that changed carries data into the released model without
-noise (as BatchNorm's running statistics do) and is refused, named.
+noise (as BatchNorm's running statistics do) and is refused, named. The trained parameters are
+digested across a step's forward and backward passes (:func:`trained_snapshot`): only the optimizer
+may change them, from the noisy gradient; a model that sets one from the data in its forward (as
+ActNorm's data-dependent initialisation does) is refused, named.
 
 The one exception is state computed from the weights alone: the power-iteration vectors of torch's
 own ``parametrizations.spectral_norm`` (:func:`derived_buffers`). Each training forward pass runs
@@ -101,3 +104,27 @@ def check_state_unchanged(model: nn.Module, trained: Trained, before: dict[str, 
 
 def _same_state(a: tuple, b: tuple) -> bool:
     return a[:2] == b[:2] and a[2].device == b[2].device and bool(torch.equal(a[2], b[2]))
+
+
+def trained_snapshot(model: nn.Module, trained: Trained) -> dict[str, Tensor]:
+    """:func:`digest` of every ``trained`` parameter of ``model`` (its local shard under FSDP), by
+    name: taken before a step's forward pass and compared (:func:`check_trained_unchanged`) before
+    the optimizer runs."""
+    ids = _trained_ids(trained)
+    return {
+        name: digest(p.to_local() if hasattr(p, "to_local") else p)
+        for name, p in model.named_parameters()
+        if id(p) in ids
+    }
+
+
+def check_trained_unchanged(model: nn.Module, trained: Trained, before: dict[str, Tensor]) -> None:
+    """Refuse, naming it, the first trained parameter whose bits changed since
+    :func:`trained_snapshot`, before the optimizer was called: the model wrote into it outside the
+    noisy update."""
+    after = trained_snapshot(model, trained)
+    for name, old in before.items():
+        if name not in after or not torch.equal(old, after[name]):
+            raise DpledgerError(
+                f"engine: trainable parameter {name} changed during the forward or backward pass: the model sets it from the data (as ActNorm's data-dependent initialisation does), outside the noisy update, which would release data without noise; initialise it from the weights or a public batch before training"  # noqa: E501
+            )

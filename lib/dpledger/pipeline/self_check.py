@@ -23,6 +23,7 @@ import torch
 
 from dpledger.engine import BKEngine, SelfCheckError
 from dpledger.engine.device import autocast_dtype
+from dpledger.engine.state_guard import check_trained_unchanged, trained_snapshot
 from dpledger.models import Task
 from dpledger.params.train import TrainParams
 from dpledger.sampling.schedule import Schedule
@@ -154,6 +155,8 @@ def check_stateless(model: torch.nn.Module, task: Task, x: torch.Tensor, y: torc
     ``SelfCheckError`` (one line) when the two forwards differ with the buffers unchanged (state in
     a buffer is the state guard's, which names it)."""
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    trained = trained_snapshot(model, trainable)
     cpu = torch.random.get_rng_state()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     outputs, changed = [], False
@@ -173,6 +176,7 @@ def check_stateless(model: torch.nn.Module, task: Task, x: torch.Tensor, y: torc
                 changed = changed or name not in buffers or not torch.equal(buffer, buffers[name])
                 if name in buffers and buffer.shape == buffers[name].shape:
                     buffer.copy_(buffers[name])
+    check_trained_unchanged(model, trainable, trained)  # set from the data in a forward pass
     if changed:
         return  # state kept in buffers: the state guard names the buffer after the first step
     first, second = outputs

@@ -35,7 +35,12 @@ from dpledger.audit.canaries import CanaryRecorder, recorder_for
 from dpledger.data import Dataset
 from dpledger.engine import BKEngine, retain_freed_memory
 from dpledger.engine.device import autocast, select_device
-from dpledger.engine.state_guard import check_state_unchanged, state_snapshot
+from dpledger.engine.state_guard import (
+    check_state_unchanged,
+    check_trained_unchanged,
+    state_snapshot,
+    trained_snapshot,
+)
 from dpledger.ledger import (
     PUBLIC_KEY_WARNING,
     Ledger,
@@ -195,18 +200,23 @@ def _private_step(
     physical: int | None,
     device: torch.device,
     precision: str,
+    guarded: bool = False,
 ) -> torch.Tensor:
     """One DP-SGD step over the batch ``rows`` (in physical chunks); returns the batch's summed
     loss, a float64 scalar left on the device (read back by ``StepLosses``: no host sync per
-    physical batch)."""
+    physical batch). ``guarded``: the trained parameters must come out of the forward and backward
+    passes unchanged (``state_guard.trained_snapshot``), checked before the optimizer runs."""
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     chunk = physical or max(len(rows), 1)
+    trained = trained_snapshot(model, engine.params) if guarded else None
     for lo in range(0, len(rows), chunk):
         part, part_weights = rows[lo : lo + chunk], weights[lo : lo + chunk]
         with autocast(device, precision):
             losses = task.losses(model, x[part], y[part])
         engine.backward(losses, part_weights)
         loss_sum += (losses.detach() * part_weights).sum().double()
+    if trained is not None:
+        check_trained_unchanged(model, engine.params, trained)
     engine.step()
     return loss_sum
 
@@ -231,6 +241,9 @@ def step_loop(run: Run) -> None:
             found = spot_check(tp, run.engine, run.task, schedule, step, (x_train, y_train))
             run.ledger = replace(run.ledger, self_check={**run.ledger.self_check, **found})
         rows, weights, _ = batches.batch(step)
+        done = step + 1
+        epoch_end = done % schedule.steps_per_epoch == 0 or done == schedule.num_steps
+        saves = epoch_end or done % tp.checkpoint_every == 0
         loss_sum = _private_step(
             run.engine,
             run.task,
@@ -242,11 +255,9 @@ def step_loop(run: Run) -> None:
             tp.physical_batch_size,
             run.device,
             tp.precision,
+            guarded=step == run.resumed_from or saves,
         )
         run.scheduler.step()  # one learning-rate step per logical (engine) step
-        done = step + 1
-        epoch_end = done % schedule.steps_per_epoch == 0 or done == schedule.num_steps
-        saves = epoch_end or done % tp.checkpoint_every == 0
         if step == run.resumed_from or saves:  # after the first step, and before anything is saved
             check_state_unchanged(run.model, run.optimizer, state)
         if run.canaries:
