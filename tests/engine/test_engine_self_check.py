@@ -5,9 +5,6 @@ layer."""
 from __future__ import annotations
 
 import copy
-import dataclasses
-import math
-import sys
 
 import pytest
 import torch
@@ -16,12 +13,17 @@ from torch import nn
 
 from dpledger.engine import BKEngine, SelfCheckError, run_self_check
 from dpledger.engine import self_check as self_check_module
-from dpledger.engine.layers import RULES, register
+from dpledger.engine.layers import RULES
 from dpledger.engine.layers.linear import RULE as LINEAR_RULE
 from dpledger.errors import DpledgerError, ParamsError
 from dpledger.models import build_model
-
-WRONG_FACTOR = 1.05
+from helpers import wrong_rules
+from helpers.wrong_rules import (
+    WRONG_RULE,
+    NudgedLinear,
+    make_float32_blind_model,
+    make_nudged_model,
+)
 
 
 def classification_loss(model, x, y):
@@ -32,62 +34,6 @@ def _images(n=5, classes=4, seed=0):
     generator = torch.Generator().manual_seed(seed)
     images = torch.rand(n, 1, 8, 8, generator=generator)
     return images, torch.randint(0, classes, (n,), generator=generator)
-
-
-class NudgedLinear(nn.Module):
-    """A custom layer (a plain linear map) that the test registers with a rule 5 % off in its
-    clipped sum."""
-
-    def __init__(self, d: int, p: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(p, d) / math.sqrt(d))
-        self.bias = nn.Parameter(torch.zeros(p))
-
-    def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
-
-
-def _nudged_grads(layer, a, b, names):
-    grads = LINEAR_RULE.per_example_grads(layer, a, b, names)
-    return {name: WRONG_FACTOR * g if name == "weight" else g for name, g in grads.items()}
-
-
-def _nudged_sum(layer, a, b, factors, out):
-    LINEAR_RULE.clipped_sum(layer, a, b, WRONG_FACTOR * factors, out)
-
-
-WRONG_RULE = dataclasses.replace(
-    LINEAR_RULE,
-    per_example_grads=_nudged_grads,
-    clipped_sum=_nudged_sum,
-)
-register(NudgedLinear, rule=WRONG_RULE)  # a test-only class: no other layer gets this rule
-
-
-class Float32BlindLinear(NudgedLinear):
-    """A custom linear layer registered with a ghost-norm rule that under-reports the norm only on
-    float32 activations (issue 41: exact in float64, each clipped contribution 1/0.7 R in
-    training)."""
-
-
-def _blind_ghost_norm(layer, a, b):
-    squared = LINEAR_RULE.ghost_norm(layer, a, b)
-    return squared * 0.7**2 if a.dtype == torch.float32 else squared
-
-
-register(Float32BlindLinear, rule=dataclasses.replace(LINEAR_RULE, ghost_norm=_blind_ghost_norm))
-
-
-def make_float32_blind_model(input_shape, num_classes):
-    """A plugin model factory (train.model: test_engine_self_check:make_float32_blind_model)."""
-    first = nn.Linear(math.prod(input_shape), 8)
-    return nn.Sequential(nn.Flatten(), first, nn.Tanh(), Float32BlindLinear(8, num_classes))
-
-
-def make_nudged_model(input_shape, num_classes):
-    """A plugin model factory (train.model: test_engine_self_check:make_nudged_model)."""
-    first = nn.Linear(math.prod(input_shape), 8)
-    return nn.Sequential(nn.Flatten(), first, nn.Tanh(), NudgedLinear(8, num_classes))
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer"])
@@ -312,7 +258,7 @@ def test_bf16_autocast_is_the_training_precision_with_its_own_tolerance(monkeypa
     result = run_self_check(model, loss, x, y, clip_norm=0.1, autocast=torch.bfloat16)
     assert result.passed and result.training.dtype == "bfloat16 autocast"
     assert result.training.tolerance == 5e-2 and 0 < result.training.max_relative_error < 5e-2
-    monkeypatch.setattr(sys.modules[__name__], "WRONG_FACTOR", 1.2)  # 20 % off: bf16 catches it
+    monkeypatch.setattr(wrong_rules, "WRONG_FACTOR", 1.2)  # 20 % off: bf16 catches it
     with pytest.raises(SelfCheckError, match="NudgedLinear"):
         run_self_check(
             make_nudged_model((1, 8, 8), 4),

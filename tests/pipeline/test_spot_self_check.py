@@ -21,7 +21,7 @@ from dpledger.engine.layers import register
 from dpledger.engine.layers.linear import RULE as LINEAR_RULE
 from dpledger.errors import DpledgerError
 from dpledger.pipeline import run_stage
-from engine.test_engine_self_check import make_float32_blind_model
+from helpers.wrong_rules import make_float32_blind_model
 
 __all__ = ["make_drifting_model", "make_float32_blind_model"]  # plugin factories of these tests
 

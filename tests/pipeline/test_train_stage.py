@@ -224,7 +224,7 @@ def test_the_engine_self_check_runs_before_training_and_is_recorded(tmp_path):
 
 
 def test_a_wrong_layer_rule_refuses_training_in_one_line_and_writes_nothing(tmp_path):
-    model = {"model": "test_engine_self_check:make_nudged_model", "clip_norm": 1000.0}
+    model = {"model": "helpers.wrong_rules:make_nudged_model", "clip_norm": 1000.0}
     params = make_project(tmp_path, epochs=1, train=model)
     with pytest.raises(DpledgerError, match=r"self-check: .*NudgedLinear") as caught:
         run_stage("train", params, tmp_path)

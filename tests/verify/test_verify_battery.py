@@ -95,7 +95,7 @@ def test_the_engine_self_check_passes_on_the_synthetic_model_in_every_clipping_m
 
 def test_with_model_train_the_engine_self_check_names_a_wrong_rule_of_the_users_model(repo_root):
     params = load_params(repo_root / "params.yaml")
-    train = params.train.model_copy(update={"model": "test_engine_self_check:make_nudged_model"})
+    train = params.train.model_copy(update={"model": "helpers.wrong_rules:make_nudged_model"})
     params = params.model_copy(update={"train": train, "verify": VerifyParams(model="train")})
     result = run_engine_self_check(battery_task(params))
     assert not result.passed and result.p_value == 0.0
