@@ -32,7 +32,13 @@ per-example norms ‖w_i·g_i‖, and every trainable parameter's clipped sum. T
   for sequence inputs one batch as large as the padded sequence length (B = T), and one whose size
   is coprime to every other dimension of the inputs, the rows taken in turn (repeating where a
   batch is larger than the rows, so the naive loop still runs once per distinct row and each row
-  counts as often as the engine saw it).
+  counts as often as the engine saw it);
+- forwards, where the caller gives it (``batch``), the physical batch training forwards first, at
+  its full size and in training's precision (no more memory than training's own forward pass): the
+  losses of its first, middle and last rows there must equal theirs alone. A model that mixes
+  examples only in batches larger than the check's own (a normalisation over the batch switched on
+  at B ≥ 9) is caught at the size training uses, for the cost of one forward pass without
+  gradients.
 
 It proves the engine exact on this model, these examples, at this precision; it does not prove other
 inputs (a data-dependent branch not taken here) or another precision. The cost is one engine step
@@ -126,6 +132,7 @@ def run_self_check(
     autocast: torch.dtype | None = None,
     hidden_hooks: Sequence[RemovableHandle] = (),
     raise_on_mismatch: bool = True,
+    batch: tuple[Tensor, Tensor] | None = None,
     engine_type: Callable[..., Any],
 ) -> SelfCheckResult:
     """Compare the engine with the naive per-example loop on a copy of ``model`` (the model is not
@@ -141,17 +148,21 @@ def run_self_check(
     training does, so that a rule exact in float64 but not in float32 is caught.
     ``precision="training"`` runs that comparison only. ``hidden_hooks``: an attached engine's own
     hooks, left off the copy. A mismatch above the tolerance raises :class:`SelfCheckError` with
-    one line, unless ``raise_on_mismatch`` is False. ``engine_type``: the engine class under test
-    (``BKEngine``; passed in, so that this module and the engine's ``self_check`` method do not
-    import each other).
+    one line, unless ``raise_on_mismatch`` is False. ``batch``: the inputs and targets of the
+    physical batch training forwards first (padding rows included), whose rows' losses are compared
+    with theirs alone in the comparison in training's precision (:func:`batch_losses`).
+    ``engine_type``: the engine class under test (``BKEngine``; passed in, so that this module and
+    the engine's ``self_check`` method do not import each other).
     """
     started = time.perf_counter()
     trainable, names = _checked_names(model, trainable, only)
     device = _device(model)
     rows = (inputs, targets, weights)
     clip = (clip_norm, clipping, automatic_gamma)
-    check = _Check(engine_type, model, loss_fn, rows, (trainable, names), clip, ghost, hidden_hooks)
+    checked = (trainable, names)
     training = training_arithmetic(model, names, autocast)
+    hooks, at_training = hidden_hooks, (batch, training.label)
+    check = _Check(engine_type, model, loss_fn, rows, checked, clip, ghost, hooks, at_training)
     # Nothing here may move the training's random streams: the run trains as without the check.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         proof = None if precision == "training" else _proof(check, precision)
@@ -163,7 +174,8 @@ def run_self_check(
             result = in_training
             if proof is not None:
                 both = proof.passed and in_training.passed
-                result = replace(proof, passed=both, training=in_training)
+                rows_checked = in_training.batch_rows  # the batch is training's alone
+                result = replace(proof, passed=both, training=in_training, batch_rows=rows_checked)
     result = replace(result, seconds=time.perf_counter() - started)
     if not result.passed and raise_on_mismatch:
         raise SelfCheckError(result.failure())
@@ -208,6 +220,8 @@ class _Check:
     clip: tuple[float, str, float]
     ghost: str
     hidden_hooks: Sequence[RemovableHandle]
+    batch: tuple[tuple[Tensor, Tensor] | None, str] = (None, "")
+    """The training batch and the label of the precision it is forwarded in (training's)."""
 
     def run(self, arithmetic: Arithmetic) -> SelfCheckResult:
         """The naive loop and the engine's pass on a copy of the model in ``arithmetic``,
@@ -233,10 +247,47 @@ class _Check:
             naive = naive_loop(replica, self.loss_fn, rows, names, groups, clip, counts, forward)
             check_state_unchanged(replica, trained, state)
             engine = _engine_pass(self, replica, rows, batches, forward)
+            batch = self.batch[0] if arithmetic.label == self.batch[1] else None
+            alone, together = batch_losses(replica, self.loss_fn, batch, cast, forward)
         seen = torch.cat(batches).cpu()
-        naive = NaiveResult(naive.losses[seen], naive.norms[seen], naive.sums, naive.scales)
+        naive = NaiveResult(
+            torch.cat([naive.losses[seen], alone]), naive.norms[seen], naive.sums, naive.scales
+        )
+        engine = replace(engine, losses=torch.cat([engine.losses, together]))
         counts = (len(x) - 1, len(trainable))
-        return compare(naive, engine, names, replica, arithmetic, self.clip[1], started, counts)
+        result = compare(naive, engine, names, replica, arithmetic, self.clip[1], started, counts)
+        return replace(result, batch_rows=0 if batch is None else len(batch[0]))
+
+
+BATCH_ROWS_COMPARED = 3
+"""Rows of the training batch whose losses alone are compared with theirs in it: the first, the
+middle and the last (a model mixing examples moves every row's loss; the ends catch one that moves
+only the rows at an end, a causal mix across the batch or a last-row summary)."""
+
+
+def batch_losses(
+    model: nn.Module,
+    loss_fn: LossFn,
+    batch: tuple[Tensor, Tensor] | None,
+    cast: torch.dtype | None,
+    forward: Callable[[], contextlib.AbstractContextManager],
+) -> tuple[Tensor, Tensor]:
+    """The losses (float64, on the host) of up to :data:`BATCH_ROWS_COMPARED` rows of ``batch``,
+    each forwarded alone, and the same rows' losses in ``batch`` forwarded whole, without gradients
+    (the copy's dropout is off); two empty tensors without a batch."""
+    if batch is None or len(batch[0]) == 0:
+        empty = torch.zeros(0, dtype=torch.float64)
+        return empty, empty
+    x, y = _cast(batch[0], cast), _cast(batch[1], cast)
+    picked = sorted({0, len(x) // 2, len(x) - 1})[:BATCH_ROWS_COMPARED]
+    with torch.no_grad():
+        with forward():
+            together = loss_fn(model, x, y).detach()[picked]
+        alone = []
+        for row in picked:
+            with forward():
+                alone.append(loss_fn(model, x[row : row + 1], y[row : row + 1]).detach())
+    return torch.cat(alone).double().cpu(), together.double().cpu()
 
 
 def _parameter_dtype(model: nn.Module, names: Sequence[str]) -> torch.dtype:

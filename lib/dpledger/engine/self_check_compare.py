@@ -131,6 +131,9 @@ class SelfCheckResult:
     clipping: str
     seconds: float
     training: SelfCheckResult | None = None
+    batch_rows: int = 0
+    """Rows of the training batch whose rows' losses alone were compared with theirs in it, in
+    training's precision (0: none given)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the ledger's ``self_check`` entry)."""
@@ -150,6 +153,7 @@ class SelfCheckResult:
             "tolerance": self.tolerance,
             "clipping": self.clipping,
             "seconds": self.seconds,
+            "batch_rows": self.batch_rows,
             **(self.training.training_entries() if self.training is not None else {}),
         }
 
@@ -179,7 +183,8 @@ class SelfCheckResult:
             return ""
         if self.training is not None and self.within_tolerance():
             return self.training.failure(f" in the training dtype (the {self.dtype} check passed)")
-        where = f"{self.examples} examples, {self.dtype}, tolerance {self.tolerance:g}"
+        batch = f" and a training batch of {self.batch_rows} rows" if self.batch_rows else ""
+        where = f"{self.examples} examples{batch}, {self.dtype}, tolerance {self.tolerance:g}"
         if self.loss_relative_error > self.tolerance * LOSS_TOLERANCE_FACTOR:
             return (
                 f"self-check{scope}: each example's loss alone differs from its loss in the batch "

@@ -4,7 +4,10 @@ exact on the user's model and examples of the run's first scheduled batch
 dtype, under ``train.precision``'s autocast); and once more at one later step, drawn from the run's
 seed, on the live model as trained so far (:func:`spot_check`): a model whose behaviour changes with
 training (a layer that switches method, state that builds up) is checked as it trains, not only as
-it starts.
+it starts. Each also forwards the physical batch training forwards at that step, at its full size,
+and compares some of its rows' losses with theirs alone
+(:func:`dpledger.engine.self_check.batch_losses`): a model that mixes examples only in batches as
+large as training's is caught at that size.
 
 It runs on every run that has steps left, a resumed one included (on the model as resumed and the
 batch at the resume step: the code that trains next is what is checked); a run resumed at its end
@@ -26,6 +29,7 @@ from dpledger.engine.device import autocast_dtype
 from dpledger.engine.state_guard import check_trained_unchanged, trained_snapshot
 from dpledger.models import Task
 from dpledger.params.train import TrainParams
+from dpledger.pipeline.batches import DeviceBatches
 from dpledger.sampling.schedule import Schedule
 
 METRIC_KEYS = (
@@ -37,12 +41,14 @@ METRIC_KEYS = (
     "parameters_trainable",
     "dtype",
     "seconds",
+    "batch_rows",
     "training_passed",
     "training_dtype",
     "training_max_relative_error",
     "spot_step",
     "spot_passed",
     "spot_dtype",
+    "spot_batch_rows",
     "spot_max_relative_error",
 )
 """The ledger entries copied into metrics/train.json as ``self_check_<key>`` (those a record holds:
@@ -66,11 +72,26 @@ def check_rows(schedule: Schedule, step: int, count: int) -> np.ndarray:
     return np.asarray(rows, dtype=np.int64)
 
 
+def training_batch(
+    batches: DeviceBatches, step: int, physical: int | None, data: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Inputs and targets of the first physical batch this rank forwards from ``step`` on, as
+    training cuts it (``train.physical_batch_size`` rows at most, padding rows included); None when
+    no step from ``step`` on has a row here."""
+    x_train, y_train = data
+    for position in range(step, batches.schedule.num_steps):
+        rows = batches.batch(position)[0]
+        if len(rows):
+            rows = rows[: physical or len(rows)]
+            return x_train[rows], y_train[rows]
+    return None
+
+
 def check_before_training(
     settings: TrainParams,
     engine: BKEngine,
     task: Task,
-    schedule: Schedule,
+    batches: DeviceBatches,
     step: int,
     data: tuple[torch.Tensor, torch.Tensor],
 ) -> dict[str, Any] | None:
@@ -78,7 +99,7 @@ def check_before_training(
     when it is off or nothing is left to train; raises ``SelfCheckError`` on a mismatch."""
     if not settings.self_check:
         return None
-    rows = check_rows(schedule, step, settings.self_check_examples)
+    rows = check_rows(batches.schedule, step, settings.self_check_examples)
     if len(rows) == 0:
         return None
     x_train, y_train = data
@@ -87,7 +108,12 @@ def check_before_training(
     only = tuple(settings.self_check_parameters)
     autocast = autocast_dtype(x_train.device, settings.precision)
     result = engine.self_check(
-        task.losses, x_train[index], y_train[index], only=only, autocast=autocast
+        task.losses,
+        x_train[index],
+        y_train[index],
+        only=only,
+        autocast=autocast,
+        batch=training_batch(batches, step, settings.physical_batch_size, data),
     )
     return result.to_dict()
 
@@ -104,16 +130,17 @@ def spot_check(
     settings: TrainParams,
     engine: BKEngine,
     task: Task,
-    schedule: Schedule,
+    batches: DeviceBatches,
     step: int,
     data: tuple[torch.Tensor, torch.Tensor],
 ) -> dict[str, Any]:
     """The self-check's comparison on the live model before ``step`` is trained, in training's
-    precision only, on the first ``train.self_check_examples`` real rows of the step's batch: the
+    precision only, on the first ``train.self_check_examples`` real rows of the step's batch and at
+    its physical batch's size: the
     ``spot_*`` entries of the ledger's record. It runs on a copy in its own fork of the random
     streams, so the model, the optimizer and the RNG are left as they were and the run trains bit
     for bit as without it; a mismatch raises ``SelfCheckError`` (one line naming the step)."""
-    rows = check_rows(schedule, step, settings.self_check_examples)
+    rows = check_rows(batches.schedule, step, settings.self_check_examples)
     x_train, y_train = data
     index = torch.from_numpy(rows).to(x_train.device)
     result = engine.self_check(
@@ -124,12 +151,14 @@ def spot_check(
         precision="training",
         autocast=autocast_dtype(x_train.device, settings.precision),
         raise_on_mismatch=False,
+        batch=training_batch(batches, step, settings.physical_batch_size, data),
     )
     if not result.passed:
         raise SelfCheckError(result.failure(f" at step {step} on the live model (spot check)"))
     return {
         "spot_step": step,
         "spot_passed": True,
+        "spot_batch_rows": result.batch_rows,
         "spot_dtype": result.dtype,
         "spot_max_relative_error": result.max_relative_error,
     }

@@ -51,6 +51,7 @@ from dpledger.models import Task, utility
 from dpledger.models.publish import publish_run
 from dpledger.params import Params
 from dpledger.pipeline import sharding, train_prepare
+from dpledger.pipeline.batches import DeviceBatches
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.pipeline.noise_key import NoiseKey
 from dpledger.pipeline.progress import Progress
@@ -103,6 +104,8 @@ class Run:
     ledger: Ledger
     resumed_from: int
     canaries: CanaryRecorder | None
+    batches: DeviceBatches
+    """The schedule's batches on the device, this rank's shares (:func:`sharding.upload`)."""
     tensors: tuple[torch.Tensor, ...] = ()
     """x_train, y_train, x_test, y_test on the device."""
 
@@ -175,10 +178,11 @@ def prepare(params: Params, root: Path, ranks: Ranks) -> Run:
         ledger,
         resumed_from,
         canaries,
+        sharding.upload(built.engine, schedule, ranks, device),
         tensors,
     )
     checked = check_before_training(
-        params.train, run.engine, run.task, schedule, resumed_from, tensors[:2]
+        params.train, run.engine, run.task, run.batches, resumed_from, tensors[:2]
     )
     if checked is not None:
         # a spot check the earlier run made covers steps of this ledger: kept beside the new check
@@ -233,12 +237,12 @@ def step_loop(run: Run) -> None:
     bar = Progress(schedule.num_steps, run.ledger.steps_done, enabled=ranks.writes)
     # buffers and frozen parameters: checked after a step, before saving
     state = state_snapshot(run.model, run.optimizer)
-    batches = sharding.upload(run.engine, schedule, ranks, run.device)
+    batches = run.batches
     step_losses = StepLosses(ranks)
     spot = spot_step(run.params.seed, schedule.num_steps) if tp.self_check else None
     for step in range(run.ledger.steps_done, schedule.num_steps):
         if step == spot:  # the self-check on the live model, before this step changes it
-            found = spot_check(tp, run.engine, run.task, schedule, step, (x_train, y_train))
+            found = spot_check(tp, run.engine, run.task, batches, step, (x_train, y_train))
             run.ledger = replace(run.ledger, self_check={**run.ledger.self_check, **found})
         rows, weights, _ = batches.batch(step)
         done = step + 1

@@ -15,12 +15,14 @@ from dpledger.report.tables import NOT_RUN
 
 
 def _checked(train: dict[str, Any]) -> str:
-    """'4 examples · 13 of 13 parameters · float64 · training dtype float32: 1.6e-07 · spot check at
-    step 7: 1.2e-07 · 0.21 s (1.6 % of training)' (the training dtype and spot parts where the
-    metrics have them: older runs' do not)."""
+    """'4 examples · training batch of 16 rows · 13 of 13 parameters · float64 · training dtype
+    float32: 1.6e-07 · spot check at step 7: 1.2e-07 · 0.21 s (1.6 % of training)' (the training
+    batch, training dtype and spot parts where the metrics have them: older runs' do not)."""
     seconds, wall = train.get("self_check_seconds"), train.get("wall_time_s")
+    batch = train.get("self_check_batch_rows")
     parts = [
         f"{format_value(train.get('self_check_examples'))} examples",
+        *([f"training batch of {format_value(batch)} rows"] if batch else []),
         f"{format_value(train.get('self_check_parameters_checked'))} of {format_value(train.get('self_check_parameters_trainable'))} parameters",  # noqa: E501
         format_value(train.get("self_check_dtype")),
     ]
