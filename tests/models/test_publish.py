@@ -5,6 +5,7 @@ DP-fy ML" asks."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,9 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dpledger.accounting.accountants import get_accountant
+from dpledger.accounting.pld import PldRun, pld_epsilon
+from dpledger.accounting.record import CalibrationRecord
+from dpledger.errors import ParamsError
 from dpledger.ledger import Ledger
 from dpledger.models.model_card import CardFacts, model_card
 from dpledger.params.train import TrainParams
@@ -93,16 +97,80 @@ def test_the_merged_export_is_a_plain_checkpoint_with_the_adapters_outputs(lm, l
     _generates(merged, folder / "merged")
 
 
-def test_a_published_adapter_given_as_model_path_continues_from_its_weights(lm, lora_run, tmp_path):
+def _copy_adapter(lora_run: Path, tmp_path: Path) -> Path:
+    """The README's continuation recipe: the published adapter copied out of artifacts/model."""
     adapter = tmp_path / "adapter"
     shutil.copytree(lora_run / PUBLISHED, adapter, ignore=shutil.ignore_patterns("merged"))
-    root = _lm_run(tmp_path / "again", lm, model_options={"path": str(adapter)}, lr=1e-12)
+    return adapter
+
+
+def test_a_published_adapter_given_as_model_path_continues_from_its_weights(lm, lora_run, tmp_path):
+    adapter = _copy_adapter(lora_run, tmp_path)
+    options = {"model_options": {"path": str(adapter)}, "prior_data": "overlapping"}
+    root = _lm_run(tmp_path / "again", lm, lr=1e-12, **options)
     before = torch.load(lora_run / "artifacts/train/model.pt", weights_only=True)
     after = torch.load(root / "artifacts/train/model.pt", weights_only=True)
     for name in (n for n in before if "lora_B" in n):  # a fresh adapter would start from lora_B = 0
         torch.testing.assert_close(after[name], before[name], rtol=0, atol=1e-6)
     front, _ = _card(root / PUBLISHED)
     assert front["library_name"] == "peft"
+
+
+def test_continuing_on_the_same_data_publishes_the_composed_epsilon(lm, lora_run, tmp_path):
+    """Issue 40, item 3: the README's recipe run twice on the same corpus releases a function of
+    both runs' noise: the claim is their composition (here two equal runs: one of twice the
+    steps), in the metrics, the card and the privacy record the next run reads."""
+    adapter = _copy_adapter(lora_run, tmp_path)
+    options = {"model_options": {"path": str(adapter)}, "prior_data": "overlapping"}
+    root = _lm_run(tmp_path / "again", lm, **options)
+    metrics = json.loads((root / "metrics/train.json").read_text())
+    record = CalibrationRecord.load(root / "artifacts/calibration/calibration.json")
+    assert record.accountant == "pld" and metrics["prior_runs_composed"] == 1
+    doubled = pld_epsilon(PldRun.of(record.description.with_steps(2 * record.steps)), record.delta)
+    assert metrics["epsilon_composed"] == pytest.approx(doubled, rel=1e-3)
+    assert metrics["epsilon_composed"] > 1.2 * metrics["epsilon_spent"]
+    _, body = _card(root / PUBLISHED)
+    assert f"**(ε, δ) of this model across runs**: ε = {metrics['epsilon_composed']:.4g}" in body
+    assert "protects the fine-tuning data of this run only" not in body
+    privacy = json.loads((root / PUBLISHED / "privacy.json").read_text())
+    assert (
+        len(privacy["runs"]) == 2 and privacy["composed"]["epsilon"] == metrics["epsilon_composed"]
+    )
+
+
+def test_continuing_without_saying_how_the_data_relate_is_refused(lm, lora_run, tmp_path):
+    adapter = _copy_adapter(lora_run, tmp_path)
+    root = tmp_path / "again"
+    root.mkdir()
+    params = lm_project(root, lm, model_options={"path": str(adapter)})
+    with pytest.raises(
+        ParamsError, match=r"train.prior_data is unset, but .* trained privately"
+    ) as caught:
+        run_stage("train", params, root)
+    assert "\n" not in str(caught.value) and not (root / "artifacts/train").exists()
+    params = lm_project(root, lm, model_options={"path": str(adapter)}, prior_data="disjoint")
+    with pytest.raises(ParamsError, match=r"train.prior_data = 'disjoint' is contradicted"):
+        run_stage("train", params, root)  # the same corpus: the same training rows
+    (adapter / "privacy.json").unlink()  # a card without the record (an older publication)
+    params = lm_project(root, lm, model_options={"path": str(adapter)}, prior_data="overlapping")
+    with pytest.raises(
+        ParamsError, match=r"was trained privately by dpledger but holds no privacy"
+    ):
+        run_stage("train", params, root)
+
+
+def test_a_declared_disjoint_corpus_is_named_in_the_card_not_composed(lm, lora_run, tmp_path):
+    adapter = _copy_adapter(lora_run, tmp_path)
+    corpus = tmp_path / "other.jsonl"
+    lines = (lm / "corpus.jsonl").read_text().splitlines()
+    corpus.write_text("\n".join(reversed(lines)) + "\n")  # other rows, the same count
+    options = {"model_options": {"path": str(adapter)}, "prior_data": "disjoint"}
+    root = _lm_run(tmp_path / "again", lm, data={"path": str(corpus)}, **options)
+    metrics = json.loads((root / "metrics/train.json").read_text())
+    assert metrics["prior_runs_declared_disjoint"] == 1 and metrics["prior_runs_composed"] == 0
+    assert metrics["epsilon_composed"] == metrics["epsilon_spent"]
+    _, body = _card(root / PUBLISHED)
+    assert "declared disjoint from this run's (`train.prior_data: disjoint`)" in body
 
 
 def test_full_fine_tuning_publishes_a_transformers_checkpoint_with_its_tokenizer(lm, tmp_path):
@@ -124,7 +192,7 @@ def test_a_zoo_model_publishes_its_state_dict_and_the_card(tmp_path):
     params = make_project(tmp_path, epochs=1)
     metrics = run_stage("train", params, tmp_path)
     folder = tmp_path / PUBLISHED
-    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "model.pt"]
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "model.pt", "privacy.json"]
     published = torch.load(folder / "model.pt", weights_only=True)
     trained = torch.load(tmp_path / "artifacts/train/model.pt", weights_only=True)
     assert all(torch.equal(published[name], value) for name, value in trained.items())

@@ -92,6 +92,7 @@ def test_the_training_dtype_and_spot_checks_show_and_are_cross_checked(tmp_path)
         "self_check_training_max_relative_error": 1.6e-7,
         "self_check_spot_step": 7,
         "self_check_spot_max_relative_error": 1.2e-7,
+        "self_check_batch_rows": 16,
     }
     _edit(root / "metrics/train.json", **checks)
     record = {"passed": True, "max_relative_error": 2.1e-16}
@@ -101,7 +102,35 @@ def test_the_training_dtype_and_spot_checks_show_and_are_cross_checked(tmp_path)
     _, markdown, _ = render(root)
     row = _row(markdown, "Engine exactness")
     assert "training dtype float32: 1.6e-7" in row and "spot check at step 7: 1.2e-7" in row
-    assert "sources disagree" not in row
+    assert "training batch of 16 rows" in row and "sources disagree" not in row
     _edit(root / "metrics/train.json", self_check_training_max_relative_error=1e-12)
     _, markdown, _ = render(root)
     assert "self-check training_max_relative_error: train metrics" in markdown
+    _edit(root / "metrics/train.json", self_check_training_max_relative_error=1.6e-7)
+    _edit(root / "metrics/train.json", self_check_batch_rows=64)
+    _, markdown, _ = render(root)
+    assert "self-check batch_rows: train metrics 64, training ledger 16" in markdown
+
+
+def test_a_model_continuing_earlier_private_runs_shows_its_epsilon_across_runs(tmp_path):
+    """Issue 40, item 3: the composed ε is a headline row, cross-checked against the ledger."""
+    root = fabricate_project(tmp_path)
+    _, markdown, _ = render(root)
+    assert "ε across runs" not in markdown  # a run alone: no row
+    across = {
+        "epsilon_composed": 4.2,
+        "delta_composed": 1e-5,
+        "composition": "PLD composition (dp-accounting)",
+        "prior_runs_composed": 1,
+        "prior_runs_declared_disjoint": 0,
+    }
+    _edit(root / "metrics/train.json", **across)
+    ledger = {"steps_done": 225, "total_steps": 225, "across_runs": {"composed": {"epsilon": 4.2}}}
+    (root / "artifacts/train/ledger.json").write_text(json.dumps(ledger))
+    _, markdown, _ = render(root)
+    row = _row(markdown, "ε across runs")
+    assert "ε = 4.2" in row and "1 earlier private run(s) on overlapping data" in row
+    assert "composed" in row and "sources disagree" not in markdown
+    _edit(root / "metrics/train.json", epsilon_composed=3.0)  # edited below the ledger's
+    _, markdown, _ = render(root)
+    assert "ε across runs: train metrics 3, training ledger 4.2" in markdown

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from dpledger.accounting.across_runs import Provenance
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.ledger import PUBLIC_KEY_WARNING, Ledger
 from dpledger.params.train import TrainParams
@@ -37,6 +38,7 @@ class CardFacts:
 
     ``metrics`` is the train stage's metrics; ``parameters`` is (trainable, total) parameter counts;
     ``base_model`` the pretrained folder fine-tuned (None for a model trained from scratch);
+    ``provenance`` the claims the model is built from (earlier private runs it continues);
     ``files`` (what the folder holds, one line each) and ``library`` are filled in by
     :func:`dpledger.models.publish.publish`."""
 
@@ -48,6 +50,7 @@ class CardFacts:
     metrics: dict[str, Any]
     parameters: tuple[int, int]
     base_model: str | None = None
+    provenance: Provenance | None = None
     files: tuple[str, ...] = ()
     library: str = "pytorch"
 
@@ -93,6 +96,28 @@ def _epsilon(facts: CardFacts) -> str:
     return line
 
 
+def _across_runs(provenance: Provenance | None) -> list[str]:
+    """The line naming the earlier private runs this model continues (none for a run alone)."""
+    if provenance is None or provenance.is_alone():
+        return []
+    composed = provenance.composition
+    earlier = len(composed.runs) - 1
+    if earlier:
+        return [
+            f"- **(ε, δ) of this model across runs**: ε = {composed.epsilon:.4g} at δ = {composed.delta:.3g}. "  # noqa: E501
+            f"This model continues {earlier} earlier private run(s) on training data that may overlap this run's (`train.prior_data: overlapping`); "  # noqa: E501
+            f"the guarantee for the released model is their composition with this run, by {composed.method}. "  # noqa: E501
+            "The ε above is this run's alone."
+        ]
+    disjoint = provenance.declared_disjoint
+    epsilons = ", ".join(f"ε = {run.epsilon:.4g} at δ = {run.delta:.3g}" for run in disjoint)
+    return [
+        f"- **Earlier private training**: this model continues {len(disjoint)} earlier private run(s) ({epsilons}) "  # noqa: E501
+        "whose training data the user declared disjoint from this run's (`train.prior_data: disjoint`), not verified beyond differing training rows. "  # noqa: E501
+        "The ε above covers this run's data; the earlier data is covered by its own claim only if the declaration is true."  # noqa: E501
+    ]
+
+
 def _mechanism(facts: CardFacts) -> str:
     tp, sigma, ledger = facts.train, facts.ledger.noise_multiplier, facts.ledger
     source = ledger.noise_key_source or "an unrecorded source"
@@ -123,13 +148,14 @@ def privacy_statement(facts: CardFacts) -> list[str]:
         _adjacency(record),
         RELEASED,
         _epsilon(facts),
+        *_across_runs(facts.provenance),
         _accountant(record),
         _sampler(facts.check, record),
         _mechanism(facts),
         TUNING,
         AUDIT,
     ]
-    if facts.base_model is not None:
+    if facts.base_model is not None and (facts.provenance is None or facts.provenance.is_alone()):
         lines.append(
             f"- **Public data**: the pretrained base model ({facts.base_model}) is not covered: "
             "the guarantee protects the fine-tuning data of this run only."

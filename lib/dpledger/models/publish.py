@@ -9,8 +9,10 @@ training.
   the saved adapter merged in (``merge_and_unload``), a plain transformers checkpoint.
 - zoo and plugin models: ``model.pt`` (the state dict, as ``artifacts/train/model.pt``).
 
-Every folder gets the model card ``README.md`` (:mod:`dpledger.models.model_card`). Weights are
-copied to the CPU before saving, so the files load on a machine without the training device. The
+Every folder gets the model card ``README.md`` (:mod:`dpledger.models.model_card`) and the privacy
+record ``privacy.json`` (``merged/`` too): the claims the model is built from, which a run
+continuing from the folder composes (:mod:`dpledger.accounting.across_runs`). Weights are copied to
+the CPU before saving, so the files load on a machine without the training device. The
 folder is replaced as a whole (``io.atomic_dir``): no file of an earlier run survives in it.
 """
 
@@ -24,6 +26,7 @@ import torch
 from torch import nn
 
 from dpledger import io
+from dpledger.accounting.across_runs import PRIVACY_FILE, Provenance
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.ledger import Ledger
 from dpledger.models.lora import is_peft
@@ -59,6 +62,9 @@ def _merged(adapter_folder: Path, model: nn.Module) -> nn.Module:
         source, local_files_only=True, dtype=torch.float32, trust_remote_code=False
     )
     return PeftModel.from_pretrained(reloaded, str(adapter_folder)).merge_and_unload()
+
+
+PRIVACY_LINE = f"`{PRIVACY_FILE}`: the privacy claims this model is built from; a run that continues from this folder composes them into its own (`train.prior_data`)"  # noqa: E501
 
 
 def _files(model: nn.Module, tokenizer: str | None, merged: bool) -> tuple[str, ...]:
@@ -108,6 +114,10 @@ def publish(
             torch.save(_cpu_state(model), tmp / "model.pt")
         _save_tokenizer(tokenizer, tmp)
         files = _files(model, tokenizer, merged)
+        if facts.provenance is not None:
+            files = (*files[:-1], PRIVACY_LINE, files[-1])
+            for where in (tmp, tmp / MERGED) if merged and is_peft(model) else (tmp,):
+                io.write_json(where / PRIVACY_FILE, facts.provenance.to_dict())
         card = model_card(replace(facts, files=files, library=_library(model)))
         (tmp / "README.md").write_text(card, encoding="utf-8")
 
@@ -125,14 +135,16 @@ def publish_run(
     folder: Path,
     model: nn.Module,
     params: Params,
-    record: CalibrationRecord,
-    ledger: Ledger,
+    claims: tuple[CalibrationRecord, Ledger, Provenance],
     check: SamplerCheck,
     metrics: dict[str, Any],
     trainable: int,
 ) -> None:
-    """The train stage's call: the published folder of a finished run, with its card (``trainable``:
-    the number of parameters the engine trained; it froze them all for ghost differentiation)."""
+    """The train stage's call: the published folder of a finished run, with its card and its
+    privacy record (``claims``: the calibration record, the ledger and the claims the model is built
+    from; ``trainable``: the number of parameters the engine trained; it froze them all for ghost
+    differentiation)."""
+    record, ledger, provenance = claims
     facts = CardFacts(
         train=params.train,
         data_name=params.data.name,
@@ -142,5 +154,6 @@ def publish_run(
         metrics=metrics,
         parameters=(trainable, sum(p.numel() for p in model.parameters())),
         base_model=_base_model(model, params),
+        provenance=provenance,
     )
     publish(folder, model, facts, params.data.tokenizer, params.train.export_merged)

@@ -27,6 +27,11 @@ class TrainParams(Section):
         default_factory=dict,
         description="keyword arguments of the model (hf: path, init, config, dtype)",
     )
+    prior_data: Literal["overlapping", "disjoint"] | None = Field(
+        default=None,
+        description="a privately trained starting point (a model_options.path folder with privacy.json): its training data overlaps this run's (its ε is composed into the claim) "  # noqa: E501
+        "or is disjoint (declared; named in the card)",
+    )
     task: Literal["classification", "causal-lm", "sequence-classification"] = Field(
         default="classification",
         description="what the model predicts, hence its per-example loss and metric",

@@ -44,13 +44,14 @@ from dpledger.engine.state_guard import (
 from dpledger.ledger import (
     PUBLIC_KEY_WARNING,
     Ledger,
+    fingerprint,
     remove_stale_temporaries,
     save_checkpoint,
 )
 from dpledger.models import Task, utility
 from dpledger.models.publish import publish_run
 from dpledger.params import Params
-from dpledger.pipeline import sharding, train_prepare
+from dpledger.pipeline import prior_runs, sharding, train_prepare
 from dpledger.pipeline.batches import DeviceBatches
 from dpledger.pipeline.distributed import SINGLE, Ranks, run_ranks
 from dpledger.pipeline.noise_key import NoiseKey
@@ -108,6 +109,10 @@ class Run:
     """The schedule's batches on the device, this rank's shares (:func:`sharding.upload`)."""
     tensors: tuple[torch.Tensor, ...] = ()
     """x_train, y_train, x_test, y_test on the device."""
+    prior: prior_runs.Prior | None = None
+    """The privately trained starting point, if any (:mod:`dpledger.pipeline.prior_runs`)."""
+    rows: str = ""
+    """The fingerprint of the training rows (a later run compares its own with it)."""
 
     @property
     def checkpoint_path(self) -> Path:
@@ -127,6 +132,8 @@ def prepare(params: Params, root: Path, ranks: Ranks) -> Run:
     """Inputs checked, noise key found, model and engine built, a checkpoint of the same inputs
     (and noise key) restored, canaries resumed, data on the device."""
     record, schedule, data = train_prepare.load_inputs(params, root)
+    rows = fingerprint(data.x_train, data.y_train)  # which examples: compared with a prior's
+    prior = prior_runs.find_prior(params, root, rows)
     check = check_schedule(
         record.description, schedule, allow_mismatch=params.train.allow_sampler_mismatch
     )
@@ -180,6 +187,8 @@ def prepare(params: Params, root: Path, ranks: Ranks) -> Run:
         canaries,
         sharding.upload(built.engine, schedule, ranks, device),
         tensors,
+        prior,
+        rows,
     )
     checked = check_before_training(
         params.train, run.engine, run.task, run.batches, resumed_from, tensors[:2]
@@ -322,6 +331,8 @@ def finish(run: Run, placement: dict[str, Any]) -> dict[str, Any]:
         vocab_size=run.data.vocab_size,
         trainable=run.engine.params,
     )
+    own = prior_runs.this_run(run.record, run.ledger, run.rows)
+    claims = prior_runs.provenance(run.prior, run.params.train.prior_data, own)
     finished = Finished(
         run.ledger,
         run.record,
@@ -331,14 +342,14 @@ def finish(run: Run, placement: dict[str, Any]) -> dict[str, Any]:
         run.engine,
         run.resumed_from,
         placement,
+        claims,
     )
     metrics = write_outputs(run.root, finished, run.tensors, evidence)
     publish_run(
         run.root / paths.PUBLISHED_DIR,
         run.model,
         run.params,
-        run.record,
-        run.ledger,
+        (run.record, run.ledger, claims),
         run.check,
         metrics,
         run.engine.numel,

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from dpledger import io, paths, plotting
+from dpledger.accounting.across_runs import Provenance
 from dpledger.accounting.record import CalibrationRecord
 from dpledger.engine import BKEngine
 from dpledger.ledger import Ledger
@@ -34,6 +35,8 @@ class Finished:
     resumed_from: int
     placement: dict[str, Any] = field(default_factory=dict)
     """How the run was placed: sharding, ranks, peak memory per rank (``pipeline/sharding.py``)."""
+    provenance: Provenance | None = None
+    """The claims the published model is built from (``pipeline/prior_runs.py``)."""
 
 
 def write_outputs(
@@ -78,6 +81,7 @@ def write_outputs(
         **check.to_metrics(),
         **to_metrics(ledger.self_check),
         **evidence.metrics,
+        **(run.provenance.metrics() if run.provenance is not None else {}),
     }
     out = root / OUT
     with io.atomic_path(out / "model.pt") as tmp:
@@ -92,6 +96,7 @@ def write_outputs(
             "task": task.name,
             "layer_methods": engine.layer_methods,
             "assumptions": assumptions,
+            **({"across_runs": run.provenance.to_dict()} if _composed(run.provenance) else {}),
         },
     )
     io.write_json(out / "utility.json", evidence.details)
@@ -102,6 +107,11 @@ def write_outputs(
         evidence.write_plots(folder)
     io.write_json(root / paths.metrics("train"), metrics)
     return metrics
+
+
+def _composed(provenance: Provenance | None) -> bool:
+    """Whether the claim involves an earlier run (composed or declared disjoint)."""
+    return provenance is not None and not provenance.is_alone()
 
 
 def _write_plots(folder: Path, history: dict[str, list[float]], metric: str) -> None:

@@ -45,6 +45,7 @@ def headline(inputs: ReportInputs, findings: list[Finding]) -> list[Block]:
     kinds = {f.kind for f in findings}
     rows = [
         _claim_row(inputs, kinds),
+        *_across_runs_rows(inputs),
         _sampler_row(inputs, kinds),
         _audit_row(inputs, kinds),
         run_evidence_row(inputs, kinds),
@@ -97,6 +98,26 @@ def _claim_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:
         verdict = Badge("proven", "good")
     result = f"ε = {format_upper(m.get('epsilon'))} at δ = {format_value(m.get('delta'))}"
     return label, text(Strong(result)), text(details), text(verdict)
+
+
+def _across_runs_rows(inputs: ReportInputs) -> list[tuple[Text, ...]]:
+    """The released model's ε across the runs that trained it (``pipeline/prior_runs.py``): a row
+    only where the model continues an earlier private run."""
+    train = inputs.metrics["train"]
+    if "epsilon_composed" not in train:
+        return []
+    label = text(Strong("ε across runs"))
+    result = text(
+        Strong(
+            f"ε = {format_upper(train['epsilon_composed'])} at δ = {format_value(train.get('delta_composed'))}"  # noqa: E501
+        )
+    )
+    composed, disjoint = train.get("prior_runs_composed"), train.get("prior_runs_declared_disjoint")
+    if composed:
+        details = f"this run composed with {format_value(composed)} earlier private run(s) on overlapping data, by {format_value(train.get('composition'))}: the released model's guarantee"  # noqa: E501
+        return [(label, result, text(details), text(Badge("composed", "good")))]
+    details = f"{format_value(disjoint)} earlier private run(s) declared disjoint from this run's data (train.prior_data: disjoint), not verified beyond differing training rows"  # noqa: E501
+    return [(label, result, text(details), text(Badge("declared disjoint", "warn")))]
 
 
 def _sampler_row(inputs: ReportInputs, kinds: set[str]) -> tuple[Text, ...]:

@@ -91,6 +91,10 @@ def disagreements(
             ("train metrics", train.get("steps_total")),
             ("training ledger", ledger.get("total_steps")),
         ],
+        "ε across runs": [
+            ("train metrics", train.get("epsilon_composed")),
+            ("training ledger", _composed_epsilon(ledger)),
+        ],
         "steps done": [
             ("train metrics", train.get("steps_done")),
             ("training ledger", ledger.get("steps_done")),
@@ -114,6 +118,12 @@ def disagreements(
     return found
 
 
+def _composed_epsilon(ledger: dict[str, Any]) -> Any:
+    """The ε across runs the training ledger records (``across_runs``), or None."""
+    across = _mapping(ledger.get("across_runs"))
+    return _mapping(across.get("composed")).get("epsilon")
+
+
 def _self_check_disagreement(train: dict[str, Any], ledger: dict[str, Any]) -> list[str]:
     """The self-check train's metrics state against the one its ledger records: a passed check in
     the metrics beside a ledger that records none (or another result) is an edited file."""
@@ -128,6 +138,7 @@ def _self_check_disagreement(train: dict[str, Any], ledger: dict[str, Any]) -> l
     found = []
     for key in (
         "passed",
+        "batch_rows",
         "max_relative_error",
         "training_max_relative_error",
         "spot_max_relative_error",
