@@ -7,7 +7,9 @@ training (a layer that switches method, state that builds up) is checked as it t
 it starts. Each also forwards the physical batch training forwards at that step, at its full size,
 and compares some of its rows' losses with theirs alone
 (:func:`dpledger.engine.self_check.batch_losses`): a model that mixes examples only in batches as
-large as training's is caught at that size.
+large as training's is caught at that size. The spot step also compares the live model with a copy
+built anew holding its parameters and buffers (:func:`check_fresh_copy`): state kept elsewhere,
+which fills as training runs, makes them differ.
 
 It runs on every run that has steps left, a resumed one included (on the model as resumed and the
 batch at the resume step: the code that trains next is what is checked); a run resumed at its end
@@ -19,6 +21,7 @@ check an earlier run made covers none of the steps trained now, so it is dropped
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,6 +29,7 @@ import torch
 
 from dpledger.engine import BKEngine, SelfCheckError
 from dpledger.engine.device import autocast_dtype
+from dpledger.engine.self_check_forward import CheckedForward
 from dpledger.engine.state_guard import check_trained_unchanged, trained_snapshot
 from dpledger.models import Task
 from dpledger.params.train import TrainParams
@@ -49,6 +53,7 @@ METRIC_KEYS = (
     "spot_passed",
     "spot_dtype",
     "spot_batch_rows",
+    "spot_fresh_copy",
     "spot_max_relative_error",
 )
 """The ledger entries copied into metrics/train.json as ``self_check_<key>`` (those a record holds:
@@ -133,13 +138,16 @@ def spot_check(
     batches: DeviceBatches,
     step: int,
     data: tuple[torch.Tensor, torch.Tensor],
+    fresh: Callable[[], torch.nn.Module] | None = None,
 ) -> dict[str, Any]:
     """The self-check's comparison on the live model before ``step`` is trained, in training's
     precision only, on the first ``train.self_check_examples`` real rows of the step's batch and at
-    its physical batch's size: the
-    ``spot_*`` entries of the ledger's record. It runs on a copy in its own fork of the random
-    streams, so the model, the optimizer and the RNG are left as they were and the run trains bit
-    for bit as without it; a mismatch raises ``SelfCheckError`` (one line naming the step)."""
+    its physical batch's size: the ``spot_*`` entries of the ledger's record. With ``fresh`` (the
+    run's model factory; None under sharding, whose check already runs on a copy built anew) the
+    live model is also compared with a fresh copy of itself (:func:`check_fresh_copy`). It runs on
+    copies in their own fork of the random streams, so the model, the optimizer and the RNG are left
+    as they were and the run trains bit for bit as without it; a mismatch raises
+    ``SelfCheckError`` (one line naming the step)."""
     rows = check_rows(batches.schedule, step, settings.self_check_examples)
     x_train, y_train = data
     index = torch.from_numpy(rows).to(x_train.device)
@@ -155,12 +163,15 @@ def spot_check(
     )
     if not result.passed:
         raise SelfCheckError(result.failure(f" at step {step} on the live model (spot check)"))
+    if fresh is not None:
+        check_fresh_copy(engine.model, fresh, task, x_train[index], y_train[index], step)
     return {
         "spot_step": step,
         "spot_passed": True,
         "spot_batch_rows": result.batch_rows,
         "spot_dtype": result.dtype,
         "spot_max_relative_error": result.max_relative_error,
+        "spot_fresh_copy": fresh is not None,
     }
 
 
@@ -215,6 +226,66 @@ def check_stateless(model: torch.nn.Module, task: Task, x: torch.Tensor, y: torc
         worst = float((first - second).abs().max())
         raise SelfCheckError(
             f"the model is not stateless: the same batch forwarded twice from the same random state gave losses differing by {worst:.3g}; it keeps state across forwards outside its parameters and buffers (e.g. a feature memory), through which one example reaches later steps unaccounted. Remove that state."  # noqa: E501
+        )
+
+
+FRESH_TOLERANCE = {
+    torch.float64: 1e-9,
+    torch.float32: 1e-5,
+    torch.bfloat16: 1e-2,
+    torch.float16: 1e-2,
+}
+"""Largest relative difference between the live model's losses and a fresh copy's, per parameter
+dtype: the same operations on the same numbers, so round-off of nondeterministic GPU kernels only
+(as :func:`check_stateless`'s); a memory mixed into the logits moves them by far more."""
+
+
+def check_fresh_copy(
+    model: torch.nn.Module,
+    fresh: Callable[[], torch.nn.Module],
+    task: Task,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    step: int,
+) -> None:
+    """The live model, after the ``step`` steps trained so far, must give the per-example losses of
+    a model built anew (``fresh``) holding its parameters, buffers and modes: state kept in plain
+    attributes (a feature memory that fills as training runs) is what makes them differ, and
+    :func:`check_stateless` before the first step sees it only once it acts. Both are forwarded
+    once, from the same random state, with dropout off and without gradients; the live model's
+    buffers and the RNG are restored, so training goes on as without the check. Raises
+    ``SelfCheckError`` (one line) on a difference."""
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        copy = fresh()
+    copy.load_state_dict(model.state_dict())
+    live_modules = dict(model.named_modules())
+    live_buffers = dict(model.named_buffers())
+    with torch.no_grad():
+        for name, buffer in copy.named_buffers():  # non-persistent ones too
+            if name in live_buffers and buffer.shape == live_buffers[name].shape:
+                buffer.copy_(live_buffers[name])
+    for name, module in copy.named_modules():
+        module.training = live_modules[name].training if name in live_modules else model.training
+    saved = {name: b.detach().clone() for name, b in live_buffers.items()}
+    losses = []
+    with torch.random.fork_rng(devices=devices), torch.no_grad(), CheckedForward():
+        state = torch.random.get_rng_state()
+        for each in (model, copy):
+            torch.random.set_rng_state(state)
+            losses.append(task.losses(each, x, y).detach().double())
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name in saved and buffer.shape == saved[name].shape:
+                buffer.copy_(saved[name])
+    live, anew = losses
+    dtype = next(model.parameters()).dtype
+    tolerance = FRESH_TOLERANCE.get(dtype, 1e-5)
+    scale = max(float(anew.abs().max()), 1.0)
+    worst = float((live - anew).abs().max())
+    if not worst <= tolerance * scale:
+        raise SelfCheckError(
+            f"the model is not stateless: after {step} steps its per-example losses differ from those of a model built anew with its parameters, buffers and modes (by {worst:.3g}); it keeps state outside them (a memory in a plain attribute), through which examples reach later steps unaccounted. Remove that state."  # noqa: E501
         )
 
 

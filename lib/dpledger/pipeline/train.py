@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,8 @@ class Run:
     """The privately trained starting point, if any (:mod:`dpledger.pipeline.prior_runs`)."""
     rows: str = ""
     """The fingerprint of the training rows (a later run compares its own with it)."""
+    fresh: Callable[[], torch.nn.Module] | None = None
+    """A new model of the run (``train_prepare.Built.fresh``): the spot check's fresh copy."""
 
     @property
     def checkpoint_path(self) -> Path:
@@ -189,6 +192,7 @@ def prepare(params: Params, root: Path, ranks: Ranks) -> Run:
         tensors,
         prior,
         rows,
+        None if sharding.is_sharded(built.model) else built.fresh,
     )
     checked = check_before_training(
         params.train, run.engine, run.task, run.batches, resumed_from, tensors[:2]
@@ -251,7 +255,8 @@ def step_loop(run: Run) -> None:
     spot = spot_step(run.params.seed, schedule.num_steps) if tp.self_check else None
     for step in range(run.ledger.steps_done, schedule.num_steps):
         if step == spot:  # the self-check on the live model, before this step changes it
-            found = spot_check(tp, run.engine, run.task, batches, step, (x_train, y_train))
+            data = (x_train, y_train)
+            found = spot_check(tp, run.engine, run.task, batches, step, data, run.fresh)
             run.ledger = replace(run.ledger, self_check={**run.ledger.self_check, **found})
         rows, weights, _ = batches.batch(step)
         done = step + 1

@@ -9,6 +9,7 @@ their digest. The training data's content is part of the checkpoint fingerprint.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,9 @@ class Built:
     optimizer: torch.optim.Optimizer
     scheduler: LRScheduler
     engine: BKEngine
+    fresh: Callable[[], torch.nn.Module]
+    """A new model of the run, seeded as at the start (it reseeds the global RNG: call it inside
+    ``torch.random.fork_rng``); its weights are then loaded."""
 
 
 def build(
@@ -174,7 +178,7 @@ def build(
     optimizer = make_optimizer(tp.optimizer, trainable, tp.lr, tp.momentum, tp.weight_decay)
     scheduler = make_scheduler(optimizer, tp.lr_schedule, tp.warmup_steps, settings.num_steps)
     engine = sharding.make_engine(params, settings, model, optimizer, ranks, noise.value, fresh)
-    return Built(model, task, optimizer, scheduler, engine)
+    return Built(model, task, optimizer, scheduler, engine, fresh)
 
 
 def new_ledger(

@@ -32,7 +32,7 @@ def _checked(train: dict[str, Any]) -> str:
         )
     if "self_check_spot_step" in train:
         parts.append(
-            f"spot check at step {format_value(train['self_check_spot_step'])}: {format_value(train.get('self_check_spot_max_relative_error'))}"  # noqa: E501
+            f"spot check at step {format_value(train['self_check_spot_step'])}{' (and a copy built anew)' if train.get('self_check_spot_fresh_copy') else ''}: {format_value(train.get('self_check_spot_max_relative_error'))}"  # noqa: E501
         )
     if seconds is not None:  # a run from before the wall times left the tracked metrics
         parts.append(f"{format_value(seconds)} s")
