@@ -282,11 +282,12 @@ def batch_losses(
     picked = sorted({0, len(x) // 2, len(x) - 1})[:BATCH_ROWS_COMPARED]
     with torch.no_grad():
         with forward():
-            together = loss_fn(model, x, y).detach()[picked]
+            whole = loss_fn(model, x, y).detach()
         alone = []
         for row in picked:
             with forward():
                 alone.append(loss_fn(model, x[row : row + 1], y[row : row + 1]).detach())
+    together = torch.stack([whole[row] for row in picked])  # on the device: views, no gather
     return torch.cat(alone).double().cpu(), together.double().cpu()
 
 
