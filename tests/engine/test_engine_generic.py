@@ -312,6 +312,34 @@ def test_generic_rule_refuses_layers_it_cannot_split_per_example_naming_them(lay
         engine.backward(sum_loss(model(torch.randn(4, 3)), torch.ones(4, 2)))
 
 
+class _DataDependent(nn.Module):
+    """Scales each row by 1 + the sum of its positive entries, found with ``nonzero``: a shape that
+    depends on the data, which ``vmap`` cannot batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 3))
+
+    def forward(self, x):
+        rows = [row * self.scale * (1 + row[torch.nonzero(row > 0).flatten()].sum()) for row in x]
+        return torch.stack(rows)
+
+
+def test_a_forward_vmap_cannot_batch_is_rerun_one_example_at_a_time_and_exact():
+    from dpledger.engine.layers import generic
+
+    torch.manual_seed(0)
+    model = nn.Sequential(_DataDependent(), nn.Linear(3, 2))
+    x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
+    engine = check_every_parameter(model, cross_entropy, x, y)
+    assert engine.layer_methods["0"] == "generic"
+    assert any(isinstance(m, _DataDependent) for m in generic.LOOPED)  # vmap is not tried again
+    mixing = nn.Sequential(_DataDependent(), _Mixer(), nn.Linear(3, 2))
+    engine = BKEngine(mixing, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
+    with pytest.raises(UnsupportedLayerError, match="layer 1 \\(_Mixer\\).*mixes examples"):
+        engine.backward(sum_loss(mixing(torch.randn(4, 3)), torch.ones(4, 2)))
+
+
 def test_attention_with_a_batch_times_heads_mask_and_packed_sequences_are_refused_by_name():
     attention = nn.MultiheadAttention(4, 2, batch_first=True)
     BKEngine(attention, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)

@@ -3,8 +3,9 @@ from a size would be taken from the wrong dimension: relative-position encoder-d
 LongT5 with local attention) at B = T and B ≠ T, and the relative-position, windowed and
 encoder-decoder families of ``test_engine_hf_families.py`` again at B = T. Tiny random configs,
 float64, nothing downloaded; every trainable parameter exact against a naive per-example loop.
-Mixture-of-experts decoders (their router sees (B·T) rows) and Mamba (``dt_proj.bias`` used
-outside its layer) are refused by name."""
+Mixture-of-experts decoders (their router sees (B·T) rows, their experts gather tokens per expert)
+and state-space models (``conv1d`` and ``dt_proj`` weights passed to the mixer's kernels) are exact
+at B = T and B ≠ T, each block or mixer one generic-rule layer."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpledger.engine import BKEngine, UnsupportedLayerError
 from helpers.engine_checks import check_every_parameter
 
 transformers = pytest.importorskip("transformers")
@@ -118,40 +118,91 @@ def _decoder(cls: str, config: str, **extra) -> nn.Module:
     return families._LM(model)
 
 
-REFUSED = {
-    "mixtral": (
-        lambda: _decoder("MixtralForCausalLM", "MixtralConfig", num_local_experts=3),
-        r"mlp\.gate \(MixtralTopKRouter\) sees 4 rows per example",
+EAGER = {"experts_implementation": "eager"}  # transformers' default grouped_mm has no float64
+
+
+def _mamba(cls: str, config: str, **extra) -> nn.Module:
+    settings = dict(
+        vocab_size=VOCAB, hidden_size=8, state_size=4, num_hidden_layers=1, expand=2, conv_kernel=3
+    )
+    return families._LM(
+        getattr(transformers, cls)(getattr(transformers, config)(**settings, **extra))
+    )
+
+
+def _jamba() -> nn.Module:
+    config = transformers.JambaConfig(
+        vocab_size=VOCAB,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_experts=3,
+        num_experts_per_tok=2,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        attn_layer_period=2,
+        attn_layer_offset=0,
+        mamba_d_state=4,
+        mamba_d_conv=3,
+        mamba_expand=2,
+        mamba_dt_rank=2,
+        use_mamba_kernels=False,
+        use_cache=False,  # its mixer writes a cache passed in training
+        **EAGER,
+    )
+    return families._LM(transformers.JambaForCausalLM(config))
+
+
+MIXTURES_AND_STATE_SPACES = {
+    "mixtral": lambda: _decoder(
+        "MixtralForCausalLM", "MixtralConfig", num_local_experts=3, **EAGER
     ),
-    "olmoe": (
-        lambda: _decoder("OlmoeForCausalLM", "OlmoeConfig", num_experts=3, num_experts_per_tok=2),
-        r"mlp\.gate \(OlmoeTopKRouter\) sees 4 rows per example",
+    "olmoe": lambda: _decoder(
+        "OlmoeForCausalLM", "OlmoeConfig", num_experts=3, num_experts_per_tok=2, **EAGER
     ),
-    "mamba": (
-        lambda: families._LM(
-            transformers.MambaForCausalLM(
-                transformers.MambaConfig(
-                    vocab_size=VOCAB,
-                    hidden_size=8,
-                    state_size=4,
-                    num_hidden_layers=1,
-                    expand=2,
-                    conv_kernel=3,
-                    use_mambapy=True,
-                )
-            )
-        ),
-        r"dt_proj\.bias is used outside the forward of its layer",
+    "qwen2_moe": lambda: _decoder(
+        "Qwen2MoeForCausalLM",
+        "Qwen2MoeConfig",
+        num_experts=3,
+        num_experts_per_tok=2,
+        moe_intermediate_size=8,
+        shared_expert_intermediate_size=8,  # a shared expert and its gate beside the router
+        **EAGER,
     ),
+    "qwen3_moe": lambda: _decoder(
+        "Qwen3MoeForCausalLM",
+        "Qwen3MoeConfig",
+        num_experts=3,
+        num_experts_per_tok=2,
+        moe_intermediate_size=8,
+        **EAGER,
+    ),
+    "mamba": lambda: _mamba("MambaForCausalLM", "MambaConfig", use_mambapy=True),
+    "mamba_sequential": lambda: _mamba("MambaForCausalLM", "MambaConfig"),
+    "falcon_mamba": lambda: _mamba("FalconMambaForCausalLM", "FalconMambaConfig"),
+    "mamba2": lambda: _mamba(
+        "Mamba2ForCausalLM", "Mamba2Config", num_heads=4, head_dim=4, n_groups=1, chunk_size=4
+    ),
+    "jamba": _jamba,
 }
+"""Mixture-of-experts decoders (router on (B·T) rows, experts as 3-D parameters gathered per
+expert; Qwen2-MoE with a shared expert) and state-space models (conv1d and dt_proj weights passed
+to the mixer's kernels as plain tensors; Jamba mixes both with attention): refused by name before,
+now each block or mixer is one generic-rule layer (``engine/layers/generic.py``)."""
 
 
-@pytest.mark.parametrize("name", list(REFUSED))
-def test_mixture_of_experts_and_state_space_models_are_refused_by_name(name):
+@pytest.mark.parametrize("batch", [T, 3])
+@pytest.mark.parametrize("name", list(MIXTURES_AND_STATE_SPACES))
+def test_mixture_of_experts_and_state_space_models_are_exact(name, batch):
     torch.manual_seed(0)
-    build, match = REFUSED[name]
-    model = build()
-    engine = BKEngine(model, None, clip_norm=1.0, noise_multiplier=0.0, normalizer=1.0)
-    ids = _tokens(T, T, seed=7)
-    with pytest.raises(UnsupportedLayerError, match=match):
-        engine.backward(_lm_loss(model(ids), ids))
+    model = MIXTURES_AND_STATE_SPACES[name]()
+    ids = _tokens(batch, T, seed=7)
+    engine = check_every_parameter(model, _lm_loss, ids, ids)
+    blocks = [
+        n
+        for n, method in engine.layer_methods.items()
+        if n.endswith((".mlp", ".mixer", ".mamba", ".feed_forward"))
+    ]
+    assert blocks and all(engine.layer_methods[n] == "generic" for n in blocks)

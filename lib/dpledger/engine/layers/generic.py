@@ -6,7 +6,8 @@ LlamaRMSNorm or T5LayerNorm, ViTEmbeddings' cls token and position embeddings, l
 parameters, torch's MultiheadAttention and RNNs), example i's gradient is the vector-Jacobian
 product of the module's forward on example i's slice of the saved inputs (every positional and
 keyword argument) with example i's output gradient: ``torch.func.vjp`` under ``vmap`` over the
-examples, or a loop over them where an operator has no batching rule (torch's fused RNN kernels).
+examples, or a loop over them where ``vmap`` cannot batch the forward (torch's fused RNN kernels, a
+mixture-of-experts block's data-dependent dispatch, any forward ``vmap`` fails on: :func:`looped`).
 Only the module's own parameters (and those of children it uses functionally,
 :data:`CLAIMED_CHILDREN`) are differentiated; its child layers run with their real weights and keep
 their own (ghost) rules, so this is never one fallback over the whole model.
@@ -23,6 +24,8 @@ host sync instead of three per call, about 325 per step of a 32-layer Llama).
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,12 +67,50 @@ def qualified_name(cls: type) -> str:
 
 
 def claimed_children(module: nn.Module) -> tuple[str, ...]:
-    """Names of the children of ``module`` whose parameters its generic rule differentiates."""
+    """Names of the children of ``module`` whose parameters its generic rule differentiates: those
+    of :data:`CLAIMED_CHILDREN`, and every child of a mixture-of-experts block
+    (:func:`is_experts_block`)."""
     for cls in type(module).__mro__:
         claim = CLAIMED_CHILDREN.get(qualified_name(cls))
         if claim is not None:
             return claim(module)
+    if is_experts_block(module):
+        return tuple(name for name, _ in module.named_children())
+    if is_state_space_mixer(module):
+        return tuple(name for name in SSM_FUNCTIONAL_CHILDREN if hasattr(module, name))
     return ()
+
+
+SSM_FUNCTIONAL_CHILDREN = ("conv1d", "dt_proj")
+"""The children of a state-space mixer whose weights it passes to its kernels as plain tensors."""
+
+
+def is_state_space_mixer(module: nn.Module) -> bool:
+    """A Mamba-style mixer (Mamba, Mamba2, FalconMamba, Jamba's, ...): a state matrix ``A_log`` of
+    its own beside a depthwise ``conv1d``. It hands ``conv1d.weight`` and ``dt_proj.weight`` and
+    ``bias`` to its causal convolution and selective scan as plain tensors, outside those layers'
+    forward, so its generic rule differentiates them with its own parameters."""
+    conv = getattr(module, "conv1d", None)
+    return (
+        isinstance(module._parameters.get("A_log"), nn.Parameter)
+        and isinstance(conv, nn.Conv1d)
+        and conv.groups == conv.in_channels
+    )
+
+
+def is_experts_block(module: nn.Module) -> bool:
+    """A mixture-of-experts block: a module with an ``experts`` child beside the router that
+    dispatches to it (``gate`` or ``router``), as transformers' sparse MoE blocks (Mixtral, OLMoE,
+    Qwen-MoE, ...) are built. Inside it the tokens are flattened to (B·T, d) rows, routed and
+    gathered per expert, a data-dependent layout no rule can take batch-first; the block itself
+    takes and returns batch-first hidden states, so its generic rule (one example at a time: the
+    dispatch has no batching rule) differentiates the router, the experts and any shared expert
+    exactly. Their per-example gradients are instantiated: B times the block's trainable
+    parameters in memory."""
+    children = dict(module.named_children())
+    return isinstance(children.get("experts"), nn.Module) and any(
+        isinstance(children.get(name), nn.Module) for name in ("gate", "router")
+    )
 
 
 class GenericRuleError(Exception):
@@ -169,8 +210,8 @@ def per_example_grads(
 
     batched_inputs = [input_leaves[i] for i in tensor_slots]
     cotangents = [out_grads[k] for k in used]
-    # torch's fused RNN kernels have no batching rule: one example at a time
-    if isinstance(module, nn.RNNBase):
+
+    def one_at_a_time() -> tuple[dict[str, Tensor], list[Tensor]]:
         results = [
             example(
                 [x.select(in_dims[s], i) for s, x in zip(tensor_slots, batched_inputs)],
@@ -182,15 +223,53 @@ def per_example_grads(
         recomputed = [
             torch.stack([r[1][j] for r in results], dim=d) for j, d in enumerate(out_dims)
         ]
-    else:
-        grads, recomputed = vmap(
+        return grads, recomputed
+
+    batched = functools.partial(
+        vmap(
             example,
             in_dims=([in_dims[i] for i in tensor_slots], out_dims),
             out_dims=(0, out_dims),
             randomness="error",
-        )(batched_inputs, cotangents)
+        ),
+        batched_inputs,
+        cotangents,
+    )
+    grads, recomputed = _vmapped_or_looped(module, batched, one_at_a_time)
     matches = torch.stack([close(value, outputs[k]) for k, value in zip(used, recomputed)])
     return Recomputed(grads, used, matches)
+
+
+def _vmapped_or_looped(
+    module: nn.Module,
+    batched: Callable[[], tuple[dict[str, Tensor], list[Tensor]]],
+    one_at_a_time: Callable[[], tuple[dict[str, Tensor], list[Tensor]]],
+) -> tuple[dict[str, Tensor], list[Tensor]]:
+    """The per-example re-runs under ``vmap`` (``batched``), or one example at a time where the
+    module is :func:`looped` or ``vmap`` fails on it (the module is then remembered); a random
+    operation under ``vmap`` is refused, not retried (the re-runs would draw other numbers)."""
+    if looped(module):
+        return one_at_a_time()
+    try:
+        return batched()
+    except RuntimeError as error:
+        if "random" in str(error):
+            raise
+    LOOPED.add(module)
+    return one_at_a_time()
+
+
+LOOPED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+"""Modules whose forward ``vmap`` could not batch (an operator without a batching rule, a shape
+read from the input to build a tensor of the batch's size): re-run one example at a time from the
+first failure on, without trying ``vmap`` again."""
+
+
+def looped(module: nn.Module) -> bool:
+    """Whether the module's per-example re-runs go one example at a time: torch's fused RNN kernels
+    have no batching rule, a mixture-of-experts block's dispatch has data-dependent shapes, and a
+    module ``vmap`` failed on (:data:`LOOPED`)."""
+    return isinstance(module, nn.RNNBase) or is_experts_block(module) or module in LOOPED
 
 
 def batch_outputs(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
