@@ -124,3 +124,28 @@ def test_a_killed_sharded_run_resumes_with_its_adam_state_and_ends_like_one_proc
     subprocess.run(command, cwd=killed, env=env, check=True, stderr=subprocess.DEVNULL)
     _assert_same_run(clean, killed)
     assert json.loads((killed / "metrics/train.json").read_text())["resumed_from_step"] == partial
+
+
+@pytest.mark.slow
+def test_lora_under_fsdp_trains_and_publishes_the_single_process_adapter(tmp_path):
+    """Issue 38: ``train.lora`` with ``train.sharding: fsdp`` through the pipeline (a sharded frozen
+    base, trained adapters): the state guard digests each rank's shard of the frozen base (it
+    refused a DTensor before), and the run equals one process's, its adapter published."""
+    from helpers.byo_helpers import lm_project, tiny_lm
+
+    lm = tiny_lm(tmp_path / "lm")
+    roots = {"single": {}, "fsdp": {"processes": 2, "sharding": "fsdp"}}
+    for name, placed in roots.items():
+        root = tmp_path / name
+        root.mkdir()
+        params = lm_project(root, lm, lora={"rank": 2, "alpha": 4}, threads=1, **placed)
+        values = yaml.safe_load(params.read_text())
+        values["audit"]["one_run"]["enabled"] = False
+        params.write_text(yaml.safe_dump(values))
+        metrics = run_stage("train", params, root)
+        assert metrics["sharding"] == ("fsdp" if placed else "none")
+    _assert_same_run(tmp_path / "single", tmp_path / "fsdp")
+    published = tmp_path / "fsdp/artifacts/model"
+    assert {"adapter_config.json", "adapter_model.safetensors", "privacy.json"} <= {
+        p.name for p in published.iterdir()
+    }

@@ -68,7 +68,7 @@ def digest(tensor: Tensor) -> Tensor:
 
 def state_snapshot(model: nn.Module, trained: Trained) -> dict[str, tuple]:
     """(shape, dtype, :func:`digest`) of every buffer of ``model`` and every parameter that is not
-    ``trained``.
+    ``trained`` (under FSDP, of this rank's shard).
 
     A private step may change only what the optimizer updates from the noisy gradient; anything else
     that changes during it (a running mean updated in ``forward``, an example copied into a frozen
@@ -81,7 +81,13 @@ def state_snapshot(model: nn.Module, trained: Trained) -> dict[str, tuple]:
     for name, param in model.named_parameters():
         if id(param) not in trained:
             tensors[f"frozen parameter {name}"] = param
-    return {name: (tuple(t.shape), t.dtype, digest(t)) for name, t in tensors.items()}
+    return {name: (tuple(t.shape), t.dtype, digest(_local(t))) for name, t in tensors.items()}
+
+
+def _local(tensor: Tensor) -> Tensor:
+    """This rank's shard of a tensor FSDP shards (a DTensor: a frozen LoRA base weight, a trained
+    parameter), else the tensor: each rank digests what it holds."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def check_state_unchanged(model: nn.Module, trained: Trained, before: dict[str, tuple]) -> None:
@@ -112,7 +118,7 @@ def trained_snapshot(model: nn.Module, trained: Trained) -> dict[str, Tensor]:
     the optimizer runs."""
     ids = _trained_ids(trained)
     return {
-        name: digest(p.to_local() if hasattr(p, "to_local") else p)
+        name: digest(_local(p))
         for name, p in model.named_parameters()
         if id(p) in ids
     }
