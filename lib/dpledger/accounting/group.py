@@ -28,6 +28,13 @@ round-off dominates the tail: on the digits run (230 steps, q = 0.045) moving σ
 relative. Smaller δ₁ use the RDP bound (Poisson; smooth in σ, valid at any δ) or are infeasible."""
 
 
+GRID_POINTS = 49
+"""Points of the log-δ₁ grid of :func:`group_conversion_epsilon` (2.5 nats apart)."""
+
+BISECTIONS = 14
+"""Halvings of the grid cell where feasibility ends."""
+
+
 @dataclass(frozen=True)
 class GroupEpsilon:
     """One row of the group table; None (with ``note``) where a method does not apply."""
@@ -47,12 +54,17 @@ def group_conversion_epsilon(
     delta: float,
     group_size: int,
     discretization: float = DISCRETIZATION,
-    grid_points: int = 241,
 ) -> float:
-    """Smallest k·ε₁(δ₁) over a log grid of δ₁ (refined around the best point) with the telescoped
-    δ_k(δ₁) <= δ; ∞ if no grid point is feasible. Any feasible δ₁ gives a valid bound. ε₁ is the
-    PLD's down to :data:`PLD_RELIABLE_DELTA` and the RDP bound below it, so the result is as
-    reproducible in σ as the example-level ε."""
+    """Smallest k·ε₁(δ₁) with the telescoped δ_k(δ₁) <= δ, over δ₁ ≤ δ; ∞ if no point of the search
+    is feasible. Any feasible δ₁ gives a valid bound. ε₁ is the PLD's down to
+    :data:`PLD_RELIABLE_DELTA` and the RDP bound below it, so the result is as reproducible in σ as
+    the example-level ε.
+
+    ε₁(δ₁) falls as δ₁ grows, so the best feasible δ₁ is the largest: a log grid of
+    :data:`GRID_POINTS` over 120 nats finds the largest feasible grid point, and
+    :data:`BISECTIONS` halvings of the cell above it find the edge of feasibility (the bracket
+    ends 120/48/2¹⁴ ≈ 1.5e-4 nats wide, finer than the 0.025 of the former 241 + 41-point grid,
+    with 63 ε₁ readings instead of 282)."""
     if group_size == 1:
         return _pld_epsilon(description, delta, discretization)
     dataset_size, sample_rate = description.dataset_size, description.sample_rate
@@ -81,14 +93,21 @@ def group_conversion_epsilon(
         ) <= math.log(delta)
         return group_size * eps_1 if feasible else math.inf
 
-    coarse = np.linspace(math.log(delta), math.log(delta) - 120.0, grid_points)
+    coarse = np.linspace(math.log(delta), math.log(delta) - 120.0, GRID_POINTS)
     values = [bound(x) for x in coarse]
     best = int(np.argmin(values))
-    if not math.isfinite(values[best]):
-        return math.inf
-    step = coarse[0] - coarse[1]
-    fine = np.linspace(coarse[best] - step, min(coarse[best] + step, math.log(delta)), 41)
-    return min(values[best], min(bound(x) for x in fine))
+    if not math.isfinite(values[best]) or best == 0:
+        return values[best]  # nothing feasible, or δ₁ = δ itself
+    # ε₁ falls as δ₁ grows: below the larger neighbour the edge of feasibility is in this cell
+    feasible, beyond, value = float(coarse[best]), float(coarse[best - 1]), values[best]
+    for _ in range(BISECTIONS):
+        middle = (feasible + beyond) / 2
+        found = bound(middle)
+        if found <= value:
+            feasible, value = middle, found
+        else:
+            beyond = middle
+    return value
 
 
 def _rdp(run: PldRun) -> rdp_privacy_accountant.RdpAccountant:

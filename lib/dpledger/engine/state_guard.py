@@ -117,11 +117,7 @@ def trained_snapshot(model: nn.Module, trained: Trained) -> dict[str, Tensor]:
     name: taken before a step's forward pass and compared (:func:`check_trained_unchanged`) before
     the optimizer runs."""
     ids = _trained_ids(trained)
-    return {
-        name: digest(_local(p))
-        for name, p in model.named_parameters()
-        if id(p) in ids
-    }
+    return {name: digest(_local(p)) for name, p in model.named_parameters() if id(p) in ids}
 
 
 def check_trained_unchanged(model: nn.Module, trained: Trained, before: dict[str, Tensor]) -> None:
