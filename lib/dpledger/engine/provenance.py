@@ -145,6 +145,7 @@ class Probe:
     def __init__(self, batch: int) -> None:
         self.batch = batch
         self.seen: dict[Key, Seen] = {}
+        self.expanded: list[int] = []  # rule layers whose size-1 output this run expanded
         self._count: dict[int, int] = {}
 
     def add(self, module: nn.Module, args: Any, output: Any, rows: int | None = None) -> None:

@@ -93,6 +93,9 @@ class Recorder(tracing.Tracing):
         self.traces: dict[tuple, provenance.Trace] = {}
         self.trace: provenance.Trace | None = None
         self.probe: provenance.Probe | None = None
+        # rule layers whose leading size-1 dimension is not broadcast in the probes: expanding it
+        # made the model fail, so it is taken as it is (a sequence-first (1, B, d) input)
+        self.kept_whole: set[int] = set()
         self.counts: dict[int, int] = {}
         self.taken: set[int] = set()  # parameters of the calls handed to the current backward
         self.module_handles: dict[int, Any] = {}

@@ -16,6 +16,9 @@ from dpledger.engine.layers import generic
 from dpledger.engine.owners import GENERIC
 from dpledger.engine.validators import UnsupportedLayerError
 
+PROBE_ERRORS = (RuntimeError, IndexError, ValueError, TypeError)
+"""What a model's forward raises on a batch size it cannot take."""
+
 
 class Tracing:
     """The tracing half of the recorder (its hooks call these); the attributes are the
@@ -38,19 +41,10 @@ class Tracing:
             for m in self.layout.hooked_modules(self.model)
             if self.layout.rules[id(m)] == GENERIC
         ]
-        probes = []
-        devices = [first.device] if first.device.type == "cuda" else []
         # the probes must leave no trace: buffers a forward pass updates (spectral_norm's vectors)
         state = [(b, b.clone()) for b in self.model.buffers()]
         try:
-            for size in provenance.PROBE_BATCHES:
-                self.probe = provenance.Probe(size)
-                probe_args, probe_kwargs = provenance.probe_inputs(args, kwargs, batch, size)
-                with torch.random.fork_rng(devices=devices):
-                    entry(*probe_args, **probe_kwargs)
-                probes.append(self.probe)
-        except (RuntimeError, IndexError, ValueError, TypeError) as error:
-            raise UnsupportedLayerError(validators.probe_failure_message(error)) from error
+            probes = self._probes(entry, args, kwargs, first)
         finally:
             self.probe = None
             for handle in temporary:
@@ -64,6 +58,38 @@ class Tracing:
             self.traces.pop(next(iter(self.traces)))
         self.traces[key] = trace
         return trace
+
+    def _probes(
+        self, entry: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], first: Tensor
+    ) -> list[provenance.Probe]:
+        """The probe runs of ``entry`` at :data:`provenance.PROBE_BATCHES`. Where a run fails after
+        rule layers' size-1 outputs were expanded to the probe's batch, those layers are kept whole
+        (their leading 1 is not a shared input: Longformer's global-attention projections see
+        sequence-first (globals, B, d) rows) and the runs start again; a failure with nothing new
+        to keep whole is refused, in one line."""
+        devices = [first.device] if first.device.type == "cuda" else []
+        batch = first.shape[0]
+        while True:
+            probes, expanded = [], []
+            try:
+                for size in provenance.PROBE_BATCHES:
+                    self.probe = provenance.Probe(size)
+                    probe_args, probe_kwargs = provenance.probe_inputs(args, kwargs, batch, size)
+                    with torch.random.fork_rng(devices=devices):
+                        entry(*probe_args, **probe_kwargs)
+                    expanded += self.probe.expanded
+                    probes.append(self.probe)
+                return probes
+            except (*PROBE_ERRORS, UnsupportedLayerError) as error:
+                expanded += self.probe.expanded if self.probe is not None else []
+                if self.check is not None:
+                    self.check.broadcast.clear()  # the probes' expansions: not the model's pass
+                fresh = set(expanded) - self.kept_whole
+                if not fresh:
+                    if isinstance(error, UnsupportedLayerError):
+                        raise
+                    raise UnsupportedLayerError(validators.probe_failure_message(error)) from error
+                self.kept_whole |= fresh
 
     def _refuse_call(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         """Before a probe runs a generic-rule layer: refuse, naming it, inputs it cannot split."""
@@ -79,14 +105,17 @@ class Tracing:
 
     def _claim_unbatched(self, trace: provenance.Trace) -> None:
         """Give the parameters of each layer whose traced calls carry no batch at all (and no
-        size-1 dimension the engine can broadcast) to the nearest enclosing module that returns
-        the batch, under the generic rule; refuse the layer by name when there is none."""
+        size-1 dimension the engine can broadcast: none, or one whose expansion made the model
+        fail) to the nearest enclosing module that returns the batch, under the generic rule;
+        refuse the layer by name when there is none."""
         names = dict(self.model.named_modules())
         called = {key[0] for key in trace.calls}
         for module in self.layout.hooked_modules(self.model):
             calls = [t for (m, _), t in trace.calls.items() if m == id(module)]
+            whole = id(module) in self.kept_whole  # its size-1 output cannot be expanded
             if not calls or not all(
-                t.problem is None and t.shared and not provenance.broadcastable(t) for t in calls
+                t.problem is None and t.shared and (whole or not provenance.broadcastable(t))
+                for t in calls
             ):
                 continue
             name = self.layout.module_names[id(module)]
@@ -136,7 +165,14 @@ class Tracing:
         rule = self.layout.rules[id(module)]
         rows = validators.flattened_rows(inputs, output, probe.batch) if rule.rowwise else None
         probe.add(module, inputs, output, rows)
-        if grad and provenance.leading_one(inputs.shape) and provenance.leading_one(output.shape):
+        if (
+            grad
+            and id(module) not in self.kept_whole
+            and provenance.leading_one(inputs.shape)
+            and provenance.leading_one(output.shape)
+            and probe.batch > 1
+        ):
+            probe.expanded.append(id(module))
             return self._broadcast(output, 0, name, probe.batch)
         return None
 
