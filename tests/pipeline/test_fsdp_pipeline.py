@@ -78,7 +78,6 @@ def test_fsdp_on_two_processes_trains_the_single_process_model_and_ledger(tmp_pa
 @pytest.mark.parametrize(
     ("train", "options", "one_run", "keys"),
     [
-        ({"sharding": "fsdp", "processes": 2}, {}, True, "audit.one_run.enabled"),
         (
             {"sharding": "fsdp", "processes": 2},
             {"mechanism": "banded", "mechanism_params": {"bands": 2}},
@@ -149,3 +148,23 @@ def test_lora_under_fsdp_trains_and_publishes_the_single_process_adapter(tmp_pat
     assert {"adapter_config.json", "adapter_model.safetensors", "privacy.json"} <= {
         p.name for p in published.iterdir()
     }
+
+
+@pytest.mark.slow
+def test_the_one_run_audits_canaries_under_fsdp_record_what_one_process_records(tmp_path):
+    """Issue 38: the canaries watch coordinates of the whole released sum; under sharding each rank
+    gathers those its shards hold and one all-reduce sums them. The record equals the single
+    process's (the same noise key and seed: the same canaries, noise and clipped sums)."""
+    import numpy as np
+
+    single, sharded = tmp_path / "single", tmp_path / "fsdp"
+    run_stage("train", _project(single, ADAMW, one_run=True), single)
+    placed = {**ADAMW, "processes": 2, "sharding": "fsdp"}
+    run_stage("train", _project(sharded, placed, one_run=True), sharded)
+    records = [np.load(root / "artifacts/train/canaries.npz") for root in (single, sharded)]
+    assert records[0]["raw"].shape == records[1]["raw"].shape and records[0]["raw"].size
+    assert np.array_equal(records[0]["coordinates"], records[1]["coordinates"])
+    for name in ("raw", "real"):
+        assert not np.isnan(records[1][name]).any()
+        np.testing.assert_allclose(records[1][name], records[0][name], rtol=1e-4, atol=1e-5)
+    _assert_same_run(single, sharded)

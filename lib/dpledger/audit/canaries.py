@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from dpledger import io
+from dpledger.engine.watched import Coordinates
 from dpledger.errors import DpledgerError, ParamsError
 from dpledger.params.bounds import refuse_beyond_memory
 from dpledger.sampling.registry import build_sampler, options_for
@@ -148,17 +149,13 @@ class CanaryRecorder:
         owner = np.searchsorted(starts, plan.coordinates, side="right") - 1
         device = engine.params[0].device
         # coordinates are sorted, so gathering parameter by parameter keeps their order
-        self._gather = [
-            (int(i), torch.from_numpy(plan.coordinates[owner == i] - starts[i]).to(device))
-            for i in np.unique(owner)
-        ]
-        engine.watch(self.select)
-
-    def select(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """The canary coordinates of per-parameter ``tensors`` (``engine.params`` order), in plan
-        order."""
-        parts = [torch.index_select(tensors[i].reshape(-1), 0, local) for i, local in self._gather]
-        return torch.cat(parts)
+        self.coordinates = Coordinates(
+            tuple(
+                (int(i), torch.from_numpy(plan.coordinates[owner == i] - starts[i]).to(device))
+                for i in np.unique(owner)
+            )
+        )
+        engine.watch(self.coordinates)
 
     def record(self, step: int) -> None:
         """Keep the canary coordinates of the noisy sum the engine released at ``step`` and of the

@@ -41,6 +41,7 @@ from dpledger.engine.noise import NoiseSource
 from dpledger.engine.norms import norm_precision
 from dpledger.engine.owners import Owner
 from dpledger.engine.recorder import Call
+from dpledger.engine.watched import Coordinates
 from dpledger.errors import ParamsError
 from dpledger.precision import exactly
 
@@ -138,14 +139,30 @@ class ShardedNoisySum:
         self.pending = False
         self.steps_taken = 0
         self.last_watched: Tensor | None = None
+        self._watched: Coordinates | None = None
         # the clipped sums' dtype: the parameters', at least float32 (norms.norm_precision)
         self._sum_dtype = torch.promote_types(reference.dtype, torch.float32)
 
     def watch(self, select: Callable[[list[Tensor]], Tensor]) -> None:
-        """The one-run audit's record is not kept on shards: refused by name."""
-        raise ParamsError(
-            "engine: watching coordinates of the released sum (the one-run audit) is not supported with sharded parameters (FSDPEngine); use the data-parallel BKEngine"  # noqa: E501
-        )
+        """Keep, for each step, the released sum and the clipped sum at ``select``'s coordinates
+        (``last_watched``, as ``NoisySum.watch``): each rank gathers the entries its shards hold
+        (:meth:`Coordinates.held`; a parameter left whole counts on rank 0 only) and one all-reduce
+        of the two rows sums them. ``select`` must be a :class:`Coordinates`: an arbitrary
+        function of whole tensors cannot run on shards."""
+        if not isinstance(select, Coordinates):
+            raise ParamsError(
+                "engine: watching the released sum of sharded parameters (FSDPEngine) needs the coordinates as engine.watched.Coordinates, not a function of whole tensors"  # noqa: E501
+            )
+        self._watched = select
+
+    def _held(self) -> Tensor:
+        """This rank's share of the watched entries of the buffer (:meth:`Coordinates.held`)."""
+        assert self._watched is not None
+        starts = [
+            layout.lo * layout.row if layout.sharded or self.ranks.rank == 0 else None
+            for layout in self.layouts
+        ]
+        return self._watched.held(self.views, starts)
 
     def drop(self, flat: Tensor, weights: Tensor | None) -> Tensor:
         """The rows whose factor is zero (as ``NoisySum.drop``)."""
@@ -266,12 +283,17 @@ class ShardedNoisySum:
         """Finish the step: this rank's slices of the noise and the canary, each parameter's shard
         as its DTensor gradient, the optimizer's step on the shards, the step counted."""
         self._open()
+        clipped = None if self._watched is None else self._held()  # reduced, before noise
         self._add_noise()
         if canary is not None:
             validators.check_canary(canary, len(self.params))
             for view, vector, layout in zip(self.views, canary, self.layouts):
                 rows = vector.reshape(layout.shape)[layout.lo : layout.hi]
                 view.add_(rows.to(view.device, view.dtype), alpha=1 / self.normalizer)
+        if clipped is not None:
+            watched = torch.stack([self._held(), clipped])
+            self.ranks.all_reduce(watched)
+            self.last_watched = watched * self.normalizer
         for param, view in zip(self.params, self.views):
             param.grad = _as_gradient(param, view)
         if optimizer is not None:

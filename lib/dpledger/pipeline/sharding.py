@@ -4,8 +4,7 @@
 What the stage needs besides the engine, each a function here:
 
 - :func:`check_sharding`: the combinations the sharded engine cannot run, refused before anything
-  is built, in one line naming the keys (the one-run audit's canaries, correlated noise, one
-  process without torchrun).
+  is built, in one line naming the keys (correlated noise, one process without torchrun).
 - :func:`shard` and :func:`make_engine`: ``shard_model`` (``fully_shard`` per block), then the
   engine. The self-check runs on the UNSHARDED model with the same weights (gathered whole on
   every rank), so the default ``train.self_check: true`` proves the engine exact as in one process.
@@ -54,12 +53,6 @@ def check_sharding(params: Params, mechanism: str, several_ranks: bool) -> None:
     (with the calibration record's)."""
     if params.train.sharding != "fsdp":
         return
-    if params.audit.one_run.enabled:
-        raise ParamsError(
-            "params: audit.one_run.enabled: true is not supported with train.sharding: fsdp "
-            "(its canaries watch coordinates of the whole released sum); "
-            "set audit.one_run.enabled: false or train.sharding: none"
-        )
     if mechanism != "identity":
         raise ParamsError(
             f"params: calibrate.mechanism: {mechanism} is not supported with train.sharding: fsdp (correlated noise is a stream over whole rows); "  # noqa: E501

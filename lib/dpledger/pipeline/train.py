@@ -393,17 +393,21 @@ def _canaries(
     resume: tuple[Path, str, int],
 ) -> CanaryRecorder | None:
     """The one-run audit's recorder (audit/one_run.py): canaries in a side copy of the released
-    sums, on rank 0 like the noise; resumed from its own checkpoint (folder, fingerprint, step) with
-    the run."""
+    sums, recorded on rank 0 (the data-parallel sum is whole there); resumed from its own checkpoint
+    (folder, fingerprint, step) with the run. Under sharding every rank watches the coordinates (a
+    collective: each gathers those its shards hold) and rank 0 alone records them."""
     one_run = params.audit.one_run
+    sharded = params.train.sharding == "fsdp"
     recorder = recorder_for(
-        one_run.enabled and ranks.writes,
+        one_run.enabled and (ranks.writes or sharded),
         one_run.canaries,
         params.seed,
         engine,
         schedule,
         params.train.clip_norm,
     )
+    if recorder and not ranks.writes:
+        return None  # watching, for the collective; rank 0 records
     if recorder:
         recorder.resume(*resume)
     return recorder
