@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dpledger.models.tasks import Task
 from helpers.engine_checks import check_every_parameter
 
 transformers = pytest.importorskip("transformers")
@@ -130,8 +131,8 @@ def _mamba(cls: str, config: str, **extra) -> nn.Module:
     )
 
 
-def _jamba() -> nn.Module:
-    config = transformers.JambaConfig(
+def _jamba_config(**extra):
+    return transformers.JambaConfig(
         vocab_size=VOCAB,
         hidden_size=8,
         intermediate_size=16,
@@ -149,10 +150,14 @@ def _jamba() -> nn.Module:
         mamba_expand=2,
         mamba_dt_rank=2,
         use_mamba_kernels=False,
-        use_cache=False,  # its mixer writes a cache passed in training
         **EAGER,
+        **extra,
     )
-    return families._LM(transformers.JambaForCausalLM(config))
+
+
+def _jamba() -> nn.Module:
+    # its mixer writes into a cache passed in training: the train stage passes use_cache=False
+    return families._LM(transformers.JambaForCausalLM(_jamba_config(use_cache=False)))
 
 
 MIXTURES_AND_STATE_SPACES = {
@@ -206,3 +211,24 @@ def test_mixture_of_experts_and_state_space_models_are_exact(name, batch):
         if n.endswith((".mlp", ".mixer", ".mamba", ".feed_forward"))
     ]
     assert blocks and all(engine.layer_methods[n] == "generic" for n in blocks)
+
+
+class _TaskCalled(nn.Module):
+    """The model called as the train stage calls it (``Task.logits``)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return Task("causal-lm").logits(self.model, ids)
+
+
+def test_jamba_with_its_default_cache_is_exact_as_the_train_stage_calls_it():
+    """Jamba's config keeps a cache by default, which its mixer writes during training; the train
+    stage's calling convention passes use_cache=False to a forward that names it."""
+    torch.manual_seed(0)
+    model = transformers.JambaForCausalLM(_jamba_config())
+    assert model.config.use_cache
+    ids = _tokens(3, T, seed=7)
+    check_every_parameter(_TaskCalled(model), _lm_loss, ids, ids)

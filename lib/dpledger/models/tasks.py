@@ -3,9 +3,11 @@ metric.
 
 Calling convention (the same for ``hf`` and plugin models): text batches (int64 token ids, padding
 :data:`dpledger.data.text.PAD`) are passed as ``model(input_ids=..., attention_mask=...)``, the
-padding as the model's ``config.pad_token_id`` (0 without one); images as ``model(pixel_values=x)``
-for ``hf`` models and ``model(x)`` otherwise. An output with ``.logits`` (as transformers returns)
-is read through it.
+padding as the model's ``config.pad_token_id`` (0 without one), with ``use_cache=False`` where the
+model's forward names that argument (no key/value or state cache is kept: a state-space mixer such
+as Jamba's writes into one during training, which a per-example re-run cannot split); images as
+``model(pixel_values=x)`` for ``hf`` models and ``model(x)`` otherwise. An output with ``.logits``
+(as transformers returns) is read through it.
 
 Per-example losses:
 
@@ -19,6 +21,8 @@ Per-example losses:
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +35,16 @@ from dpledger.data.text import PAD
 
 TASKS = ("classification", "causal-lm", "sequence-classification")
 EVAL_CHUNK = 64
+
+
+@functools.cache
+def takes_use_cache(cls: type) -> bool:
+    """Whether ``cls.forward`` names a ``use_cache`` argument (transformers' decoders do)."""
+    forward = getattr(cls, "forward", None)
+    try:
+        return forward is not None and "use_cache" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 @contextlib.contextmanager
@@ -61,6 +75,7 @@ class Task:
             output = model(
                 input_ids=x.masked_fill(x == PAD, pad_token_id(model)),
                 attention_mask=(x != PAD).long(),
+                **({"use_cache": False} if takes_use_cache(type(model)) else {}),
             )
         elif self.keyword_images:
             output = model(pixel_values=x)
