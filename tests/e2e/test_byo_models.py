@@ -253,8 +253,9 @@ def test_unknown_model_name_is_refused_by_the_schema(tmp_path):
     "with train.self_check false the resume is bit-identical; with it on, running either the "
     "statelessness forward or the engine's self-check in the resumed process is enough (two clean "
     "runs are identical; MKL_CBWR=AUTO,STRICT does not help; an in-process engine run with a "
-    "self-check between steps stays identical). The MLP and two-rank kill-9 tests still require "
-    "bit-identity.",
+    "self-check between steps stays identical). Intermittent: it passed in CI on 2026-11-28 and "
+    "in 1 of 3 local runs; killed at step 2, 3 or 4 it differs by 4e-9 to 7e-9, with "
+    "MKL_DYNAMIC=FALSE too. The MLP and two-rank kill-9 tests still require bit-identity.",
     strict=False,
 )
 def test_kill_9_lm_run_then_rerun_ends_with_the_same_ledger(tmp_path, lm):
