@@ -21,7 +21,8 @@ check an earlier run made covers none of the steps trained now, so it is dropped
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -185,6 +186,23 @@ def spot_entries(record: dict[str, Any], before: int) -> dict[str, Any]:
     return {key: value for key, value in record.items() if key.startswith("spot_")}
 
 
+@contextlib.contextmanager
+def _buffers_restored(model: torch.nn.Module) -> Iterator[list[str]]:
+    """``model``'s buffers put back as they were on exit, whatever happens inside; the list it
+    yields then names those the block changed (added ones included)."""
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    changed: list[str] = []
+    try:
+        yield changed
+    finally:
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                if name not in saved or not torch.equal(buffer, saved[name]):
+                    changed.append(name)
+                if name in saved and buffer.shape == saved[name].shape:
+                    buffer.copy_(saved[name])
+
+
 def check_stateless(model: torch.nn.Module, task: Task, x: torch.Tensor, y: torch.Tensor) -> None:
     """The same batch forwarded twice from the same RNG state must give the same per-example losses.
 
@@ -194,14 +212,13 @@ def check_stateless(model: torch.nn.Module, task: Task, x: torch.Tensor, y: torc
     model's buffers and the RNG are restored afterwards, so the check changes nothing; raises
     ``SelfCheckError`` (one line) when the two forwards differ with the buffers unchanged (state in
     a buffer is the state guard's, which names it)."""
-    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     trainable = [p for p in model.parameters() if p.requires_grad]
     trained = trained_snapshot(model, trainable)
     cpu = torch.random.get_rng_state()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    outputs, changed = [], False
+    outputs = []
     try:
-        with torch.no_grad():
+        with _buffers_restored(model) as changed, torch.no_grad():
             for _ in range(2):
                 torch.random.set_rng_state(cpu)
                 if cuda is not None:
@@ -211,11 +228,6 @@ def check_stateless(model: torch.nn.Module, task: Task, x: torch.Tensor, y: torc
         torch.random.set_rng_state(cpu)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
-        with torch.no_grad():
-            for name, buffer in model.named_buffers():
-                changed = changed or name not in buffers or not torch.equal(buffer, buffers[name])
-                if name in buffers and buffer.shape == buffers[name].shape:
-                    buffer.copy_(buffers[name])
     check_trained_unchanged(model, trainable, trained)  # set from the data in a forward pass
     if changed:
         return  # state kept in buffers: the state guard names the buffer after the first step
@@ -267,17 +279,13 @@ def check_fresh_copy(
                 buffer.copy_(live_buffers[name])
     for name, module in copy.named_modules():
         module.training = live_modules[name].training if name in live_modules else model.training
-    saved = {name: b.detach().clone() for name, b in live_buffers.items()}
     losses = []
-    with torch.random.fork_rng(devices=devices), torch.no_grad(), CheckedForward():
+    with torch.random.fork_rng(devices=devices), _buffers_restored(model), torch.no_grad():
         state = torch.random.get_rng_state()
-        for each in (model, copy):
-            torch.random.set_rng_state(state)
-            losses.append(task.losses(each, x, y).detach().double())
-    with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            if name in saved and buffer.shape == saved[name].shape:
-                buffer.copy_(saved[name])
+        with CheckedForward():
+            for each in (model, copy):
+                torch.random.set_rng_state(state)
+                losses.append(task.losses(each, x, y).detach().double())
     live, anew = losses
     dtype = next(model.parameters()).dtype
     tolerance = FRESH_TOLERANCE.get(dtype, 1e-5)
